@@ -1,0 +1,60 @@
+// Host backends: the monotonic clock and the process resident set size.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <ctime>
+
+#include "steptrace/backend.hpp"
+
+namespace steptrace {
+namespace {
+
+class HostClock final : public Clock {
+ public:
+  std::int64_t now_ns() noexcept override {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
+    return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  }
+};
+
+// Keeps /proc/self/statm open and re-reads it with pread: one cheap system call per step
+// instead of open/read/close.
+class RssSource final : public MemorySource {
+ public:
+  explicit RssSource(int fd) : fd_(fd), page_bytes_(sysconf(_SC_PAGESIZE)) {}
+  ~RssSource() override { ::close(fd_); }
+  RssSource(const RssSource&) = delete;
+  RssSource& operator=(const RssSource&) = delete;
+
+  const char* name() const noexcept override { return "rss"; }
+
+  void sample(MemorySample& out) noexcept override {
+    char buf[128];
+    const ssize_t n = pread(fd_, buf, sizeof(buf) - 1, 0);
+    if (n <= 0) return;
+    buf[n] = '\0';
+    // statm: "size resident shared text lib data dt", in pages.
+    char* end = nullptr;
+    std::strtoll(buf, &end, 10);
+    const long long resident_pages = std::strtoll(end, nullptr, 10);
+    out.rss_bytes = resident_pages * page_bytes_;
+  }
+
+ private:
+  int fd_;
+  long page_bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Clock> make_host_clock() { return std::make_unique<HostClock>(); }
+
+std::unique_ptr<MemorySource> make_rss_source() {
+  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  return std::make_unique<RssSource>(fd);
+}
+
+}  // namespace steptrace

@@ -1,0 +1,65 @@
+#include "steptrace/config.hpp"
+
+#include <set>
+
+#include "check.hpp"
+#include "steptrace/error.hpp"
+
+namespace steptrace {
+
+void validate_phase_name(const std::string& name) {
+  STEPTRACE_CHECK(!name.empty(), ConfigError,
+                  "phase name is empty; a phase needs a non-empty name such as \"forward\"");
+  STEPTRACE_CHECK(name.size() <= kMaxPhaseNameBytes, ConfigError,
+                  "phase name \"{}...\" is {} bytes long; at most {} bytes are allowed",
+                  name.substr(0, 16), name.size(), kMaxPhaseNameBytes);
+  for (const char c : name) {
+    STEPTRACE_CHECK(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f, ConfigError,
+                    "phase name {:?} contains a control character; use printable characters", name);
+  }
+  STEPTRACE_CHECK(name != "data", ConfigError,
+                  "phase name \"data\" is reserved for the loader wait (data_ms); "
+                  "choose another name");
+}
+
+void Config::validate() const {
+  STEPTRACE_CHECK(!log_dir.empty(), ConfigError,
+                  "log_dir is empty; give the folder the run's logs go to");
+  STEPTRACE_CHECK(rank >= -1, ConfigError, "rank={} is negative; use rank >= 0 (or -1 for auto)",
+                  rank);
+  STEPTRACE_CHECK(world_size == -1 || world_size >= 1, ConfigError,
+                  "world_size={} is invalid; use world_size >= 1 (or -1 for auto)", world_size);
+  STEPTRACE_CHECK(rank < 0 || world_size < 0 || rank < world_size, ConfigError,
+                  "rank={} is not below world_size={}; ranks are 0..world_size-1", rank,
+                  world_size);
+  STEPTRACE_CHECK(flush_interval_ms >= 1 && flush_interval_ms <= 60000, ConfigError,
+                  "flush_interval_ms={} is out of range; allowed: 1..60000", flush_interval_ms);
+  STEPTRACE_CHECK(queue_capacity >= 16 && queue_capacity <= (1 << 20), ConfigError,
+                  "queue_capacity={} is out of range; allowed: 16..1048576", queue_capacity);
+  STEPTRACE_CHECK(clock == "auto" || clock == "host", ConfigError,
+                  "clock={:?} is unknown; allowed: \"auto\", \"host\"", clock);
+  STEPTRACE_CHECK(window >= 2, ConfigError,
+                  "window={} is too small; the trailing window needs at least 2 steps", window);
+  STEPTRACE_CHECK(warmup_steps >= 0, ConfigError, "warmup_steps={} is negative; allowed: 0 or more",
+                  warmup_steps);
+  // NaN fails these comparisons too, which is what we want.
+  STEPTRACE_CHECK(regression_threshold > 1.0, ConfigError,
+                  "regression_threshold={} must be greater than 1 (a ratio to the trailing "
+                  "median, e.g. 1.5)",
+                  regression_threshold);
+  STEPTRACE_CHECK(stall_threshold > 1.0, ConfigError,
+                  "stall_threshold={} must be greater than 1 (a ratio to the trailing "
+                  "median, e.g. 5)",
+                  stall_threshold);
+  STEPTRACE_CHECK(phases.size() <= kMaxPhases, ConfigError,
+                  "phases lists {} names; at most {} distinct phases are allowed", phases.size(),
+                  kMaxPhases);
+  std::set<std::string> seen;
+  for (const auto& name : phases) {
+    validate_phase_name(name);
+    STEPTRACE_CHECK(seen.insert(name).second, ConfigError,
+                    "phases lists {:?} twice; each phase name once", name);
+  }
+}
+
+}  // namespace steptrace

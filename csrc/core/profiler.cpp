@@ -1,0 +1,435 @@
+#include "steptrace/profiler.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "../sinks/jsonl_writer.hpp"
+#include "check.hpp"
+#include "record_json.hpp"
+#include "step_record.hpp"
+#include "steptrace/error.hpp"
+
+#ifndef STEPTRACE_VERSION
+#error "STEPTRACE_VERSION must be defined by the build"
+#endif
+
+namespace steptrace {
+namespace detail {
+namespace {
+
+constexpr std::int64_t kUnset = -1;
+
+std::int64_t unix_now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// An int from the environment, or `fallback` when unset; ConfigError when malformed.
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  STEPTRACE_CHECK(*end == '\0' && parsed >= 0 && parsed < (1 << 24), ConfigError,
+                  "environment variable {}={:?} is not a non-negative integer", name, value);
+  return static_cast<int>(parsed);
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+std::string default_run_id() {
+  for (const char* var : {"STEPTRACE_RUN_ID", "TORCHELASTIC_RUN_ID"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && *v != '\0' && std::strcmp(v, "none") != 0) return v;
+  }
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return fmt::format("{:04}{:02}{:02}T{:02}{:02}{:02}Z-{}-{}", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, host_name(), getpid());
+}
+
+// Resolves rank, world size and run id; throws ConfigError for inconsistent values.
+void resolve(Config& c) {
+  if (c.rank < 0) c.rank = env_int("RANK", 0);
+  if (c.world_size < 0) c.world_size = env_int("WORLD_SIZE", 1);
+  STEPTRACE_CHECK(c.world_size >= 1 && c.rank < c.world_size, ConfigError,
+                  "rank={} is not below world_size={}; ranks are 0..world_size-1", c.rank,
+                  c.world_size);
+  if (c.run_id.empty()) c.run_id = default_run_id();
+}
+
+// Creates log_dir and opens the rank's file; every failure is a ConfigError that names
+// the path. Nothing is left behind when the directory cannot be used.
+int open_log_file(const Config& c, std::string& path_out) {
+  namespace fs = std::filesystem;
+  const fs::path dir(c.log_dir);
+  std::error_code ec;
+  const auto status = fs::status(dir, ec);
+  if (fs::exists(status)) {
+    STEPTRACE_CHECK(fs::is_directory(status), ConfigError,
+                    "log_dir {:?} exists and is not a directory; give a folder", c.log_dir);
+  } else {
+    fs::create_directories(dir, ec);
+    STEPTRACE_CHECK(!ec, ConfigError, "cannot create log_dir {:?}: {}", c.log_dir, ec.message());
+  }
+  path_out = (dir / fmt::format("rank{}.jsonl", c.rank)).string();
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (c.overwrite ? O_TRUNC : O_EXCL);
+  const int fd = ::open(path_out.c_str(), flags, 0644);
+  if (fd < 0 && errno == EEXIST) {
+    STEPTRACE_THROW(ConfigError,
+                    "log file {:?} already exists (an earlier run); pass overwrite=True or "
+                    "use another log_dir",
+                    path_out);
+  }
+  STEPTRACE_CHECK(fd >= 0, ConfigError, "cannot write in log_dir {:?}: {}", c.log_dir,
+                  std::strerror(errno));
+  return fd;
+}
+
+const char* reason_name(EndReason r) {
+  switch (r) {
+    case EndReason::kNormal:
+      return "normal";
+    case EndReason::kException:
+      return "exception";
+    case EndReason::kSignal:
+      return "signal";
+    case EndReason::kExit:
+      return "exit";
+  }
+  return "normal";
+}
+
+}  // namespace
+
+class ProfilerImpl {
+ public:
+  ProfilerImpl(Config config, RunInfo info, Backends backends) : config_(std::move(config)) {
+    config_.validate();
+    resolve(config_);
+    clock_ = backends.clock ? std::move(backends.clock) : make_host_clock();
+    if (backends.memory_sources.empty() && config_.sample_rss) {
+      if (auto rss = make_rss_source()) backends.memory_sources.push_back(std::move(rss));
+    }
+    memory_sources_ = std::move(backends.memory_sources);
+    for (const auto& name : config_.phases) names_.intern(name);
+    phase_start_ns_.fill(kUnset);
+    slot_of_.fill(-1);
+
+    const int fd = open_log_file(config_, log_path_);
+    start_ns_ = clock_->now_ns();
+    start_unix_ns_ = unix_now_ns();
+    writer_ = std::make_unique<JsonlWriter>(fd, run_start_json(info), config_.rank, names_,
+                                            static_cast<std::size_t>(config_.queue_capacity),
+                                            std::chrono::milliseconds(config_.flush_interval_ms));
+  }
+
+  ~ProfilerImpl() = default;
+  ProfilerImpl(const ProfilerImpl&) = delete;
+  ProfilerImpl& operator=(const ProfilerImpl&) = delete;
+
+  void begin_step() {
+    check_open();
+    STEPTRACE_CHECK(!in_step_, UsageError,
+                    "step begun while step {} is still running; end it before the next begins",
+                    current_.step);
+    STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
+                    "step begun while waiting on the data loader (begin_data without end_data)");
+    const std::int64_t now = clock_->now_ns();
+    current_.step = step_index_++;
+    current_.start_unix_ns = start_unix_ns_ + (now - start_ns_);
+    current_.data_ns = data_wrapped_ ? data_accum_ns_
+                                     : (last_step_end_ns_ == kUnset ? 0 : now - last_step_end_ns_);
+    current_.phase_count = 0;
+    current_.memory = MemorySample{};
+    current_.failed = false;
+    step_start_ns_ = now;
+    in_step_ = true;
+  }
+
+  void end_step(bool failed) {
+    STEPTRACE_CHECK(in_step_, UsageError, "end of a step without its start (no step is running)");
+    const std::int64_t now = clock_->now_ns();
+    for (std::uint16_t i = 0; i < current_.phase_count; ++i) {  // phases left open end here
+      const std::uint16_t id = current_.phase_ids[i];
+      if (phase_start_ns_[id] != kUnset) close_phase(id, now);
+      slot_of_[id] = -1;
+    }
+    current_.step_ns = now - step_start_ns_;
+    current_.host_ns = current_.step_ns;
+    current_.failed = failed;
+    for (auto& source : memory_sources_) source->sample(current_.memory);
+    merge(current_.memory, external_memory_);
+    external_memory_ = MemorySample{};
+    *writer_->begin_step_record() = current_;
+    writer_->commit_step_record();
+    last_step_end_ns_ = now;
+    data_accum_ns_ = 0;
+    data_wrapped_ = false;
+    in_step_ = false;
+  }
+
+  void begin_phase(PhaseId id) {
+    check_phase_id(id);
+    STEPTRACE_CHECK(in_step_, UsageError,
+                    "phase {:?} started outside a step; start phases inside a step",
+                    names_.name(id));
+    STEPTRACE_CHECK(phase_start_ns_[id] == kUnset, UsageError,
+                    "phase {:?} started while it is already running; a phase cannot be "
+                    "nested in itself",
+                    names_.name(id));
+    const std::int64_t now = clock_->now_ns();
+    if (slot_of_[id] < 0) {
+      const std::uint16_t slot = current_.phase_count++;
+      slot_of_[id] = static_cast<std::int8_t>(slot);
+      current_.phase_ids[slot] = id;
+      current_.phase_ns[slot] = 0;
+      current_.host_phase_ns[slot] = 0;
+    }
+    phase_start_ns_[id] = now;
+  }
+
+  void end_phase(PhaseId id) {
+    check_phase_id(id);
+    STEPTRACE_CHECK(in_step_ && phase_start_ns_[id] != kUnset, UsageError,
+                    "end of phase {:?} without its start", names_.name(id));
+    close_phase(id, clock_->now_ns());
+  }
+
+  void begin_data() {
+    STEPTRACE_CHECK(!in_step_, UsageError,
+                    "data loader advanced inside step {}; advance it between steps", current_.step);
+    STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
+                    "begin_data called twice without end_data");
+    data_begin_ns_ = clock_->now_ns();
+  }
+
+  void end_data() {
+    STEPTRACE_CHECK(data_begin_ns_ != kUnset, UsageError, "end_data without begin_data");
+    data_accum_ns_ += clock_->now_ns() - data_begin_ns_;
+    data_begin_ns_ = kUnset;
+    data_wrapped_ = true;
+  }
+
+  void set_step_memory(const MemorySample& s) { merge(external_memory_, s); }
+
+  void close(EndReason reason, std::string_view error) {
+    if (closed_) return;
+    if (in_step_) end_step(/*failed=*/true);
+    const std::int64_t now = clock_->now_ns();
+    RunEnd end;
+    end.reason = reason_name(reason);
+    end.error = std::string(error);
+    end.end_unix_ns = start_unix_ns_ + (now - start_ns_);
+    end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
+    writer_->close(end);
+    closed_ = true;
+  }
+
+  void flush() {
+    if (!closed_) writer_->flush();
+  }
+
+  PhaseId phase_id(std::string_view name) { return names_.intern(name); }
+  const std::string& phase_name(PhaseId id) const {
+    check_phase_id(id);
+    return names_.name(id);
+  }
+
+  bool in_step() const noexcept { return in_step_; }
+  std::int64_t step_index() const noexcept { return step_index_; }
+  bool closed() const noexcept { return closed_; }
+  const std::string& log_path() const noexcept { return log_path_; }
+  const Config& config() const noexcept { return config_; }
+
+ private:
+  void check_open() const {
+    STEPTRACE_CHECK(!closed_, UsageError, "the profiler is closed; create a new one");
+  }
+  void check_phase_id(PhaseId id) const {
+    STEPTRACE_CHECK(id < names_.size(), UsageError, "phase id {} was never interned", id);
+  }
+
+  void close_phase(PhaseId id, std::int64_t now) noexcept {
+    const std::int64_t elapsed = now - phase_start_ns_[id];
+    const int slot = slot_of_[id];
+    current_.phase_ns[slot] += elapsed;
+    current_.host_phase_ns[slot] += elapsed;
+    phase_start_ns_[id] = kUnset;
+  }
+
+  static void merge(MemorySample& into, const MemorySample& from) noexcept {
+    auto take = [](std::int64_t& a, std::int64_t b) {
+      if (b >= 0) a = b;
+    };
+    take(into.allocated_bytes, from.allocated_bytes);
+    take(into.reserved_bytes, from.reserved_bytes);
+    take(into.peak_bytes, from.peak_bytes);
+    take(into.rss_bytes, from.rss_bytes);
+    take(into.device_used_bytes, from.device_used_bytes);
+    take(into.device_total_bytes, from.device_total_bytes);
+  }
+
+  std::string run_start_json(const RunInfo& info) const {
+    using nlohmann::ordered_json;
+    ordered_json versions = {{"steptrace", STEPTRACE_VERSION}};
+    for (const auto& [key, value] : info.versions) versions[key] = value;
+    ordered_json memory_active = ordered_json::array();
+    for (const auto& source : memory_sources_) memory_active.push_back(source->name());
+    ordered_json memory_unavailable = ordered_json::object();
+    if (!config_.sample_rss) memory_unavailable["rss"] = "disabled by sample_rss=false";
+    const ordered_json record = {
+        {"kind", "run_start"},
+        {"schema", "steptrace/1"},
+        {"run_id", config_.run_id},
+        {"rank", config_.rank},
+        {"world_size", config_.world_size},
+        {"host", host_name()},
+        {"pid", getpid()},
+        {"start_unix_ns", start_unix_ns_},
+        {"versions", versions},
+        {"device", nullptr},
+        {"config",
+         {{"log_dir", config_.log_dir},
+          {"overwrite", config_.overwrite},
+          {"phases", config_.phases},
+          {"flush_interval_ms", config_.flush_interval_ms},
+          {"queue_capacity", config_.queue_capacity},
+          {"sample_rss", config_.sample_rss},
+          {"clock", config_.clock},
+          {"window", config_.window},
+          {"warmup_steps", config_.warmup_steps},
+          {"regression_threshold", config_.regression_threshold},
+          {"stall_threshold", config_.stall_threshold}}},
+        {"backends",
+         {{"timer",
+           {{"active", {"host"}},
+            {"unavailable",
+             {{"cuda", "CUDA event timing is not part of this build; host clock only"}}}}},
+          {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}}}},
+    };
+    return record.dump() + "\n";
+  }
+
+  Config config_;
+  std::unique_ptr<Clock> clock_;
+  std::vector<std::unique_ptr<MemorySource>> memory_sources_;
+  PhaseNames names_;
+  std::string log_path_;
+  std::int64_t start_ns_ = 0;
+  std::int64_t start_unix_ns_ = 0;
+
+  // Training-thread state of the step in progress.
+  StepRecord current_;
+  MemorySample external_memory_;
+  std::array<std::int64_t, kMaxPhases> phase_start_ns_{};  // kUnset: not running
+  std::array<std::int8_t, kMaxPhases> slot_of_{};          // -1: not in current_
+  std::int64_t step_index_ = 0;
+  std::int64_t step_start_ns_ = 0;
+  std::int64_t last_step_end_ns_ = kUnset;
+  std::int64_t data_begin_ns_ = kUnset;
+  std::int64_t data_accum_ns_ = 0;
+  bool data_wrapped_ = false;
+  bool in_step_ = false;
+  bool closed_ = false;
+
+  // Last: destroyed first, so the writer thread stops before the names it reads go.
+  std::unique_ptr<JsonlWriter> writer_;
+};
+
+}  // namespace detail
+
+// ---- Phase and Step scopes ----
+
+Phase::Phase(Phase&& other) noexcept : profiler_(other.profiler_), id_(other.id_) {
+  other.profiler_ = nullptr;
+}
+
+Phase::~Phase() {
+  if (profiler_ == nullptr) return;
+  try {
+    profiler_->end_phase(id_);
+  } catch (const Error&) {
+    // The step already ended (and closed this phase): nothing left to do.
+  }
+}
+
+Step::Step(Profiler* profiler) noexcept
+    : profiler_(profiler), uncaught_at_start_(std::uncaught_exceptions()) {}
+
+Step::Step(Step&& other) noexcept
+    : profiler_(other.profiler_),
+      uncaught_at_start_(other.uncaught_at_start_),
+      failed_(other.failed_) {
+  other.profiler_ = nullptr;
+}
+
+Step::~Step() {
+  if (profiler_ == nullptr) return;
+  try {
+    profiler_->end_step(failed_ || std::uncaught_exceptions() > uncaught_at_start_);
+  } catch (const Error&) {
+    // The profiler was closed while the step ran; close() recorded it as failed.
+  }
+}
+
+Phase Step::phase(std::string_view name) { return profiler_->phase(name); }
+Phase Step::phase(PhaseId id) { return profiler_->phase(id); }
+
+// ---- Profiler ----
+
+Profiler::Profiler(Config config, RunInfo info, Backends backends)
+    : impl_(std::make_unique<detail::ProfilerImpl>(std::move(config), std::move(info),
+                                                   std::move(backends))) {}
+
+Profiler::~Profiler() {
+  if (impl_ && !impl_->closed()) {
+    impl_->close(std::uncaught_exceptions() > 0 ? EndReason::kException : EndReason::kNormal, {});
+  }
+}
+
+Step Profiler::step() {
+  impl_->begin_step();
+  return Step(this);
+}
+
+Phase Profiler::phase(PhaseId id) {
+  impl_->begin_phase(id);
+  return Phase(this, id);
+}
+
+PhaseId Profiler::phase_id(std::string_view name) { return impl_->phase_id(name); }
+const std::string& Profiler::phase_name(PhaseId id) const { return impl_->phase_name(id); }
+void Profiler::begin_step() { impl_->begin_step(); }
+void Profiler::end_step(bool failed) { impl_->end_step(failed); }
+void Profiler::begin_phase(PhaseId id) { impl_->begin_phase(id); }
+void Profiler::end_phase(PhaseId id) { impl_->end_phase(id); }
+void Profiler::begin_data() { impl_->begin_data(); }
+void Profiler::end_data() { impl_->end_data(); }
+void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
+bool Profiler::in_step() const noexcept { return impl_->in_step(); }
+std::int64_t Profiler::step_index() const noexcept { return impl_->step_index(); }
+void Profiler::flush() { impl_->flush(); }
+void Profiler::close(EndReason reason, std::string_view error) { impl_->close(reason, error); }
+bool Profiler::closed() const noexcept { return impl_->closed(); }
+const std::string& Profiler::log_path() const noexcept { return impl_->log_path(); }
+const Config& Profiler::config() const noexcept { return impl_->config(); }
+
+const char* version() noexcept { return STEPTRACE_VERSION; }
+
+}  // namespace steptrace

@@ -1,0 +1,176 @@
+#include "record_json.hpp"
+
+#include <algorithm>
+#include <iterator>
+
+#include "check.hpp"
+#include "steptrace/error.hpp"
+
+namespace steptrace::detail {
+namespace {
+
+constexpr double kNsPerMs = 1e6;
+
+// Milliseconds with 0.1 us resolution: CUDA events resolve about 0.5 us.
+void append_ms(fmt::memory_buffer& out, std::int64_t ns) {
+  fmt::format_to(std::back_inserter(out), "{:.4f}", static_cast<double>(ns) / kNsPerMs);
+}
+
+void append_memory(fmt::memory_buffer& out, const MemorySample& m) {
+  auto it = std::back_inserter(out);
+  bool first = true;
+  auto field = [&](const char* key, std::int64_t v) {
+    if (v < 0) return;
+    fmt::format_to(it, "{}\"{}\":{}", first ? "" : ",", key, v);
+    first = false;
+  };
+  out.push_back('{');
+  field("allocated_bytes", m.allocated_bytes);
+  field("reserved_bytes", m.reserved_bytes);
+  field("peak_bytes", m.peak_bytes);
+  field("rss_bytes", m.rss_bytes);
+  field("device_used_bytes", m.device_used_bytes);
+  field("device_total_bytes", m.device_total_bytes);
+  out.push_back('}');
+}
+
+template <typename Values>
+void append_phase_map(fmt::memory_buffer& out, const StepRecord& r, const Values& values,
+                      const PhaseNames& names) {
+  out.push_back('{');
+  for (std::uint16_t i = 0; i < r.phase_count; ++i) {
+    if (i != 0) out.push_back(',');
+    const std::string& key = names.json_key(r.phase_ids[i]);
+    out.append(key.data(), key.data() + key.size());
+    out.push_back(':');
+    append_ms(out, values[i]);
+  }
+  out.push_back('}');
+}
+
+}  // namespace
+
+void RunTotals::add(const StepRecord& r) noexcept {
+  ++steps;
+  if (r.failed) ++error_steps;
+  step_ns_sum += r.step_ns;
+  step_ns_max = std::max(step_ns_max, r.step_ns);
+  data_ns_sum += r.data_ns;
+  for (std::uint16_t i = 0; i < r.phase_count; ++i) {
+    phase_ns_sum[r.phase_ids[i]] += r.phase_ns[i];
+    phase_seen[r.phase_ids[i]] = true;
+  }
+}
+
+void append_json_string(fmt::memory_buffer& out, std::string_view s) {
+  out.push_back('"');
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out.append(std::string_view("\\\""));
+        break;
+      case '\\':
+        out.append(std::string_view("\\\\"));
+        break;
+      case '\n':
+        out.append(std::string_view("\\n"));
+        break;
+      case '\r':
+        out.append(std::string_view("\\r"));
+        break;
+      case '\t':
+        out.append(std::string_view("\\t"));
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          fmt::format_to(std::back_inserter(out), "\\u{:04x}", static_cast<int>(c));
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
+                      const PhaseNames& names) {
+  auto it = std::back_inserter(out);
+  fmt::format_to(it,
+                 "{{\"kind\":\"step\",\"rank\":{},\"step\":{},\"start_unix_ns\":{},"
+                 "\"clock\":\"{}\",\"status\":\"{}\",\"step_ms\":",
+                 rank, r.step, r.start_unix_ns, r.device_clock ? "cuda" : "host",
+                 r.failed ? "error" : "ok");
+  append_ms(out, r.step_ns);
+  out.append(std::string_view(",\"data_ms\":"));
+  append_ms(out, r.data_ns);
+  out.append(std::string_view(",\"host_ms\":"));
+  append_ms(out, r.host_ns);
+  out.append(std::string_view(",\"phases_ms\":"));
+  append_phase_map(out, r, r.phase_ns, names);
+  if (r.device_clock) {
+    out.append(std::string_view(",\"host_phases_ms\":"));
+    append_phase_map(out, r, r.host_phase_ns, names);
+  }
+  out.append(std::string_view(",\"memory\":"));
+  append_memory(out, r.memory);
+  out.append(std::string_view("}\n"));
+}
+
+void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTotals& totals,
+                         int rank, const PhaseNames& names) {
+  auto it = std::back_inserter(out);
+  fmt::format_to(it, "{{\"kind\":\"run_end\",\"rank\":{},\"reason\":\"{}\",", rank, end.reason);
+  if (!end.error.empty()) {
+    out.append(std::string_view("\"error\":"));
+    append_json_string(out, end.error);
+    out.push_back(',');
+  }
+  fmt::format_to(it,
+                 "\"end_unix_ns\":{},\"steps\":{},\"error_steps\":{},\"wall_s\":{:.3f},"
+                 "\"writer_waits\":{},\"summary\":{{\"step_ms_mean\":",
+                 end.end_unix_ns, totals.steps, totals.error_steps, end.wall_s, end.writer_waits);
+  append_ms(out, totals.steps > 0 ? totals.step_ns_sum / totals.steps : 0);
+  out.append(std::string_view(",\"step_ms_max\":"));
+  append_ms(out, totals.step_ns_max);
+  out.append(std::string_view(",\"data_ms_total\":"));
+  append_ms(out, totals.data_ns_sum);
+  out.append(std::string_view(",\"phases_ms_total\":{"));
+  bool first = true;
+  for (std::size_t id = 0; id < names.size(); ++id) {
+    if (!totals.phase_seen[id]) continue;
+    if (!first) out.push_back(',');
+    first = false;
+    const std::string& key = names.json_key(static_cast<std::uint16_t>(id));
+    out.append(key.data(), key.data() + key.size());
+    out.push_back(':');
+    append_ms(out, totals.phase_ns_sum[id]);
+  }
+  out.append(std::string_view("}}}\n"));
+}
+
+std::uint16_t PhaseNames::intern(std::string_view name) {
+  const int found = find(name);
+  if (found >= 0) return static_cast<std::uint16_t>(found);
+  std::string owned(name);
+  validate_phase_name(owned);
+  const std::size_t n = count_.load(std::memory_order_relaxed);
+  STEPTRACE_CHECK(n < kMaxPhases, ConfigError,
+                  "phase {:?} would be distinct phase number {}; at most {} are allowed", owned,
+                  n + 1, kMaxPhases);
+  fmt::memory_buffer key;
+  append_json_string(key, owned);
+  keys_[n] = fmt::to_string(key);
+  names_[n] = std::move(owned);
+  count_.store(n + 1, std::memory_order_release);
+  return static_cast<std::uint16_t>(n);
+}
+
+int PhaseNames::find(std::string_view name) const noexcept {
+  const std::size_t n = count_.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (names_[i] == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+}  // namespace steptrace::detail

@@ -1,0 +1,52 @@
+// What the training thread hands to the writer for one step: fixed size, trivially
+// copyable, so handing it over allocates nothing.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "steptrace/backend.hpp"
+#include "steptrace/config.hpp"
+
+namespace steptrace::detail {
+
+struct StepRecord {
+  std::int64_t step = 0;
+  std::int64_t start_unix_ns = 0;
+  std::int64_t step_ns = 0;  // on the record's clock
+  std::int64_t data_ns = 0;  // host
+  std::int64_t host_ns = 0;  // host wall time of the step
+  MemorySample memory;
+  bool failed = false;
+  bool device_clock = false;  // true: phase_ns are CUDA-event times, host_phase_ns host
+  std::uint16_t phase_count = 0;
+  std::array<std::uint16_t, kMaxPhases> phase_ids{};
+  std::array<std::int64_t, kMaxPhases> phase_ns{};
+  std::array<std::int64_t, kMaxPhases> host_phase_ns{};
+};
+
+/// Interned phase names, appended by the training thread and read by the writer thread
+/// without a lock: an entry is fully written before `count` is published, and never
+/// changes afterwards.
+class PhaseNames {
+ public:
+  /// Training thread only. Returns the id of `name`, interning it (ConfigError when full
+  /// or for a bad name).
+  std::uint16_t intern(std::string_view name);
+  /// Training thread: id of name, or -1.
+  int find(std::string_view name) const noexcept;
+  std::size_t size() const noexcept { return count_.load(std::memory_order_acquire); }
+  const std::string& name(std::uint16_t id) const noexcept { return names_[id]; }
+  /// The name as a quoted, escaped JSON string (for the writer).
+  const std::string& json_key(std::uint16_t id) const noexcept { return keys_[id]; }
+
+ private:
+  std::array<std::string, kMaxPhases> names_;
+  std::array<std::string, kMaxPhases> keys_;
+  std::atomic<std::size_t> count_{0};
+};
+
+}  // namespace steptrace::detail

@@ -1,0 +1,222 @@
+// pybind11 module steptrace._core. The step and phase scopes' __enter__/__exit__ run
+// here in C++ so the Python hot path is one method call per boundary; scope objects are
+// cached per phase so `prof.phase("forward")` allocates nothing after the first call.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "steptrace/config.hpp"
+#include "steptrace/error.hpp"
+#include "steptrace/profiler.hpp"
+
+namespace py = pybind11;
+using steptrace::PhaseId;
+
+namespace {
+
+using ProfilerPtr = std::shared_ptr<steptrace::Profiler>;
+
+struct StepScope {
+  ProfilerPtr profiler;
+};
+
+struct PhaseScope {
+  ProfilerPtr profiler;
+  PhaseId id;
+};
+
+// Wraps a Profiler with the Python-facing conveniences. Scopes share ownership of the
+// profiler, so a scope kept past the profiler object stays safe to call.
+class PyProfiler {
+ public:
+  PyProfiler(steptrace::Config config, const std::map<std::string, std::string>& versions) {
+    steptrace::RunInfo info;
+    for (const auto& [k, v] : versions) info.versions.emplace_back(k, v);
+    profiler_ = std::make_shared<steptrace::Profiler>(std::move(config), std::move(info));
+    step_scope_ = py::cast(StepScope{profiler_});
+  }
+
+  py::object step() const { return step_scope_; }
+
+  py::object phase(py::handle name) {
+    PyObject* key = name.ptr();
+    for (const auto& entry : by_object_) {  // fast path: the same str object as before
+      if (entry.first == key) return entry.second;
+    }
+    if (!PyUnicode_Check(key)) {
+      throw py::type_error("phase name must be a str, got " + std::string(Py_TYPE(key)->tp_name));
+    }
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(key, &size);
+    if (utf8 == nullptr) throw py::error_already_set();
+    const PhaseId id = profiler_->phase_id(std::string_view(utf8, static_cast<std::size_t>(size)));
+    if (id >= by_id_.size()) by_id_.resize(id + 1);
+    if (!by_id_[id]) by_id_[id] = py::cast(PhaseScope{profiler_, id});
+    // Literals are interned, so a few entries serve a loop; names built per call (an
+    // f-string) would grow the cache without bound, so it is capped.
+    if (by_object_.size() < kMaxCachedObjects) {
+      by_object_.emplace_back(key, by_id_[id]);
+      keys_.push_back(py::reinterpret_borrow<py::object>(name));  // keeps `key` unique
+    }
+    return by_id_[id];
+  }
+
+  steptrace::Profiler& core() { return *profiler_; }
+
+ private:
+  static constexpr std::size_t kMaxCachedObjects = 4 * steptrace::kMaxPhases;
+  ProfilerPtr profiler_;
+  py::object step_scope_;
+  std::vector<py::object> by_id_;
+  std::vector<std::pair<PyObject*, py::object>> by_object_;
+  std::vector<py::object> keys_;
+};
+
+steptrace::EndReason parse_reason(const std::string& reason) {
+  if (reason == "normal") return steptrace::EndReason::kNormal;
+  if (reason == "exception") return steptrace::EndReason::kException;
+  if (reason == "signal") return steptrace::EndReason::kSignal;
+  if (reason == "exit") return steptrace::EndReason::kExit;
+  throw steptrace::ConfigError("close reason \"" + reason +
+                               "\" is unknown; allowed: normal, exception, signal, exit");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "steptrace's C++ core (use the steptrace package, not this module)";
+
+  // steptrace.errors defines the exception classes (each also a ValueError/RuntimeError).
+  static PyObject* config_error = nullptr;
+  static PyObject* usage_error = nullptr;
+  static PyObject* base_error = nullptr;
+  {
+    py::module_ errors = py::module_::import("steptrace.errors");
+    config_error = py::object(errors.attr("ConfigError")).release().ptr();
+    usage_error = py::object(errors.attr("UsageError")).release().ptr();
+    base_error = py::object(errors.attr("SteptraceError")).release().ptr();
+  }
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const steptrace::ConfigError& e) {
+      PyErr_SetString(config_error, e.what());
+    } catch (const steptrace::UsageError& e) {
+      PyErr_SetString(usage_error, e.what());
+    } catch (const steptrace::Error& e) {
+      PyErr_SetString(base_error, e.what());
+    }
+  });
+
+  py::class_<steptrace::Config>(m, "Config")
+      .def(py::init<>())
+      .def_readwrite("log_dir", &steptrace::Config::log_dir)
+      .def_readwrite("overwrite", &steptrace::Config::overwrite)
+      .def_readwrite("run_id", &steptrace::Config::run_id)
+      .def_readwrite("rank", &steptrace::Config::rank)
+      .def_readwrite("world_size", &steptrace::Config::world_size)
+      .def_readwrite("phases", &steptrace::Config::phases)
+      .def_readwrite("flush_interval_ms", &steptrace::Config::flush_interval_ms)
+      .def_readwrite("queue_capacity", &steptrace::Config::queue_capacity)
+      .def_readwrite("sample_rss", &steptrace::Config::sample_rss)
+      .def_readwrite("clock", &steptrace::Config::clock)
+      .def_readwrite("window", &steptrace::Config::window)
+      .def_readwrite("warmup_steps", &steptrace::Config::warmup_steps)
+      .def_readwrite("regression_threshold", &steptrace::Config::regression_threshold)
+      .def_readwrite("stall_threshold", &steptrace::Config::stall_threshold)
+      .def("validate", &steptrace::Config::validate);
+
+  py::class_<StepScope>(m, "StepScope")
+      .def("__enter__",
+           [](py::object self) {
+             self.cast<StepScope&>().profiler->begin_step();
+             return self;
+           })
+      .def("__exit__", [](StepScope& s, py::handle type, py::handle, py::handle) {
+        s.profiler->end_step(/*failed=*/!type.is_none());
+        return false;  // never swallow the exception
+      });
+
+  py::class_<PhaseScope>(m, "PhaseScope")
+      .def("__enter__",
+           [](py::object self) {
+             auto& s = self.cast<PhaseScope&>();
+             s.profiler->begin_phase(s.id);
+             return self;
+           })
+      .def("__exit__",
+           [](PhaseScope& s, py::handle type, py::handle, py::handle) {
+             if (type.is_none()) {
+               s.profiler->end_phase(s.id);
+             } else {
+               // The user's exception propagates unchanged; a misuse error must not replace it.
+               try {
+                 s.profiler->end_phase(s.id);
+               } catch (const steptrace::UsageError&) {
+               }
+             }
+             return false;
+           })
+      .def_property_readonly("name",
+                             [](const PhaseScope& s) { return s.profiler->phase_name(s.id); });
+
+  py::class_<PyProfiler>(m, "Profiler")
+      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&>(),
+           py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{})
+      .def("step", &PyProfiler::step, "The (reusable) step scope: `with prof.step(): ...`")
+      .def("phase", &PyProfiler::phase, py::arg("name"),
+           "The (reusable) scope of a phase: `with prof.phase(\"forward\"): ...`")
+      .def("begin_step", [](PyProfiler& p) { p.core().begin_step(); })
+      .def(
+          "end_step", [](PyProfiler& p, bool failed) { p.core().end_step(failed); },
+          py::arg("failed") = false)
+      .def("begin_phase",
+           [](PyProfiler& p, const std::string& name) {
+             p.core().begin_phase(p.core().phase_id(name));
+           })
+      .def("end_phase",
+           [](PyProfiler& p, const std::string& name) {
+             p.core().end_phase(p.core().phase_id(name));
+           })
+      .def("begin_data", [](PyProfiler& p) { p.core().begin_data(); })
+      .def("end_data", [](PyProfiler& p) { p.core().end_data(); })
+      .def(
+          "set_step_memory",
+          [](PyProfiler& p, std::int64_t allocated, std::int64_t reserved, std::int64_t peak,
+             std::int64_t device_used, std::int64_t device_total) {
+            steptrace::MemorySample s;
+            s.allocated_bytes = allocated;
+            s.reserved_bytes = reserved;
+            s.peak_bytes = peak;
+            s.device_used_bytes = device_used;
+            s.device_total_bytes = device_total;
+            p.core().set_step_memory(s);
+          },
+          py::kw_only(), py::arg("allocated_bytes") = -1, py::arg("reserved_bytes") = -1,
+          py::arg("peak_bytes") = -1, py::arg("device_used_bytes") = -1,
+          py::arg("device_total_bytes") = -1)
+      .def("flush",
+           [](PyProfiler& p) {
+             py::gil_scoped_release release;
+             p.core().flush();
+           })
+      .def(
+          "close",
+          [](PyProfiler& p, const std::string& reason, const std::string& error) {
+            const auto r = parse_reason(reason);
+            py::gil_scoped_release release;
+            p.core().close(r, error);
+          },
+          py::arg("reason") = "normal", py::arg("error") = "")
+      .def_property_readonly("closed", [](PyProfiler& p) { return p.core().closed(); })
+      .def_property_readonly("in_step", [](PyProfiler& p) { return p.core().in_step(); })
+      .def_property_readonly("step_index", [](PyProfiler& p) { return p.core().step_index(); })
+      .def_property_readonly("log_path", [](PyProfiler& p) { return p.core().log_path(); })
+      .def_property_readonly("config", [](PyProfiler& p) { return p.core().config(); });
+
+  m.def("version", &steptrace::version);
+}

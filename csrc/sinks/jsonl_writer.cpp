@@ -1,0 +1,118 @@
+#include "jsonl_writer.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace steptrace::detail {
+namespace {
+// Write in chunks of about this size while draining a long backlog.
+constexpr std::size_t kWriteChunkBytes = 1 << 16;
+}  // namespace
+
+JsonlWriter::JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
+                         std::size_t capacity, std::chrono::milliseconds flush_interval)
+    : rank_(rank), names_(names), flush_interval_(flush_interval), fd_(fd), ring_(capacity) {
+  buf_.append(first_line.data(), first_line.data() + first_line.size());
+  write_buffer();  // run_start reaches the file before the constructor returns
+  thread_ = std::thread([this] { run(); });
+}
+
+JsonlWriter::~JsonlWriter() { close(RunEnd{"exit", {}, 0, 0, 0}); }
+
+StepRecord* JsonlWriter::begin_step_record() noexcept {
+  StepRecord* slot = ring_.begin_push();
+  if (slot != nullptr) return slot;
+  waits_.fetch_add(1, std::memory_order_relaxed);
+  wake_.notify_one();
+  while ((slot = ring_.begin_push()) == nullptr) std::this_thread::yield();
+  return slot;
+}
+
+void JsonlWriter::push_line(std::string line) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.push_back(std::move(line));
+  }
+}
+
+void JsonlWriter::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (closed_) return;
+  const std::uint64_t ticket = ++flush_requested_;
+  wake_.notify_one();
+  done_.wait(lock, [&] { return flush_done_ >= ticket || closed_; });
+}
+
+void JsonlWriter::close(const RunEnd& end) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || stop_) return;
+    stop_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+  drain();
+  RunEnd final_end = end;
+  final_end.writer_waits = waits();
+  append_run_end_json(buf_, final_end, totals_, rank_, names_);
+  write_buffer();
+  ::fsync(fd_);
+  ::close(fd_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  done_.notify_all();
+}
+
+void JsonlWriter::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    // Woken early by a flush request, a full ring, or close; else once per interval.
+    wake_.wait_for(lock, flush_interval_, [&] { return stop_ || flush_requested_ > flush_done_; });
+    const std::uint64_t ticket = flush_requested_;
+    lock.unlock();
+    drain();
+    lock.lock();
+    if (ticket > flush_done_) {
+      flush_done_ = ticket;
+      done_.notify_all();
+    }
+  }
+}
+
+void JsonlWriter::drain() {
+  std::vector<std::string> lines;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lines.swap(lines_);
+  }
+  // Step records first: lines queued now (alerts) are about steps already handed over.
+  while (const StepRecord* r = ring_.front()) {
+    totals_.add(*r);
+    append_step_json(buf_, *r, rank_, names_);
+    ring_.pop();
+    if (buf_.size() >= kWriteChunkBytes) write_buffer();
+  }
+  for (const std::string& line : lines) buf_.append(line.data(), line.data() + line.size());
+  write_buffer();
+}
+
+void JsonlWriter::write_buffer() {
+  const char* p = buf_.data();
+  std::size_t left = buf_.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      last_errno_.store(errno, std::memory_order_relaxed);
+      break;  // keep training going; the error is reported by last_errno()
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  buf_.clear();
+}
+
+}  // namespace steptrace::detail

@@ -1,0 +1,78 @@
+// The JSONL sink: a background thread that drains step records from a bounded ring,
+// serializes them and appends them to the log file in batches, at most one flush
+// interval behind. The training thread only copies a fixed-size record into the ring.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/record_json.hpp"
+#include "../core/spsc_ring.hpp"
+#include "../core/step_record.hpp"
+
+namespace steptrace::detail {
+
+class JsonlWriter {
+ public:
+  /// Takes ownership of `fd` (open for writing). `first_line` (run_start, with its
+  /// newline) is the first thing written.
+  JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
+              std::size_t capacity, std::chrono::milliseconds flush_interval);
+  ~JsonlWriter();
+  JsonlWriter(const JsonlWriter&) = delete;
+  JsonlWriter& operator=(const JsonlWriter&) = delete;
+
+  /// Training thread: the slot to fill with the next step record. Never null: when the
+  /// ring is full it wakes the writer and waits for a free slot (counted in waits()).
+  StepRecord* begin_step_record() noexcept;
+  /// Training thread: hands the filled slot to the writer.
+  void commit_step_record() noexcept { ring_.commit_push(); }
+
+  /// Any thread: queues a complete JSON line (with its newline) after the records so far.
+  void push_line(std::string line);
+
+  /// Blocks until everything handed over before the call is written to the file.
+  void flush();
+  /// Writes everything, then the run_end record, and closes the file. Idempotent.
+  void close(const RunEnd& end);
+
+  /// Times the training thread found the ring full.
+  std::int64_t waits() const noexcept { return waits_.load(std::memory_order_relaxed); }
+  std::size_t capacity() const noexcept { return ring_.capacity(); }
+  /// Write errors (e.g. disk full), first one's errno; the writer keeps going.
+  int last_errno() const noexcept { return last_errno_.load(std::memory_order_relaxed); }
+
+ private:
+  void run();
+  // Moves everything queued into buf_ and writes it. Writer thread only.
+  void drain();
+  void write_buffer();
+
+  const int rank_;
+  const PhaseNames& names_;
+  const std::chrono::milliseconds flush_interval_;
+  int fd_;
+  SpscRing<StepRecord> ring_;
+  fmt::memory_buffer buf_;
+  RunTotals totals_;
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::vector<std::string> lines_;     // guarded by mu_
+  std::uint64_t flush_requested_ = 0;  // guarded by mu_
+  std::uint64_t flush_done_ = 0;       // guarded by mu_
+  bool stop_ = false;                  // guarded by mu_
+  bool closed_ = false;                // guarded by mu_
+  std::atomic<std::int64_t> waits_{0};
+  std::atomic<int> last_errno_{0};
+  std::thread thread_;
+};
+
+}  // namespace steptrace::detail

@@ -1,0 +1,55 @@
+// Profiler configuration. Every field has a documented default; validate() throws
+// ConfigError naming the bad value and what is allowed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "steptrace/export.hpp"
+
+namespace steptrace {
+
+/// Options of one profiler. Plain data: copy it, change fields, pass it to Profiler.
+struct STEPTRACE_API Config {
+  /// Folder of the run; one JSONL file per rank (rank<N>.jsonl) is written in it.
+  /// Created (with parents) when missing.
+  std::string log_dir;
+  /// Replace an existing rank<N>.jsonl instead of refusing to start.
+  bool overwrite = false;
+  /// Identifies the run in run_start; empty means generated from time and pid.
+  std::string run_id;
+  /// Rank and world size; -1 means read RANK / WORLD_SIZE from the environment
+  /// (torchrun sets them), else 0 and 1.
+  int rank = -1;
+  int world_size = -1;
+  /// Phase names known up front (the summary orders these first). Others may be used too.
+  std::vector<std::string> phases = {"forward", "loss", "backward", "clip", "optimizer"};
+  /// Longest time a record waits in memory before the writer thread writes it.
+  int flush_interval_ms = 100;
+  /// Step records buffered between the training thread and the writer (bounded memory).
+  int queue_capacity = 4096;
+  /// Sample the process resident set size at the end of every step.
+  bool sample_rss = true;
+  /// Timer: "auto" (CUDA events when a CUDA stream is given, else host), "host".
+  std::string clock = "auto";
+  /// Detection: trailing window of completed steps, warmup steps excluded from it.
+  int window = 100;
+  int warmup_steps = 10;
+  /// Iteration time over the trailing median that counts as a regression / a stall.
+  double regression_threshold = 1.5;
+  double stall_threshold = 5.0;
+
+  /// Throws ConfigError for the first bad value, naming it and what is allowed.
+  void validate() const;
+};
+
+/// Limits on phases, shared by validation and the fixed-size step records.
+inline constexpr std::size_t kMaxPhases = 32;
+inline constexpr std::size_t kMaxPhaseNameBytes = 64;
+
+/// Throws ConfigError unless `name` can be a phase name (non-empty, at most
+/// kMaxPhaseNameBytes bytes, no control characters, not the reserved "data").
+STEPTRACE_API void validate_phase_name(const std::string& name);
+
+}  // namespace steptrace

@@ -1,0 +1,142 @@
+// The profiler: times steps and their phases on the training thread and hands one record
+// per step to a background writer, which appends it to <log_dir>/rank<N>.jsonl.
+//
+// Thread-safety: one training thread drives a Profiler (steps, phases, data waits).
+// flush() and close() may be called from any thread, but not concurrently with each other.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "steptrace/backend.hpp"
+#include "steptrace/config.hpp"
+#include "steptrace/export.hpp"
+
+namespace steptrace {
+
+namespace detail {
+class ProfilerImpl;
+}
+
+class Profiler;
+
+/// Index of an interned phase name; cheaper than a name in hot loops.
+using PhaseId = std::uint16_t;
+
+/// Why a run ended, as written in run_end.
+enum class EndReason { kNormal, kException, kSignal, kExit };
+
+/// Facts about the process the core cannot know itself (the Python bindings fill it).
+struct RunInfo {
+  /// Extra entries of run_start's "versions" (e.g. {"python", "3.11.7"}, {"torch", "2.9.1"}).
+  std::vector<std::pair<std::string, std::string>> versions;
+};
+
+/// Backends the profiler uses; a null member means the default one.
+struct Backends {
+  std::unique_ptr<Clock> clock;                               // default: host clock
+  std::vector<std::unique_ptr<MemorySource>> memory_sources;  // default: process RSS
+};
+
+/// RAII scope of one phase: ends it when destroyed. Move-only.
+class STEPTRACE_API Phase {
+ public:
+  Phase(Phase&& other) noexcept;
+  Phase& operator=(Phase&&) = delete;
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+  ~Phase();
+
+ private:
+  friend class Profiler;
+  Phase(Profiler* profiler, PhaseId id) noexcept : profiler_(profiler), id_(id) {}
+  Profiler* profiler_;
+  PhaseId id_;
+};
+
+/// RAII scope of one step: ends it when destroyed, with status "error" when destroyed
+/// by an exception unwinding through it (or after fail()). Move-only.
+class STEPTRACE_API Step {
+ public:
+  Step(Step&& other) noexcept;
+  Step& operator=(Step&&) = delete;
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+  ~Step();
+
+  /// Starts a phase of this step; it ends when the returned scope is destroyed.
+  [[nodiscard]] Phase phase(std::string_view name);
+  [[nodiscard]] Phase phase(PhaseId id);
+  /// Marks this step as failed ("status": "error").
+  void fail() noexcept { failed_ = true; }
+
+ private:
+  friend class Profiler;
+  explicit Step(Profiler* profiler) noexcept;
+  Profiler* profiler_;
+  int uncaught_at_start_;
+  bool failed_ = false;
+};
+
+class STEPTRACE_API Profiler {
+ public:
+  /// Validates the config (ConfigError), creates log_dir and the rank's log file, and
+  /// writes run_start. Nothing is created when validation fails.
+  explicit Profiler(Config config, RunInfo info = {}, Backends backends = {});
+  /// Closes with reason kException while an exception unwinds, else kNormal.
+  ~Profiler();
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  /// Begins a step; it ends when the returned scope is destroyed.
+  [[nodiscard]] Step step();
+  /// Starts a phase of the current step by name (see validate_phase_name).
+  [[nodiscard]] Phase phase(std::string_view name) { return phase(phase_id(name)); }
+  [[nodiscard]] Phase phase(PhaseId id);
+
+  /// Interns a phase name (ConfigError for a bad name or more than kMaxPhases names).
+  PhaseId phase_id(std::string_view name);
+  /// Name of an interned phase.
+  const std::string& phase_name(PhaseId id) const;
+
+  // Explicit calls for loops that cannot nest scopes. All throw UsageError when out of
+  // order and leave the profiler as it was.
+  void begin_step();
+  void end_step(bool failed = false);
+  void begin_phase(PhaseId id);
+  void end_phase(PhaseId id);
+  /// Brackets a wait on the data loader between steps; the waits add up to the next
+  /// step's data_ms. Without them, data_ms is the gap since the previous step ended.
+  void begin_data();
+  void end_data();
+
+  /// Memory figures for the step in progress from a source outside the core (the Python
+  /// side's torch allocator statistics). Fields < 0 are ignored.
+  void set_step_memory(const MemorySample& sample);
+
+  bool in_step() const noexcept;
+  /// Steps begun so far (the index the next step gets).
+  std::int64_t step_index() const noexcept;
+  /// Blocks until every record handed over so far is written to the file.
+  void flush();
+  /// Ends an open step (status "error"), writes run_end, flushes and closes the file.
+  /// Idempotent: later calls do nothing.
+  void close(EndReason reason = EndReason::kNormal, std::string_view error = {});
+  bool closed() const noexcept;
+  /// Path of this rank's log file.
+  const std::string& log_path() const noexcept;
+  /// The validated configuration, with rank, world size and run id resolved.
+  const Config& config() const noexcept;
+
+ private:
+  std::unique_ptr<detail::ProfilerImpl> impl_;
+};
+
+/// Version of the steptrace library ("0.1.0").
+STEPTRACE_API const char* version() noexcept;
+
+}  // namespace steptrace

@@ -1,0 +1,43 @@
+"""steptrace: per-step profiling of PyTorch training loops.
+
+``import steptrace`` is cheap: the compiled core (``steptrace._core``) is loaded the first
+time the profiler is used, so the reader and the CLI work without it.
+"""
+
+from steptrace.errors import (
+    ConfigError,
+    LogFormatError,
+    SteptraceError,
+    UnknownOptionError,
+    UsageError,
+)
+from steptrace.reader import read, validate_record
+
+__version__ = "0.1.0"
+SCHEMA = "steptrace/1"
+
+_LAZY = {"Profiler": "steptrace.profiler"}
+
+
+def __getattr__(name: str):  # PEP 562: load the extension only when the profiler is used
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'steptrace' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Profiler",
+    "read",
+    "validate_record",
+    "SCHEMA",
+    "SteptraceError",
+    "ConfigError",
+    "UnknownOptionError",
+    "UsageError",
+    "LogFormatError",
+]

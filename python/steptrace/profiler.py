@@ -1,0 +1,210 @@
+"""The Python profiler: a thin layer over the C++ core (``steptrace._core``).
+
+``prof.step()`` and ``prof.phase(name)`` are bound C++ methods returning reusable scope
+objects whose ``__enter__``/``__exit__`` run in C++, so the hot path has no contextlib
+and no Python frames of ours. Everything else here (configuration checks, signal and
+exit handling, the loader wrapper) runs once per run or once per batch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import signal
+import sys
+import threading
+import weakref
+from typing import Any, Iterable, Iterator, Optional, TypeVar
+
+from steptrace import _core
+from steptrace.errors import ConfigError, UnknownOptionError
+
+T = TypeVar("T")
+
+# Options handled here rather than by the core.
+_PYTHON_OPTIONS = {"handle_signals": True}
+_CORE_OPTIONS = sorted(
+    name for name in dir(_core.Config) if not name.startswith("_") and name not in ("validate", "log_dir")
+)
+ALLOWED_OPTIONS = sorted([*_CORE_OPTIONS, *_PYTHON_OPTIONS])
+
+_live: "weakref.WeakSet[Profiler]" = weakref.WeakSet()
+_previous_sigterm: Any = None
+_sigterm_installed = False
+
+
+def _check_type(key: str, value: Any, default: Any) -> None:
+    if isinstance(default, bool):
+        ok, expected = isinstance(value, bool), "a bool"
+    elif isinstance(default, int):
+        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an int"
+    elif isinstance(default, float):
+        ok, expected = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    elif isinstance(default, str):
+        ok, expected = isinstance(value, str), "a str"
+    else:  # list of phase names
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        expected = "a list of str"
+    if not ok:
+        raise ConfigError(f"option {key}={value!r} must be {expected}, got {type(value).__name__}")
+
+
+def build_config(log_dir: "str | os.PathLike[str]", options: dict) -> tuple[Any, dict]:
+    """The validated core config and the Python-side options; raises before touching disk."""
+    if not isinstance(log_dir, (str, os.PathLike)):
+        raise ConfigError(f"log_dir={log_dir!r} must be a path (str or os.PathLike), got {type(log_dir).__name__}")
+    config = _core.Config()
+    config.log_dir = os.fspath(log_dir)
+    python_options = dict(_PYTHON_OPTIONS)
+    for key, value in options.items():
+        if key in _PYTHON_OPTIONS:
+            _check_type(key, value, _PYTHON_OPTIONS[key])
+            python_options[key] = value
+            continue
+        if key not in _CORE_OPTIONS:
+            raise UnknownOptionError(f"unknown option {key!r}; allowed: {', '.join(ALLOWED_OPTIONS)}")
+        _check_type(key, value, getattr(config, key))
+        setattr(config, key, list(value) if isinstance(value, tuple) else value)
+    config.validate()
+    return config, python_options
+
+
+def _versions() -> dict:
+    versions = {"python": platform.python_version()}
+    torch = sys.modules.get("torch")  # never import torch ourselves: the user's loop did
+    if torch is not None:
+        versions["torch"] = str(getattr(torch, "__version__", "unknown"))
+    return versions
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    previous = _previous_sigterm
+    if callable(previous):
+        # The program handles SIGTERM itself (e.g. checkpoint, then exit): get the records
+        # out now and let the eventual close say the run ended by a signal.
+        for prof in list(_live):
+            prof._signalled = True
+            prof.flush()
+        previous(signum, frame)
+        return
+    for prof in list(_live):
+        prof.close(reason="signal")
+    if previous == signal.SIG_IGN:
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # die of SIGTERM as the process would have without us
+
+
+def _install_sigterm_handler() -> None:
+    global _previous_sigterm, _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _previous_sigterm = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_installed = True
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for prof in list(_live):
+        prof.close(reason="exit")
+
+
+class Profiler:
+    """Profiles a training loop into ``<log_dir>/rank<N>.jsonl``.
+
+    Use it as a context manager (``with steptrace.Profiler("runs/exp1") as prof:``) or
+    call :meth:`close` yourself. Options are keyword arguments (see the README); a bad
+    value raises :class:`steptrace.errors.ConfigError`, an unknown name
+    :class:`steptrace.errors.UnknownOptionError`, before any file is created.
+
+    Not thread-safe: one training thread drives steps and phases.
+    """
+
+    def __init__(self, log_dir: "str | os.PathLike[str]", **options: Any) -> None:
+        config, python_options = build_config(log_dir, options)
+        self._core = _core.Profiler(config, _versions())
+        self._signalled = False
+        # Bound C++ methods: calling them runs no Python code of ours.
+        self.step = self._core.step
+        """``with prof.step():`` times one step."""
+        self.phase = self._core.phase
+        """``with prof.phase("forward"):`` times one phase of the current step."""
+        self.start_step = self._core.begin_step
+        self.end_step = self._core.end_step
+        self.start_phase = self._core.begin_phase
+        self.end_phase = self._core.end_phase
+        self.set_step_memory = self._core.set_step_memory
+        _live.add(self)
+        if python_options["handle_signals"]:
+            _install_sigterm_handler()
+
+    # ---- the loader ----
+    def data(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yields the items of ``iterable``, timing each wait for the next one as the next
+        step's ``data_ms``. Advance it between steps, not inside one."""
+        begin, end = self._core.begin_data, self._core.end_data
+        iterator = iter(iterable)
+        while True:
+            begin()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                end()
+                return
+            except BaseException:
+                end()
+                raise
+            end()
+            yield item
+
+    # ---- state ----
+    @property
+    def log_path(self) -> str:
+        """Path of this rank's log file."""
+        return self._core.log_path
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    @property
+    def step_index(self) -> int:
+        """Steps begun so far."""
+        return self._core.step_index
+
+    @property
+    def config(self) -> Any:
+        """The resolved configuration (rank, world size and run id filled in)."""
+        return self._core.config
+
+    def flush(self) -> None:
+        """Blocks until every finished step is written to the log file."""
+        self._core.flush()
+
+    def close(self, reason: str = "normal", error: str = "") -> None:
+        """Ends an open step (as failed), writes ``run_end`` and closes the file.
+        ``reason`` is one of normal, exception, signal, exit. Idempotent."""
+        if self._signalled and reason in ("normal", "exit", "exception"):
+            reason = "signal"
+        self._core.close(reason, error)
+        _live.discard(self)
+
+    def __enter__(self) -> "Profiler":
+        return self
+
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> bool:
+        if exc_type is None:
+            self.close("normal")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.close("signal", "KeyboardInterrupt")
+        elif issubclass(exc_type, SystemExit):
+            self.close("exit", f"SystemExit: {exc}")
+        else:
+            self.close("exception", f"{exc_type.__name__}: {exc}")
+        return False  # the exception propagates unchanged
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"step {self.step_index}"
+        return f"<steptrace.Profiler {self.log_path!r} {state}>"

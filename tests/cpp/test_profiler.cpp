@@ -1,0 +1,255 @@
+#include "steptrace/profiler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "backends/fake/fake_backends.hpp"
+#include "steptrace/error.hpp"
+#include "test_util.hpp"
+
+namespace steptrace {
+namespace {
+
+using testing::of_kind;
+using testing::read_jsonl;
+using testing::TempDir;
+
+constexpr std::int64_t kMs = 1'000'000;
+
+// A profiler on a fake clock and a fake memory source, both still reachable by the test.
+struct Fixture {
+  explicit Fixture(const TempDir& tmp) {
+    Config config;
+    config.log_dir = tmp.str("run");
+    config.rank = 0;
+    config.world_size = 1;
+    Backends backends;
+    auto c = std::make_unique<fake::FakeClock>();
+    clock = c.get();
+    backends.clock = std::move(c);
+    auto m = std::make_unique<fake::FakeMemorySource>();
+    memory = m.get();
+    backends.memory_sources.push_back(std::move(m));
+    prof = std::make_unique<Profiler>(config, RunInfo{{{"python", "3.11"}}}, std::move(backends));
+    path = prof->log_path();
+  }
+  std::vector<nlohmann::json> close_and_read() {
+    prof->close();
+    return read_jsonl(path);
+  }
+  fake::FakeClock* clock;
+  fake::FakeMemorySource* memory;
+  std::unique_ptr<Profiler> prof;
+  std::string path;
+};
+
+TEST(Profiler, ScopesTimePhasesAndSteps) {
+  TempDir tmp;
+  Fixture f(tmp);
+  {
+    auto step = f.prof->step();
+    {
+      auto p = step.phase("forward");
+      f.clock->advance(2 * kMs);
+    }
+    {
+      auto p = step.phase("backward");
+      f.clock->advance(3 * kMs);
+    }
+    f.clock->advance(1 * kMs);  // outside any phase
+  }
+  const auto records = f.close_and_read();
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]["step"], 0);
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["backward"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(steps[0]["step_ms"].get<double>(), 6.0);
+  EXPECT_DOUBLE_EQ(steps[0]["host_ms"].get<double>(), 6.0);
+  EXPECT_EQ(steps[0]["clock"], "host");
+  EXPECT_EQ(steps[0]["status"], "ok");
+  EXPECT_EQ(records.front()["kind"], "run_start");
+  EXPECT_EQ(records.front()["versions"]["python"], "3.11");
+  EXPECT_EQ(records.back()["kind"], "run_end");
+  EXPECT_EQ(records.back()["reason"], "normal");
+}
+
+TEST(Profiler, DataIsTheGapBetweenStepsUnlessTheLoaderIsWrapped) {
+  TempDir tmp;
+  Fixture f(tmp);
+  { auto s = f.prof->step(); }
+  f.clock->advance(7 * kMs);
+  { auto s = f.prof->step(); }  // gap: 7 ms
+  f.clock->advance(1 * kMs);
+  f.prof->begin_data();
+  f.clock->advance(4 * kMs);
+  f.prof->end_data();
+  { auto s = f.prof->step(); }  // wrapped: 4 ms, not the 5 ms gap
+  const auto steps = of_kind(f.close_and_read(), "step");
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_DOUBLE_EQ(steps[0]["data_ms"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 7.0);
+  EXPECT_DOUBLE_EQ(steps[2]["data_ms"].get<double>(), 4.0);
+}
+
+TEST(Profiler, RepeatedPhaseAddsUpAndOpenPhaseEndsWithStep) {
+  TempDir tmp;
+  Fixture f(tmp);
+  const PhaseId fwd = f.prof->phase_id("forward");
+  f.prof->begin_step();
+  for (int i = 0; i < 3; ++i) {
+    f.prof->begin_phase(fwd);
+    f.clock->advance(1 * kMs);
+    f.prof->end_phase(fwd);
+  }
+  f.prof->begin_phase(f.prof->phase_id("custom"));
+  f.clock->advance(2 * kMs);
+  f.prof->end_step();  // "custom" is still open: it ends with the step
+  const auto steps = of_kind(f.close_and_read(), "step");
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["custom"].get<double>(), 2.0);
+}
+
+TEST(Profiler, NestedDifferentPhasesAreAllowed) {
+  TempDir tmp;
+  Fixture f(tmp);
+  {
+    auto s = f.prof->step();
+    auto outer = s.phase("forward");
+    auto inner = s.phase("attention");
+    f.clock->advance(1 * kMs);
+  }
+  const auto steps = of_kind(f.close_and_read(), "step");
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["attention"].get<double>(), 1.0);
+}
+
+TEST(Profiler, MisuseThrowsAndLeavesTheLogValid) {
+  TempDir tmp;
+  Fixture f(tmp);
+  const PhaseId fwd = f.prof->phase_id("forward");
+  EXPECT_THROW(f.prof->begin_phase(fwd), UsageError);  // outside a step
+  EXPECT_THROW(f.prof->end_step(), UsageError);        // end without start
+  f.prof->begin_step();
+  EXPECT_THROW(f.prof->begin_step(), UsageError);    // step inside a step
+  EXPECT_THROW(f.prof->end_phase(fwd), UsageError);  // end without start
+  f.prof->begin_phase(fwd);
+  EXPECT_THROW(f.prof->begin_phase(fwd), UsageError);  // nested in itself
+  EXPECT_THROW(f.prof->begin_data(), UsageError);      // loader inside a step
+  f.clock->advance(kMs);
+  f.prof->end_phase(fwd);
+  f.prof->end_step();
+  EXPECT_THROW(f.prof->end_data(), UsageError);
+  EXPECT_THROW(f.prof->phase_id(""), ConfigError);
+  try {
+    f.prof->begin_phase(fwd);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"forward\""), std::string::npos) << e.what();
+  }
+  const auto records = f.close_and_read();
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 1u);  // the misuse did not start, end or corrupt a step
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 1.0);
+  EXPECT_EQ(records.back()["kind"], "run_end");
+}
+
+TEST(Profiler, ExceptionInAStepMarksItFailed) {
+  TempDir tmp;
+  Fixture f(tmp);
+  try {
+    auto s = f.prof->step();
+    auto p = s.phase("forward");
+    throw std::runtime_error("boom");
+  } catch (const std::runtime_error&) {
+  }
+  { auto s = f.prof->step(); }
+  const auto records = f.close_and_read();
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0]["status"], "error");
+  EXPECT_EQ(steps[1]["status"], "ok");
+  EXPECT_EQ(records.back()["error_steps"], 1);
+}
+
+TEST(Profiler, DestroyedByAnExceptionEndsWithReasonException) {
+  TempDir tmp;
+  std::string path;
+  try {
+    Fixture f(tmp);
+    path = f.path;
+    auto s = f.prof->step();
+    throw std::runtime_error("boom");
+  } catch (const std::runtime_error&) {
+  }
+  const auto records = read_jsonl(path);
+  EXPECT_EQ(records.back()["reason"], "exception");
+}
+
+TEST(Profiler, CloseEndsAnOpenStepAsFailedAndIsIdempotent) {
+  TempDir tmp;
+  Fixture f(tmp);
+  f.prof->begin_step();
+  f.prof->close(EndReason::kSignal);
+  f.prof->close();
+  EXPECT_TRUE(f.prof->closed());
+  EXPECT_THROW(f.prof->begin_step(), UsageError);
+  const auto records = read_jsonl(f.path);
+  ASSERT_EQ(of_kind(records, "step").size(), 1u);
+  EXPECT_EQ(of_kind(records, "step")[0]["status"], "error");
+  EXPECT_EQ(records.back()["reason"], "signal");
+  EXPECT_EQ(of_kind(records, "run_end").size(), 1u);
+}
+
+TEST(Profiler, MemoryIsSampledEveryStep) {
+  TempDir tmp;
+  Fixture f(tmp);
+  for (int i = 0; i < 3; ++i) {
+    f.memory->allocated_bytes = 1000 * (i + 1);
+    f.memory->rss_bytes = 5000;
+    auto s = f.prof->step();
+  }
+  f.prof->begin_step();
+  MemorySample outside;
+  outside.peak_bytes = 777;
+  f.prof->set_step_memory(outside);
+  f.prof->end_step();
+  const auto steps = of_kind(f.close_and_read(), "step");
+  EXPECT_EQ(f.memory->samples, 4);
+  EXPECT_EQ(steps[2]["memory"]["allocated_bytes"], 3000);
+  EXPECT_EQ(steps[2]["memory"]["rss_bytes"], 5000);
+  EXPECT_FALSE(steps[2]["memory"].contains("peak_bytes"));
+  EXPECT_EQ(steps[3]["memory"]["peak_bytes"], 777);
+}
+
+TEST(Profiler, FlushMakesStepsVisibleWhileRunning) {
+  TempDir tmp;
+  Fixture f(tmp);
+  for (int i = 0; i < 5; ++i) auto s = f.prof->step();
+  f.prof->flush();
+  EXPECT_EQ(of_kind(read_jsonl(f.path), "step").size(), 5u);
+  EXPECT_EQ(f.prof->step_index(), 5);
+}
+
+TEST(Profiler, RealHostClockAndRss) {
+  TempDir tmp;
+  Config config;
+  config.log_dir = tmp.str();
+  config.overwrite = true;
+  std::string path;
+  {
+    Profiler prof(config);
+    auto s = prof.step();
+    auto p = s.phase("forward");
+    path = prof.log_path();
+  }
+  const auto records = read_jsonl(path);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_GT(steps[0]["memory"]["rss_bytes"].get<std::int64_t>(), 0);
+  EXPECT_GE(steps[0]["step_ms"].get<double>(), steps[0]["phases_ms"]["forward"].get<double>());
+  EXPECT_EQ(records.front()["backends"]["memory"]["active"][0], "rss");
+}
+
+}  // namespace
+}  // namespace steptrace

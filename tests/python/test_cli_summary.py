@@ -1,0 +1,238 @@
+"""Tests of steptrace.summary (numbers on known data) and the `steptrace summary` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import logfactory as lf
+from steptrace.cli import main
+from steptrace.summary import MISSING_END, format_summary, percentile, summarize
+
+PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
+
+
+def _known_run() -> list[dict]:
+    """Four ok steps with hand-picked timings, one error step, memory and alerts.
+
+    iterations (data + step): 3, 5, 7, 16 -> total 31 ms
+    """
+    spec = [  # (phases, data_ms)
+        ({"zeta": 0.0, "backward": 2.0, "forward": 1.0}, 0.0),
+        ({"forward": 2.0, "backward": 2.0}, 1.0),
+        ({"forward": 3.0, "comm": 1.0, "backward": 2.0}, 1.0),
+        ({"forward": 4.0, "backward": 10.0}, 2.0),
+    ]
+    rss = [100, 300, 250, 200]
+    recs = [lf.run_start()]
+    for i, (phases, data) in enumerate(spec):
+        recs.append(lf.step(i, phases=phases, data_ms=data, memory={"rss_bytes": rss[i]}))
+    # an error step: counted, but its partial timings stay out of the statistics
+    recs.append(lf.step(4, phases={"forward": 500.0}, data_ms=100.0, status="error", memory={"rss_bytes": 200}))
+    recs += [lf.alert("stall", 3), lf.alert("step_regression", 2), lf.alert("stall", 1)]
+    recs.append(lf.run_end(5, error_steps=1))
+    return recs
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def test_known_run_records_are_valid() -> None:
+    from steptrace.reader import validate_record
+
+    for rec in _known_run():
+        validate_record(rec)
+
+
+def test_summary_numbers_on_known_data() -> None:
+    s = summarize(_known_run())
+    assert s["steps"] == 5
+    assert s["error_steps"] == 1
+    assert s["clock"] == "host"
+    assert s["end_reason"] == "normal"
+    # defaults first in their fixed order, then others in first-seen order
+    assert list(s["phases"]) == ["forward", "backward", "zeta", "comm"]
+
+    fwd = s["phases"]["forward"]
+    assert fwd["count"] == 4
+    assert fwd["p50_ms"] == pytest.approx(2.5)
+    assert fwd["p95_ms"] == pytest.approx(3.85)  # 3 + 0.85 * (4 - 3)
+    assert fwd["max_ms"] == 4.0
+    assert fwd["share_pct"] == pytest.approx(100 * 10 / 31)
+
+    bwd = s["phases"]["backward"]
+    assert (bwd["p50_ms"], bwd["max_ms"]) == (2.0, 10.0)
+    assert bwd["share_pct"] == pytest.approx(100 * 16 / 31)
+    # a phase seen in one step: its share counts the other steps as zero
+    assert s["phases"]["comm"]["count"] == 1
+    assert s["phases"]["comm"]["share_pct"] == pytest.approx(100 * 1 / 31)
+
+    assert s["data"]["p50_ms"] == 1.0 and s["data"]["max_ms"] == 2.0
+    assert s["data"]["share_pct"] == pytest.approx(100 * 4 / 31)
+    assert s["step"]["p50_ms"] == pytest.approx(5.0)  # steps 3, 4, 6, 14
+    assert s["step"]["max_ms"] == 14.0
+    assert s["iteration"]["p50_ms"] == pytest.approx(6.0)  # iterations 3, 5, 7, 16
+    assert s["data"]["share_pct"] + s["step"]["share_pct"] == pytest.approx(100.0)
+
+    # 5 step starts 20 ms apart: 4 iterations in 80 ms
+    assert s["steps_per_s"] == pytest.approx(50.0)
+    assert s["memory"] == {"rss_bytes": {"start": 100, "peak": 300, "end": 200}}
+    assert s["alerts"] == {"stall": {"count": 2, "first_step": 1}, "step_regression": {"count": 1, "first_step": 2}}
+    json.dumps(s)  # JSON-ready
+
+
+def test_steps_per_s_falls_back_to_iteration_sum() -> None:
+    # a single step has no span: 1 step / (3 + 1) ms = 250 steps/s
+    recs = [lf.run_start(), lf.step(0, phases={"forward": 3.0}, data_ms=1.0)]
+    assert summarize(recs)["steps_per_s"] == pytest.approx(250.0)
+
+
+def test_missing_run_end() -> None:
+    s = summarize(lf.run_records(3, end=False))
+    assert s["end_reason"] == MISSING_END
+    assert "missing (no run_end" in format_summary(s)
+
+
+def test_two_ranks_pool_steps_and_report_each_end() -> None:
+    recs = lf.run_records(4, rank=0, world_size=2) + lf.run_records(4, rank=1, world_size=2, end=False)
+    s = summarize(recs)
+    assert s["ranks"] == [0, 1]
+    assert s["steps"] == 4
+    assert s["steps_by_rank"] == {"0": 4, "1": 4}
+    assert s["phases"]["forward"]["count"] == 8
+    assert s["end_reasons"] == {"0": "normal", "1": MISSING_END}
+    assert s["end_reason"].startswith("rank 0 normal, rank 1 missing")
+
+
+def test_no_steps() -> None:
+    s = summarize([lf.run_start()])
+    assert s["steps"] == 0 and s["iteration"] is None and s["phases"] == {}
+    assert "no completed steps" in format_summary(s)
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    np = pytest.importorskip("numpy")
+    rng = random.Random(7)
+    for n in (1, 2, 3, 10, 101):
+        vals = sorted(rng.uniform(0, 100) for _ in range(n))
+        for q in (0, 5, 50, 95, 99, 100):
+            assert percentile(vals, q) == pytest.approx(float(np.percentile(vals, q)))
+
+
+def test_format_summary_table() -> None:
+    text = format_summary(summarize(_known_run(), source="rank0.jsonl"))
+    lines = text.splitlines()
+    assert lines[0] == "run rank0.jsonl: 5 steps (1 error), 50.0 steps/s, clock host, ended normal"
+    assert lines[1].split() == ["phase", "p50", "ms", "p95", "ms", "max", "ms", "share"]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:9]}
+    assert list(rows) == ["data", "forward", "backward", "zeta", "comm", "step", "iteration"]
+    assert rows["forward"] == ["2.500", "3.850", "4.000", "32.3%"]
+    assert rows["data"][-1] == "12.9%"
+    # the numeric columns line up: every row of the phase table has the same width
+    assert len({len(ln) for ln in lines[1:9]}) == 1
+    assert any(ln.startswith("rss") and "300 B" in ln for ln in lines)
+    assert any(ln.split()[:3] == ["stall", "2", "1"] for ln in lines)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    parts = [str(PYTHON_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "steptrace.cli", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+    )
+
+
+def test_cli_summary_prints_phases_and_end_reason(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", _known_run())
+    proc = _cli("summary", str(path))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "ended normal" in out
+    for phase in ("data", "forward", "backward", "zeta", "comm", "step"):
+        assert any(ln.split()[:1] == [phase] for ln in out.splitlines()), phase
+    assert "32.3%" in out
+    assert proc.stderr == ""
+
+
+def test_cli_summary_json_parses(tmp_path: Path) -> None:
+    lf.write_log(tmp_path / "run" / "rank0.jsonl", lf.run_records(3, world_size=2))
+    lf.write_log(tmp_path / "run" / "rank1.jsonl", lf.run_records(3, rank=1, world_size=2))
+    proc = _cli("summary", str(tmp_path / "run"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ranks"] == [0, 1]
+    assert data["steps"] == 3
+    assert data["phases"]["forward"]["p50_ms"] == 3.0
+    assert data["end_reason"] == "normal"
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("", "empty log"),
+        ('{"hello": 1}\n', "not a steptrace log"),
+        (None, "no such file"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(tmp_path: Path, content, needle: str) -> None:
+    path = tmp_path / "rank0.jsonl"
+    if content is not None:
+        path.write_text(content)
+    proc = _cli("summary", str(path))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    err_lines = proc.stderr.strip().splitlines()
+    assert len(err_lines) == 1
+    assert err_lines[0].startswith("steptrace: error: ") and needle in err_lines[0]
+    assert proc.stdout == ""
+
+
+def test_cli_corrupt_line_and_skip_bad(tmp_path: Path) -> None:
+    text = lf.lines(lf.run_records(3))
+    text.insert(2, "{broken")
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join(text) + "\n")
+    proc = _cli("summary", str(path))
+    assert proc.returncode == 2
+    assert f"{path}:3:" in proc.stderr and "Traceback" not in proc.stderr
+
+    proc = _cli("summary", str(path), "--skip-bad")
+    assert proc.returncode == 0, proc.stderr
+    assert "3 steps" in proc.stdout
+    assert proc.stderr.startswith("steptrace: warning: ") and ":3:" in proc.stderr
+
+
+def test_cli_truncated_last_line_warns_once_and_succeeds(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", lf.run_records(2, end=False), tail='{"kind": "st')
+    proc = _cli("summary", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "ended missing" in proc.stdout
+    assert proc.stderr.count("\n") == 1 and "truncated" in proc.stderr
+
+
+def test_main_in_process_returns_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", lf.run_records(2))
+    assert main(["summary", str(path)]) == 0
+    assert "ended normal" in capsys.readouterr().out
+    assert main(["summary", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("steptrace: error: ")
+    assert main([]) == 2  # no command
+    assert main(["bogus"]) == 2  # argparse usage error, returned rather than raised

@@ -1,0 +1,256 @@
+"""Tests of steptrace.reader: reading files and run folders, truncation, corruption, schema."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+import logfactory as lf
+import steptrace
+from steptrace.errors import LogFormatError
+from steptrace.reader import CorruptLineWarning, TruncatedLogWarning, read, validate_record
+
+
+def _read_all(path, **kw) -> list[dict]:
+    return list(read(path, **kw))
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def test_factory_records_validate_against_schema() -> None:
+    recs = lf.run_records(3) + [lf.alert("stall", 2), lf.step(3, status="error")]
+    for rec in recs:
+        validate_record(rec)  # raises if the factory drifted from the schema
+
+
+def test_validate_record_names_the_bad_field() -> None:
+    bad = lf.step(0, step_ms=-1.0)
+    with pytest.raises(LogFormatError, match=r"step record .*step_ms.*minimum"):
+        validate_record(bad)
+
+
+def test_validate_record_rejects_unknown_field_and_kind() -> None:
+    with pytest.raises(LogFormatError, match="bogus"):
+        validate_record(lf.step(0, bogus=1))
+    with pytest.raises(LogFormatError, match="unknown record kind 'nonsense'"):
+        validate_record({"kind": "nonsense", "rank": 0})
+
+
+def test_public_api_exports_reader() -> None:
+    assert steptrace.read is read
+    assert steptrace.validate_record is validate_record
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_read_file(tmp_path: Path) -> None:
+    recs = lf.run_records(4)
+    path = lf.write_log(tmp_path / "rank0.jsonl", recs)
+    got = _read_all(path)
+    assert got == recs
+    assert [r["kind"] for r in got] == ["run_start"] + ["step"] * 4 + ["run_end"]
+
+
+def test_read_accepts_str_path_and_validates(tmp_path: Path) -> None:
+    recs = lf.run_records(2)
+    path = lf.write_log(tmp_path / "rank0.jsonl", recs)
+    assert _read_all(str(path), validate=True) == recs
+
+
+def test_read_dir_of_two_ranks_in_rank_order(tmp_path: Path) -> None:
+    # rank10 must come after rank2 (numeric, not lexical, order)
+    for rank in (10, 2):
+        lf.write_log(tmp_path / f"rank{rank}.jsonl", lf.run_records(3, rank=rank, world_size=11))
+    (tmp_path / "notes.txt").write_text("not a log\n")
+    got = _read_all(tmp_path)
+    assert len(got) == 2 * 5
+    assert [r["rank"] for r in got] == [2] * 5 + [10] * 5
+    assert got[0]["kind"] == "run_start" and got[5]["kind"] == "run_start"
+
+
+def test_read_list_of_paths(tmp_path: Path) -> None:
+    a = lf.write_log(tmp_path / "a" / "rank0.jsonl", lf.run_records(1))
+    b = lf.write_log(tmp_path / "b" / "rank0.jsonl", lf.run_records(2))
+    got = _read_all([b, a.parent])
+    assert len(got) == 4 + 3
+    assert got[0]["kind"] == "run_start" and got[4]["kind"] == "run_start"
+
+
+def test_empty_lines_are_ignored(tmp_path: Path) -> None:
+    recs = lf.run_records(2)
+    text = "\n".join(lf.lines(recs[:2])) + "\n\n   \n" + "\n".join(lf.lines(recs[2:])) + "\n"
+    path = tmp_path / "rank0.jsonl"
+    path.write_text(text)
+    assert _read_all(path) == recs
+
+
+def test_last_line_without_newline_but_complete_is_read(tmp_path: Path) -> None:
+    recs = lf.run_records(2)
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join(lf.lines(recs)))  # no final newline, yet valid JSON
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no warning either
+        assert _read_all(path) == recs
+
+
+def test_truncated_last_line_warns_and_keeps_the_rest(tmp_path: Path) -> None:
+    recs = lf.run_records(3, end=False)
+    partial = json.dumps(lf.step(3))[:40]  # the writer died mid-line
+    path = lf.write_log(tmp_path / "rank0.jsonl", recs, tail=partial)
+    with pytest.warns(TruncatedLogWarning, match=r"rank0\.jsonl:5"):
+        got = _read_all(path)
+    assert got == recs
+
+
+def test_truncated_only_line_is_an_empty_log(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.jsonl"
+    path.write_text(json.dumps(lf.run_start())[:30])
+    with pytest.warns(TruncatedLogWarning):
+        with pytest.raises(LogFormatError, match="empty log"):
+            _read_all(path)
+
+
+def test_corrupt_middle_line_raises_with_file_and_line(tmp_path: Path) -> None:
+    recs = lf.run_records(3)
+    text = lf.lines(recs)
+    text.insert(2, '{"kind": "step", "rank": 0, oops')  # becomes line 3
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join(text) + "\n")
+    with pytest.raises(LogFormatError) as info:
+        _read_all(path)
+    msg = str(info.value)
+    assert f"{path}:3:" in msg and "corrupt" in msg
+    assert "\n" not in msg
+
+
+def test_corrupt_line_with_newline_at_end_is_not_truncation(tmp_path: Path) -> None:
+    # a bad LAST line that does end in a newline was written whole: it is corruption
+    path = lf.write_log(tmp_path / "rank0.jsonl", lf.run_records(1), tail="{garbage\n")
+    with pytest.raises(LogFormatError, match=r":4: corrupt"):
+        _read_all(path)
+
+
+def test_skip_bad_warns_and_continues(tmp_path: Path) -> None:
+    recs = lf.run_records(3)
+    text = lf.lines(recs)
+    text.insert(2, "{not json")
+    text.insert(4, "[1, 2, 3]")
+    text.insert(5, '{"no_kind": true}')
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join(text) + "\n")
+    with pytest.warns(CorruptLineWarning) as caught:
+        got = _read_all(path, skip_bad=True)
+    assert got == recs
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 3
+    assert any(":3:" in m for m in messages)
+    assert any("not a JSON object" in m for m in messages)
+    assert any('no "kind"' in m for m in messages)
+
+
+def test_record_that_is_not_an_object_raises(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", [lf.run_start(), [1, 2]])
+    with pytest.raises(LogFormatError, match=r":2: record is not a JSON object"):
+        _read_all(path)
+
+
+def test_record_without_kind_raises(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", [lf.run_start(), {"rank": 0}])
+    with pytest.raises(LogFormatError, match=r':2: record has no "kind"'):
+        _read_all(path)
+
+
+def test_validate_reports_file_line_and_schema_message(tmp_path: Path) -> None:
+    recs = lf.run_records(2)
+    recs[2]["data_ms"] = "fast"
+    path = lf.write_log(tmp_path / "rank0.jsonl", recs)
+    assert len(_read_all(path)) == 4  # not validated by default
+    with pytest.raises(LogFormatError, match=r"rank0\.jsonl:3: step record .*data_ms.*'fast' is not of type"):
+        _read_all(path, validate=True)
+    with pytest.warns(CorruptLineWarning):
+        assert len(_read_all(path, validate=True, skip_bad=True)) == 3
+
+
+# --------------------------------------------------------------------------- not a log
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("")
+    with pytest.raises(LogFormatError, match="empty log"):
+        _read_all(path)
+
+
+def test_blank_only_file_is_empty(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n\n  \n")
+    with pytest.raises(LogFormatError, match="empty log"):
+        _read_all(path)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"kind": "step", "rank": 0},  # no run_start
+        {"kind": "run_start", "rank": 0},  # no schema
+        {"kind": "run_start", "rank": 0, "schema": "otherlib/1"},
+        {"hello": "world"},
+    ],
+)
+def test_not_a_steptrace_log(tmp_path: Path, first: dict) -> None:
+    path = lf.write_log(tmp_path / "x.jsonl", [first, lf.step(0)])
+    with pytest.raises(LogFormatError, match=r"x\.jsonl:1: not a steptrace log"):
+        _read_all(path)
+
+
+def test_not_json_at_all(tmp_path: Path) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(LogFormatError, match=r"data\.jsonl:1: not a steptrace log"):
+        _read_all(path, skip_bad=True)  # skip_bad must not let a non-log through
+
+
+def test_newer_schema(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", [lf.run_start(schema="steptrace/2"), lf.step(0)])
+    with pytest.raises(LogFormatError, match="newer steptrace"):
+        _read_all(path)
+
+
+def test_missing_path_raises_at_call(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(LogFormatError, match=r"nope: no such file or directory"):
+        read(missing)  # raised eagerly, before iterating
+
+
+def test_dir_without_logs(tmp_path: Path) -> None:
+    (tmp_path / "readme.txt").write_text("hi\n")
+    with pytest.raises(LogFormatError, match="no .jsonl log files"):
+        read(tmp_path)
+
+
+def test_bad_second_file_in_dir_names_that_file(tmp_path: Path) -> None:
+    lf.write_log(tmp_path / "rank0.jsonl", lf.run_records(2))
+    (tmp_path / "rank1.jsonl").write_text("")
+    it = read(tmp_path)
+    with pytest.raises(LogFormatError, match=r"rank1\.jsonl: empty log"):
+        list(it)
+
+
+def test_log_format_error_is_a_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        read(tmp_path / "missing.jsonl")
+
+
+def test_large_file_streams_all_records(tmp_path: Path) -> None:
+    # read() returns an iterator: the first record comes before the rest is consumed
+    n = 20_000
+    path = lf.write_log(tmp_path / "rank0.jsonl", lf.run_records(n))
+    it = read(path)
+    assert next(it)["kind"] == "run_start"
+    rest = sum(1 for _ in it)
+    assert rest == n + 1
