@@ -1,0 +1,222 @@
+"""The Python profiler API on real CPU training loops."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import steptrace
+from steptrace.errors import ConfigError, UnknownOptionError, UsageError
+from training import PHASES, SlowLoader, batches, train
+
+
+def steps_of(records):
+    return [r for r in records if r["kind"] == "step"]
+
+
+def test_n_steps_give_n_records_with_five_phases(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path / "run") as prof:
+        train(prof, batches(40))
+    records = records_of(prof.log_path)  # validates every record against the schema
+    steps = steps_of(records)
+    assert [s["step"] for s in steps] == list(range(40))
+    assert records[0]["kind"] == "run_start" and records[-1]["kind"] == "run_end"
+    assert records[-1]["reason"] == "normal" and records[-1]["steps"] == 40
+    for s in steps:
+        assert set(s["phases_ms"]) == set(PHASES)
+        assert s["clock"] == "host" and s["status"] == "ok"
+        # 4 decimals of rounding per phase are the only slack
+        assert sum(s["phases_ms"].values()) <= s["step_ms"] + 5 * 1e-4
+        assert s["memory"]["rss_bytes"] > 0
+    assert records[0]["versions"]["torch"] == torch.__version__
+    assert records[0]["config"]["window"] == 100
+
+
+def test_slow_loader_shows_in_data_ms(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path) as prof:
+        train(prof, SlowLoader(batches(6), delay_s=0.02))
+    steps = steps_of(records_of(prof.log_path))
+    assert len(steps) == 6
+    for s in steps:
+        assert s["data_ms"] >= 20.0 * 0.95  # sleep never returns early; 5% for clock rounding
+        assert s["step_ms"] < s["data_ms"] + 1000
+
+
+def test_unwrapped_loader_data_is_the_gap_between_steps(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path) as prof:
+        train(prof, SlowLoader(batches(4), delay_s=0.02), wrap=False)
+    steps = steps_of(records_of(prof.log_path))
+    assert steps[0]["data_ms"] == 0.0  # nothing before the first step to measure from
+    assert all(s["data_ms"] >= 19.0 for s in steps[1:])
+
+
+def test_start_and_end_calls_without_with_blocks(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path) as prof:
+        for _ in range(3):
+            prof.start_step()
+            prof.start_phase("forward")
+            torch.randn(64, 64) @ torch.randn(64, 64)
+            prof.end_phase("forward")
+            prof.end_step()
+    steps = steps_of(records_of(prof.log_path))
+    assert len(steps) == 3 and all(s["phases_ms"]["forward"] > 0 for s in steps)
+
+
+def test_phase_scopes_are_reused(tmp_path):
+    with steptrace.Profiler(tmp_path) as prof:
+        assert prof.phase("forward") is prof.phase("forward")
+        name = "".join(["for", "ward"])  # an equal but distinct str object
+        assert prof.phase(name) is prof.phase("forward")
+        assert prof.step() is prof.step()
+        with prof.step():
+            for i in range(3):
+                with prof.phase(f"layer{i}"):
+                    pass
+
+
+def test_custom_phase_names_are_recorded(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path) as prof:
+        with prof.step():
+            with prof.phase("forward"):
+                with prof.phase("attention \"block\""):
+                    pass
+    step = steps_of(records_of(prof.log_path))[0]
+    assert set(step["phases_ms"]) == {"forward", 'attention "block"'}
+
+
+@pytest.mark.parametrize(
+    "options, needle",
+    [
+        ({"window": 1}, "window=1"),
+        ({"regression_threshold": 1.0}, "regression_threshold=1"),
+        ({"stall_threshold": 0.9}, "stall_threshold=0.9"),
+        ({"flush_interval_ms": 0}, "flush_interval_ms=0"),
+        ({"phases": ["forward", ""]}, "empty"),
+        ({"window": "10"}, "must be an int"),
+        ({"overwrite": 1}, "must be a bool"),
+        ({"clock": "sundial"}, "sundial"),
+    ],
+)
+def test_bad_config_raises_before_any_file(tmp_path, options, needle):
+    target = tmp_path / "run"
+    with pytest.raises(ConfigError, match=needle) as info:
+        steptrace.Profiler(target, **options)
+    assert isinstance(info.value, ValueError)
+    assert not target.exists()
+
+
+def test_unknown_option_is_a_type_error_listing_the_allowed(tmp_path):
+    with pytest.raises(UnknownOptionError, match="windw.*allowed: .*window") as info:
+        steptrace.Profiler(tmp_path / "run", windw=50)
+    assert isinstance(info.value, TypeError)
+    assert not (tmp_path / "run").exists()
+
+
+def test_log_dir_that_is_a_file_or_unwritable(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        steptrace.Profiler(a_file)
+    with pytest.raises(ConfigError, match="cannot create log_dir"):
+        steptrace.Profiler(a_file / "sub")  # under a file: unwritable even for root
+    with pytest.raises(ConfigError, match="must be a path"):
+        steptrace.Profiler(None)
+
+
+def test_existing_log_is_not_overwritten_by_default(tmp_path):
+    with steptrace.Profiler(tmp_path):
+        pass
+    before = (tmp_path / "rank0.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match="already exists.*overwrite=True"):
+        steptrace.Profiler(tmp_path)
+    assert (tmp_path / "rank0.jsonl").read_bytes() == before
+    with steptrace.Profiler(tmp_path, overwrite=True):
+        pass
+
+
+def test_empty_phase_name_is_a_value_error(tmp_path):
+    with steptrace.Profiler(tmp_path) as prof:
+        with prof.step():
+            with pytest.raises(ConfigError, match="empty"):
+                prof.phase("")
+            with pytest.raises(ConfigError, match="reserved"):
+                prof.phase("data")
+            with pytest.raises(TypeError):
+                prof.phase(3)
+
+
+def test_misuse_raises_and_the_log_stays_valid(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path) as prof:
+        with pytest.raises(UsageError, match="outside a step"):
+            with prof.phase("forward"):
+                pass
+        with pytest.raises(UsageError, match="without its start"):
+            prof.end_step()
+        with prof.step():
+            with pytest.raises(UsageError, match="still running"):
+                with prof.step():
+                    pass
+            with prof.phase("forward"):
+                with pytest.raises(UsageError, match="nested in itself"):
+                    with prof.phase("forward"):
+                        pass
+            with pytest.raises(UsageError, match="end of phase \"loss\" without its start"):
+                prof.end_phase("loss")
+        with pytest.raises(UsageError, match="end_data without begin_data"):
+            prof._core.end_data()
+    records = records_of(prof.log_path)
+    assert len(steps_of(records)) == 1
+    assert records[-1]["reason"] == "normal"
+    assert isinstance(UsageError("x"), RuntimeError)
+
+
+def test_exception_in_a_phase_propagates_unchanged(tmp_path, records_of):
+    class Boom(Exception):
+        pass
+
+    boom = Boom("bad batch")
+    with pytest.raises(Boom) as info:
+        with steptrace.Profiler(tmp_path) as prof:
+            train(prof, batches(3))
+            with prof.step():
+                with prof.phase("forward"):
+                    raise boom
+    assert info.value is boom
+    records = records_of(prof.log_path)
+    steps = steps_of(records)
+    assert [s["status"] for s in steps] == ["ok", "ok", "ok", "error"]
+    assert "forward" in steps[-1]["phases_ms"]
+    assert records[-1]["reason"] == "exception"
+    assert records[-1]["error"] == "Boom: bad batch"
+    assert records[-1]["error_steps"] == 1
+
+
+def test_records_are_written_while_the_run_goes_on(tmp_path):
+    with steptrace.Profiler(tmp_path) as prof:
+        train(prof, batches(5))
+        prof.flush()
+        lines = (tmp_path / "rank0.jsonl").read_text().splitlines()
+        assert len(lines) == 1 + 5  # run_start and the 5 steps, before close
+        assert prof.step_index == 5 and not prof.closed
+    assert prof.closed
+
+
+def test_rank_and_world_size_from_torchrun_environment(tmp_path, monkeypatch, records_of):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with steptrace.Profiler(tmp_path) as prof:
+        pass
+    assert os.path.basename(prof.log_path) == "rank1.jsonl"
+    start = records_of(prof.log_path)[0]
+    assert (start["rank"], start["world_size"]) == (1, 2)
+
+
+def test_using_a_closed_profiler_is_misuse(tmp_path):
+    prof = steptrace.Profiler(tmp_path)
+    prof.close()
+    prof.close()  # idempotent
+    with pytest.raises(UsageError, match="closed"):
+        with prof.step():
+            pass
