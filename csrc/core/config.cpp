@@ -51,6 +51,21 @@ void Config::validate() const {
                   "stall_threshold={} must be greater than 1 (a ratio to the trailing "
                   "median, e.g. 5)",
                   stall_threshold);
+  STEPTRACE_CHECK(regression_min_steps >= 1 && regression_min_steps <= window, ConfigError,
+                  "regression_min_steps={} is out of range; allowed: 1..window ({})",
+                  regression_min_steps, window);
+  STEPTRACE_CHECK(min_history >= 2 && min_history <= window, ConfigError,
+                  "min_history={} is out of range; allowed: 2..window ({})", min_history, window);
+  STEPTRACE_CHECK(hang_threshold > 1.0, ConfigError,
+                  "hang_threshold={} must be greater than 1 (a ratio to the median iteration)",
+                  hang_threshold);
+  STEPTRACE_CHECK(hang_min_s > 0.0, ConfigError, "hang_min_s={} must be positive (seconds)",
+                  hang_min_s);
+  STEPTRACE_CHECK(hang_floor_s > 0.0, ConfigError, "hang_floor_s={} must be positive (seconds)",
+                  hang_floor_s);
+  STEPTRACE_CHECK(memory_growth_pct > 0.0 && memory_growth_pct < 1000.0, ConfigError,
+                  "memory_growth_pct={} is out of range; allowed: above 0 and below 1000",
+                  memory_growth_pct);
   STEPTRACE_CHECK(phases.size() <= kMaxPhases, ConfigError,
                   "phases lists {} names; at most {} distinct phases are allowed", phases.size(),
                   kMaxPhases);

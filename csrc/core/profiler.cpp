@@ -3,17 +3,23 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <exception>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <thread>
 
 #include "../sinks/jsonl_writer.hpp"
+#include "alert.hpp"
 #include "check.hpp"
+#include "detectors.hpp"
 #include "record_json.hpp"
 #include "step_record.hpp"
 #include "steptrace/error.hpp"
@@ -115,6 +121,54 @@ const char* reason_name(EndReason r) {
   return "normal";
 }
 
+std::int64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : 0;
+}
+
+// Runs the record detectors on the writer thread, right after each step record, and
+// publishes what the training thread and the watchdog need from them.
+class DetectionStage final : public StepObserver {
+ public:
+  DetectionStage(const Config& config, const PhaseNames& names, AlertLog& alerts)
+      : config_(config),
+        alerts_(alerts),
+        slow_(config, names),
+        memory_(config, names, host_memory_bytes()) {}
+
+  void on_step(const StepRecord& r, fmt::memory_buffer& out) override {
+    events_.clear();
+    slow_.observe(r, events_);
+    memory_.observe(r, events_);
+    for (const AlertEvent& e : events_) {
+      const std::string line = alert_json_line(e, config_.rank, unix_now_ns());
+      out.append(line.data(), line.data() + line.size());
+      alerts_.publish(e, line);
+    }
+    median_ms_.store(slow_.median_iteration_ms(), std::memory_order_relaxed);
+    history_ok_.store(slow_.history() >= static_cast<std::size_t>(config_.min_history),
+                      std::memory_order_relaxed);
+    phase_memory_.store(memory_.wants_phase_memory(), std::memory_order_relaxed);
+  }
+
+  std::map<std::string, std::int64_t> alert_counts() const override { return alerts_.counts(); }
+
+  double median_ms() const { return median_ms_.load(std::memory_order_relaxed); }
+  bool history_ok() const { return history_ok_.load(std::memory_order_relaxed); }
+  bool wants_phase_memory() const { return phase_memory_.load(std::memory_order_relaxed); }
+
+ private:
+  const Config& config_;
+  AlertLog& alerts_;
+  SlowStepDetector slow_;
+  MemoryGrowthDetector memory_;
+  std::vector<AlertEvent> events_;
+  std::atomic<double> median_ms_{0.0};
+  std::atomic<bool> history_ok_{false};
+  std::atomic<bool> phase_memory_{false};
+};
+
 }  // namespace
 
 class ProfilerImpl {
@@ -134,12 +188,15 @@ class ProfilerImpl {
     const int fd = open_log_file(config_, log_path_);
     start_ns_ = clock_->now_ns();
     start_unix_ns_ = unix_now_ns();
+    if (config_.detect) detection_ = std::make_unique<DetectionStage>(config_, names_, alerts_);
     writer_ = std::make_unique<JsonlWriter>(fd, run_start_json(info), config_.rank, names_,
                                             static_cast<std::size_t>(config_.queue_capacity),
-                                            std::chrono::milliseconds(config_.flush_interval_ms));
+                                            std::chrono::milliseconds(config_.flush_interval_ms),
+                                            detection_.get());
+    if (config_.detect) watchdog_ = std::thread([this] { watchdog_loop(); });
   }
 
-  ~ProfilerImpl() = default;
+  ~ProfilerImpl() { stop_watchdog(); }
   ProfilerImpl(const ProfilerImpl&) = delete;
   ProfilerImpl& operator=(const ProfilerImpl&) = delete;
 
@@ -158,8 +215,11 @@ class ProfilerImpl {
     current_.phase_count = 0;
     current_.memory = MemorySample{};
     current_.failed = false;
+    current_.phase_memory = detection_ && detection_->wants_phase_memory();
     step_start_ns_ = now;
     in_step_ = true;
+    inflight_start_ns_.store(now, std::memory_order_relaxed);
+    inflight_step_.store(current_.step, std::memory_order_release);
   }
 
   void end_step(bool failed) {
@@ -182,6 +242,9 @@ class ProfilerImpl {
     data_accum_ns_ = 0;
     data_wrapped_ = false;
     in_step_ = false;
+    active_depth_ = 0;
+    inflight_phase_.store(-1, std::memory_order_relaxed);
+    inflight_step_.store(-1, std::memory_order_release);
   }
 
   void begin_phase(PhaseId id) {
@@ -200,7 +263,11 @@ class ProfilerImpl {
       current_.phase_ids[slot] = id;
       current_.phase_ns[slot] = 0;
       current_.host_phase_ns[slot] = 0;
+      current_.phase_memory_delta[slot] = 0;
     }
+    if (current_.phase_memory) phase_memory_start_[id] = memory_metric();
+    active_[active_depth_++] = id;
+    inflight_phase_.store(id, std::memory_order_relaxed);
     phase_start_ns_[id] = now;
   }
 
@@ -237,8 +304,10 @@ class ProfilerImpl {
     end.error = std::string(error);
     end.end_unix_ns = start_unix_ns_ + (now - start_ns_);
     end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
+    stop_watchdog();
     writer_->close(end);
     closed_ = true;
+    alerts_.finish();
   }
 
   void flush() {
@@ -251,6 +320,7 @@ class ProfilerImpl {
     return names_.name(id);
   }
 
+  AlertLog& alerts() noexcept { return alerts_; }
   bool in_step() const noexcept { return in_step_; }
   std::int64_t step_index() const noexcept { return step_index_; }
   bool closed() const noexcept { return closed_; }
@@ -271,6 +341,64 @@ class ProfilerImpl {
     current_.phase_ns[slot] += elapsed;
     current_.host_phase_ns[slot] += elapsed;
     phase_start_ns_[id] = kUnset;
+    if (current_.phase_memory) {
+      current_.phase_memory_delta[slot] += memory_metric() - phase_memory_start_[id];
+    }
+    // Phases usually end innermost first; the explicit API may end them in any order.
+    for (std::size_t i = active_depth_; i-- > 0;) {
+      if (active_[i] == id) {
+        for (std::size_t j = i; j + 1 < active_depth_; ++j) active_[j] = active_[j + 1];
+        --active_depth_;
+        break;
+      }
+    }
+    inflight_phase_.store(active_depth_ > 0 ? active_[active_depth_ - 1] : -1,
+                          std::memory_order_relaxed);
+  }
+
+  // The figure the memory-growth detector follows: torch allocated, else RSS.
+  std::int64_t memory_metric() noexcept {
+    MemorySample s;
+    for (auto& source : memory_sources_) source->sample(s);
+    return s.allocated_bytes >= 0 ? s.allocated_bytes : std::max<std::int64_t>(s.rss_bytes, 0);
+  }
+
+  void watchdog_loop() {
+    HangDetector hang(config_);
+    std::unique_lock<std::mutex> lock(watchdog_mu_);
+    while (!watchdog_stop_) {
+      watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watchdog_stop_; });
+      if (watchdog_stop_) break;
+      lock.unlock();
+      const std::int64_t step = inflight_step_.load(std::memory_order_acquire);
+      const std::int64_t start = inflight_start_ns_.load(std::memory_order_relaxed);
+      const int phase = inflight_phase_.load(std::memory_order_relaxed);
+      auto event = hang.check(clock_->now_ns(), step, start,
+                              phase >= 0 ? names_.name(static_cast<PhaseId>(phase)) : std::string(),
+                              detection_->median_ms(), detection_->history_ok());
+      if (event) {
+        if (!event->resolved) {
+          // Where every thread is, from Python when it answers within 2 s.
+          std::string stacks = alerts_.request_stacks(2000);
+          event->details["stacks"] =
+              stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(stacks);
+        }
+        const std::string line = alert_json_line(*event, config_.rank, unix_now_ns());
+        writer_->push_line_now(line);
+        alerts_.publish(*event, line);
+      }
+      lock.lock();
+    }
+  }
+
+  void stop_watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(watchdog_mu_);
+      watchdog_stop_ = true;
+    }
+    watchdog_cv_.notify_all();
+    alerts_.close();
+    if (watchdog_.joinable()) watchdog_.join();
   }
 
   static void merge(MemorySample& into, const MemorySample& from) noexcept {
@@ -315,7 +443,14 @@ class ProfilerImpl {
           {"window", config_.window},
           {"warmup_steps", config_.warmup_steps},
           {"regression_threshold", config_.regression_threshold},
-          {"stall_threshold", config_.stall_threshold}}},
+          {"stall_threshold", config_.stall_threshold},
+          {"regression_min_steps", config_.regression_min_steps},
+          {"min_history", config_.min_history},
+          {"detect", config_.detect},
+          {"hang_threshold", config_.hang_threshold},
+          {"hang_min_s", config_.hang_min_s},
+          {"hang_floor_s", config_.hang_floor_s},
+          {"memory_growth_pct", config_.memory_growth_pct}}},
         {"backends",
          {{"timer",
            {{"active", {"host"}},
@@ -347,6 +482,21 @@ class ProfilerImpl {
   bool data_wrapped_ = false;
   bool in_step_ = false;
   bool closed_ = false;
+  std::array<std::int64_t, kMaxPhases> phase_memory_start_{};
+  std::array<PhaseId, kMaxPhases> active_{};  // running phases, innermost last
+  std::size_t active_depth_ = 0;
+
+  // Read by the watchdog thread.
+  std::atomic<std::int64_t> inflight_step_{-1};
+  std::atomic<std::int64_t> inflight_start_ns_{0};
+  std::atomic<int> inflight_phase_{-1};
+
+  AlertLog alerts_;
+  std::unique_ptr<DetectionStage> detection_;
+  std::mutex watchdog_mu_;
+  std::condition_variable watchdog_cv_;
+  bool watchdog_stop_ = false;  // guarded by watchdog_mu_
+  std::thread watchdog_;
 
   // Last: destroyed first, so the writer thread stops before the names it reads go.
   std::unique_ptr<JsonlWriter> writer_;
@@ -429,6 +579,19 @@ void Profiler::close(EndReason reason, std::string_view error) { impl_->close(re
 bool Profiler::closed() const noexcept { return impl_->closed(); }
 const std::string& Profiler::log_path() const noexcept { return impl_->log_path(); }
 const Config& Profiler::config() const noexcept { return impl_->config(); }
+
+void Profiler::set_alert_callback(std::function<void(const std::string&)> callback) {
+  impl_->alerts().set_callback(std::move(callback));
+}
+void Profiler::subscribe_events() { impl_->alerts().subscribe(); }
+std::optional<ProfilerEvent> Profiler::wait_event(int timeout_ms) {
+  auto e = impl_->alerts().wait_event(timeout_ms);
+  if (!e) return std::nullopt;
+  return ProfilerEvent{e->kind == detail::SubscriberEvent::kStackRequest, std::move(e->json)};
+}
+void Profiler::answer_stacks(std::string stacks) {
+  impl_->alerts().answer_stacks(std::move(stacks));
+}
 
 const char* version() noexcept { return STEPTRACE_VERSION; }
 

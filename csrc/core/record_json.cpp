@@ -107,6 +107,16 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   append_ms(out, r.host_ns);
   out.append(std::string_view(",\"phases_ms\":"));
   append_phase_map(out, r, r.phase_ns, names);
+  if (r.phase_memory) {
+    out.append(std::string_view(",\"phase_memory_bytes\":{"));
+    for (std::uint16_t i = 0; i < r.phase_count; ++i) {
+      if (i != 0) out.push_back(',');
+      const std::string& key = names.json_key(r.phase_ids[i]);
+      out.append(key.data(), key.data() + key.size());
+      fmt::format_to(it, ":{}", r.phase_memory_delta[i]);
+    }
+    out.push_back('}');
+  }
   if (r.device_clock) {
     out.append(std::string_view(",\"host_phases_ms\":"));
     append_phase_map(out, r, r.host_phase_ns, names);
@@ -127,8 +137,16 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
   }
   fmt::format_to(it,
                  "\"end_unix_ns\":{},\"steps\":{},\"error_steps\":{},\"wall_s\":{:.3f},"
-                 "\"writer_waits\":{},\"summary\":{{\"step_ms_mean\":",
+                 "\"writer_waits\":{},\"alerts\":{{",
                  end.end_unix_ns, totals.steps, totals.error_steps, end.wall_s, end.writer_waits);
+  bool first_alert = true;
+  for (const auto& [type, count] : end.alerts) {
+    if (!first_alert) out.push_back(',');
+    first_alert = false;
+    append_json_string(out, type);
+    fmt::format_to(it, ":{}", count);
+  }
+  out.append(std::string_view("},\"summary\":{\"step_ms_mean\":"));
   append_ms(out, totals.steps > 0 ? totals.step_ns_sum / totals.steps : 0);
   out.append(std::string_view(",\"step_ms_max\":"));
   append_ms(out, totals.step_ns_max);

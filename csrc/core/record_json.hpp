@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,7 @@ struct RunEnd {
   std::int64_t end_unix_ns = 0;
   double wall_s = 0;
   std::int64_t writer_waits = 0;
+  std::map<std::string, std::int64_t> alerts;  // alerts fired, by type
 };
 
 /// Appends `s` as a quoted JSON string.

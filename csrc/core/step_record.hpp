@@ -26,6 +26,10 @@ struct StepRecord {
   std::array<std::uint16_t, kMaxPhases> phase_ids{};
   std::array<std::int64_t, kMaxPhases> phase_ns{};
   std::array<std::int64_t, kMaxPhases> host_phase_ns{};
+  // Memory change within each phase (bytes), measured only while the memory-growth
+  // detector asks for it: sampling at every phase boundary costs a system call.
+  bool phase_memory = false;
+  std::array<std::int64_t, kMaxPhases> phase_memory_delta{};
 };
 
 /// Interned phase names, appended by the training thread and read by the writer thread

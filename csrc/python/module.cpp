@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,13 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("warmup_steps", &steptrace::Config::warmup_steps)
       .def_readwrite("regression_threshold", &steptrace::Config::regression_threshold)
       .def_readwrite("stall_threshold", &steptrace::Config::stall_threshold)
+      .def_readwrite("regression_min_steps", &steptrace::Config::regression_min_steps)
+      .def_readwrite("min_history", &steptrace::Config::min_history)
+      .def_readwrite("detect", &steptrace::Config::detect)
+      .def_readwrite("hang_threshold", &steptrace::Config::hang_threshold)
+      .def_readwrite("hang_min_s", &steptrace::Config::hang_min_s)
+      .def_readwrite("hang_floor_s", &steptrace::Config::hang_floor_s)
+      .def_readwrite("memory_growth_pct", &steptrace::Config::memory_growth_pct)
       .def("validate", &steptrace::Config::validate);
 
   py::class_<StepScope>(m, "StepScope")
@@ -212,6 +220,22 @@ PYBIND11_MODULE(_core, m) {
             p.core().close(r, error);
           },
           py::arg("reason") = "normal", py::arg("error") = "")
+      .def("subscribe_events", [](PyProfiler& p) { p.core().subscribe_events(); })
+      .def(
+          "wait_event",
+          [](PyProfiler& p, int timeout_ms) -> py::object {
+            std::optional<steptrace::ProfilerEvent> e;
+            {
+              py::gil_scoped_release release;
+              e = p.core().wait_event(timeout_ms);
+            }
+            if (!e) return py::none();
+            return py::make_tuple(e->stack_request ? "stacks" : "alert", e->json);
+          },
+          py::arg("timeout_ms"),
+          "Next alert event as (\"alert\", json) or (\"stacks\", \"\"), or None on timeout")
+      .def("answer_stacks",
+           [](PyProfiler& p, std::string stacks) { p.core().answer_stacks(std::move(stacks)); })
       .def_property_readonly("closed", [](PyProfiler& p) { return p.core().closed(); })
       .def_property_readonly("in_step", [](PyProfiler& p) { return p.core().in_step(); })
       .def_property_readonly("step_index", [](PyProfiler& p) { return p.core().step_index(); })

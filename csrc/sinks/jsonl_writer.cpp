@@ -11,14 +11,24 @@ constexpr std::size_t kWriteChunkBytes = 1 << 16;
 }  // namespace
 
 JsonlWriter::JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
-                         std::size_t capacity, std::chrono::milliseconds flush_interval)
-    : rank_(rank), names_(names), flush_interval_(flush_interval), fd_(fd), ring_(capacity) {
+                         std::size_t capacity, std::chrono::milliseconds flush_interval,
+                         StepObserver* observer)
+    : rank_(rank),
+      names_(names),
+      flush_interval_(flush_interval),
+      fd_(fd),
+      observer_(observer),
+      ring_(capacity) {
   buf_.append(first_line.data(), first_line.data() + first_line.size());
   write_buffer();  // run_start reaches the file before the constructor returns
   thread_ = std::thread([this] { run(); });
 }
 
-JsonlWriter::~JsonlWriter() { close(RunEnd{"exit", {}, 0, 0, 0}); }
+JsonlWriter::~JsonlWriter() {
+  RunEnd end;
+  end.reason = "exit";
+  close(end);
+}
 
 StepRecord* JsonlWriter::begin_step_record() noexcept {
   StepRecord* slot = ring_.begin_push();
@@ -34,6 +44,16 @@ void JsonlWriter::push_line(std::string line) {
     std::lock_guard<std::mutex> lock(mu_);
     lines_.push_back(std::move(line));
   }
+}
+
+void JsonlWriter::push_line_now(std::string line) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || stop_) return;
+    lines_.push_back(std::move(line));
+    ++flush_requested_;
+  }
+  wake_.notify_one();
 }
 
 void JsonlWriter::flush() {
@@ -55,6 +75,7 @@ void JsonlWriter::close(const RunEnd& end) {
   drain();
   RunEnd final_end = end;
   final_end.writer_waits = waits();
+  if (observer_ != nullptr) final_end.alerts = observer_->alert_counts();
   append_run_end_json(buf_, final_end, totals_, rank_, names_);
   write_buffer();
   ::fsync(fd_);
@@ -92,6 +113,7 @@ void JsonlWriter::drain() {
   while (const StepRecord* r = ring_.front()) {
     totals_.add(*r);
     append_step_json(buf_, *r, rank_, names_);
+    if (observer_ != nullptr) observer_->on_step(*r, buf_);
     ring_.pop();
     if (buf_.size() >= kWriteChunkBytes) write_buffer();
   }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -18,12 +19,22 @@
 
 namespace steptrace::detail {
 
+/// Sees every step record on the writer thread, in step order, before it is written,
+/// and may append lines (alerts) after it. Also supplies run_end's alert counts.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void on_step(const StepRecord& record, fmt::memory_buffer& out) = 0;
+  virtual std::map<std::string, std::int64_t> alert_counts() const = 0;
+};
+
 class JsonlWriter {
  public:
   /// Takes ownership of `fd` (open for writing). `first_line` (run_start, with its
   /// newline) is the first thing written.
   JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
-              std::size_t capacity, std::chrono::milliseconds flush_interval);
+              std::size_t capacity, std::chrono::milliseconds flush_interval,
+              StepObserver* observer = nullptr);
   ~JsonlWriter();
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
@@ -36,6 +47,9 @@ class JsonlWriter {
 
   /// Any thread: queues a complete JSON line (with its newline) after the records so far.
   void push_line(std::string line);
+  /// Like push_line, and wakes the writer to write it now (a hang alert must reach the
+  /// file while the step is still hung).
+  void push_line_now(std::string line);
 
   /// Blocks until everything handed over before the call is written to the file.
   void flush();
@@ -58,6 +72,7 @@ class JsonlWriter {
   const PhaseNames& names_;
   const std::chrono::milliseconds flush_interval_;
   int fd_;
+  StepObserver* observer_;
   SpscRing<StepRecord> ring_;
   fmt::memory_buffer buf_;
   RunTotals totals_;

@@ -39,6 +39,20 @@ struct STEPTRACE_API Config {
   /// Iteration time over the trailing median that counts as a regression / a stall.
   double regression_threshold = 1.5;
   double stall_threshold = 5.0;
+  /// Consecutive slow steps that make a regression (one noisy step does not); a stall
+  /// fires on a single step.
+  int regression_min_steps = 3;
+  /// Completed steps (after warmup) needed before a step can be called slow.
+  int min_history = 10;
+  /// Run the detectors (regression, stall, memory growth) and the hang watchdog.
+  bool detect = true;
+  /// Hang: a step still running after hang_threshold x the median iteration time, and
+  /// at least hang_min_s; hang_floor_s applies until min_history steps are known.
+  double hang_threshold = 5.0;
+  double hang_min_s = 1.0;
+  double hang_floor_s = 10.0;
+  /// Memory growth: tolerated rise above the peak of the first steps after warmup, in %.
+  double memory_growth_pct = 2.0;
 
   /// Throws ConfigError for the first bad value, naming it and what is allowed.
   void validate() const;

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -40,6 +42,13 @@ struct RunInfo {
 struct Backends {
   std::unique_ptr<Clock> clock;                               // default: host clock
   std::vector<std::unique_ptr<MemorySource>> memory_sources;  // default: process RSS
+};
+
+/// What Profiler::wait_event returns: an alert or resolved record (JSON), or a request
+/// for the stacks of the program's threads (answer with Profiler::answer_stacks).
+struct ProfilerEvent {
+  bool stack_request = false;
+  std::string json;
 };
 
 /// RAII scope of one phase: ends it when destroyed. Move-only.
@@ -127,6 +136,16 @@ class STEPTRACE_API Profiler {
   /// Idempotent: later calls do nothing.
   void close(EndReason reason = EndReason::kNormal, std::string_view error = {});
   bool closed() const noexcept;
+  /// Calls `callback` with every alert and resolved record (one JSON line) as it is
+  /// written, on the writer or watchdog thread: keep it short and thread-safe.
+  void set_alert_callback(std::function<void(const std::string& json_line)> callback);
+  /// Queues alert events from now on for wait_event (used by the Python bindings).
+  void subscribe_events();
+  /// The next queued event, or nothing after timeout_ms (or once closed). Any thread.
+  std::optional<ProfilerEvent> wait_event(int timeout_ms);
+  /// Answers a stack request: the text goes into the hang alert's details.stacks.
+  void answer_stacks(std::string stacks);
+
   /// Path of this rank's log file.
   const std::string& log_path() const noexcept;
   /// The validated configuration, with rank, world size and run id resolved.

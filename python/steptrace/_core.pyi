@@ -1,5 +1,5 @@
 # Type stubs of the compiled core steptrace._core. Use the steptrace package instead.
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 class Config:
     log_dir: str
@@ -16,6 +16,13 @@ class Config:
     warmup_steps: int
     regression_threshold: float
     stall_threshold: float
+    regression_min_steps: int
+    min_history: int
+    detect: bool
+    hang_threshold: float
+    hang_min_s: float
+    hang_floor_s: float
+    memory_growth_pct: float
     def __init__(self) -> None: ...
     def validate(self) -> None: ...
 
@@ -52,6 +59,9 @@ class Profiler:
         device_used_bytes: int = -1,
         device_total_bytes: int = -1,
     ) -> None: ...
+    def subscribe_events(self) -> None: ...
+    def wait_event(self, timeout_ms: int) -> Optional[Tuple[str, str]]: ...
+    def answer_stacks(self, stacks: str) -> None: ...
     def flush(self) -> None: ...
     def close(self, reason: str = "normal", error: str = "") -> None: ...
 

@@ -9,21 +9,26 @@ exit handling, the loader wrapper) runs once per run or once per batch.
 from __future__ import annotations
 
 import atexit
+import json
+import logging
 import os
 import platform
 import signal
 import sys
 import threading
+import traceback
 import weakref
-from typing import Any, Iterable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from steptrace import _core
 from steptrace.errors import ConfigError, UnknownOptionError
 
 T = TypeVar("T")
 
-# Options handled here rather than by the core.
-_PYTHON_OPTIONS = {"handle_signals": True}
+logger = logging.getLogger("steptrace")
+
+# Options handled here rather than by the core (None: any callable or None).
+_PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None}
 _CORE_OPTIONS = sorted(
     name for name in dir(_core.Config) if not name.startswith("_") and name not in ("validate", "log_dir")
 )
@@ -35,7 +40,9 @@ _sigterm_installed = False
 
 
 def _check_type(key: str, value: Any, default: Any) -> None:
-    if isinstance(default, bool):
+    if default is None:  # a callback
+        ok, expected = value is None or callable(value), "callable or None"
+    elif isinstance(default, bool):
         ok, expected = isinstance(value, bool), "a bool"
     elif isinstance(default, int):
         ok, expected = isinstance(value, int) and not isinstance(value, bool), "an int"
@@ -105,6 +112,43 @@ def _install_sigterm_handler() -> None:
     _sigterm_installed = True
 
 
+def _thread_stacks() -> str:
+    """The Python stack of every thread but the calling one (for hang alerts)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident != me:
+            parts.append(f"Thread {names.get(ident, ident)} ({ident}):\n" + "".join(traceback.format_stack(frame)))
+    return "\n".join(parts)
+
+
+def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]]) -> None:
+    """The alert thread: logs each alert to the ``steptrace`` logger, calls ``on_alert``,
+    and answers the watchdog's requests for stacks. Ends once the core is closed and
+    everything queued is delivered."""
+    while True:
+        event = core.wait_event(200)
+        if event is None:
+            if core.closed:
+                return
+            continue
+        kind, payload = event
+        if kind == "stacks":
+            core.answer_stacks(_thread_stacks())
+            continue
+        record = json.loads(payload)
+        if record["kind"] == "alert":
+            logger.warning("%s alert at step %d: %s", record["type"], record["step"], record["message"])
+        else:
+            logger.info("%s resolved at step %d: %s", record["type"], record["step"], record["message"])
+        if on_alert is not None:
+            try:
+                on_alert(record)
+            except Exception:  # a faulty callback must not end alert delivery
+                logger.exception("steptrace on_alert callback raised")
+
+
 @atexit.register
 def _close_at_exit() -> None:
     for prof in list(_live):
@@ -137,6 +181,13 @@ class Profiler:
         self.end_phase = self._core.end_phase
         self.set_step_memory = self._core.set_step_memory
         _live.add(self)
+        self._alert_thread: Optional[threading.Thread] = None
+        if config.detect:
+            self._core.subscribe_events()
+            self._alert_thread = threading.Thread(
+                target=_deliver_alerts, args=(self._core, python_options["on_alert"]),
+                name="steptrace-alerts", daemon=True)
+            self._alert_thread.start()
         if python_options["handle_signals"]:
             _install_sigterm_handler()
 
@@ -190,6 +241,9 @@ class Profiler:
             reason = "signal"
         self._core.close(reason, error)
         _live.discard(self)
+        thread = self._alert_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)  # the last alerts reach logging and on_alert first
 
     def __enter__(self) -> "Profiler":
         return self

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <stdexcept>
+#include <thread>
 
 #include "backends/fake/fake_backends.hpp"
 #include "steptrace/error.hpp"
@@ -19,8 +23,9 @@ constexpr std::int64_t kMs = 1'000'000;
 
 // A profiler on a fake clock and a fake memory source, both still reachable by the test.
 struct Fixture {
-  explicit Fixture(const TempDir& tmp) {
+  explicit Fixture(const TempDir& tmp, const std::function<void(Config&)>& tweak = {}) {
     Config config;
+    if (tweak) tweak(config);
     config.log_dir = tmp.str("run");
     config.rank = 0;
     config.world_size = 1;
@@ -229,6 +234,74 @@ TEST(Profiler, FlushMakesStepsVisibleWhileRunning) {
   f.prof->flush();
   EXPECT_EQ(of_kind(read_jsonl(f.path), "step").size(), 5u);
   EXPECT_EQ(f.prof->step_index(), 5);
+}
+
+TEST(Profiler, RegressionAlertFollowsItsStepAndIsCounted) {
+  TempDir tmp;
+  Fixture f(tmp);
+  std::atomic<int> callbacks{0};
+  f.prof->set_alert_callback([&](const std::string& line) {
+    if (line.find("\"kind\":\"alert\"") != std::string::npos) ++callbacks;
+  });
+  auto run_step = [&](std::int64_t backward_ms) {
+    auto s = f.prof->step();
+    auto p = s.phase("backward");
+    f.clock->advance(backward_ms * kMs);
+  };
+  for (int i = 0; i < 30; ++i) run_step(10);
+  for (int i = 0; i < 3; ++i) run_step(30);  // steps 30..32: 3x
+  run_step(10);
+  const auto records = f.close_and_read();
+  std::size_t alert_at = 0;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    if (records[i]["kind"] == "alert") alert_at = i;
+  }
+  ASSERT_GT(alert_at, 0u);
+  const auto& alert = records[alert_at];
+  EXPECT_EQ(alert["type"], "step_regression");
+  EXPECT_EQ(alert["step"], 32);
+  EXPECT_EQ(alert["phase"], "backward");
+  EXPECT_EQ(records[alert_at - 1]["kind"], "step");  // written right after its step
+  EXPECT_EQ(records[alert_at - 1]["step"], 32);
+  EXPECT_EQ(of_kind(records, "resolved").size(), 1u);
+  EXPECT_EQ(records.back()["alerts"]["step_regression"], 1);
+  EXPECT_EQ(callbacks.load(), 1);
+}
+
+TEST(Profiler, WatchdogWritesAHangWhileTheStepIsStillRunning) {
+  TempDir tmp;
+  Fixture f(tmp, [](Config& c) { c.hang_floor_s = 10; });
+  f.prof->begin_step();
+  f.prof->begin_phase(f.prof->phase_id("backward"));
+  f.clock->advance(11'000 * kMs);  // 11 s on the fake clock: past the 10 s floor
+  // The watchdog checks every 100 ms of real time; poll the file, bounded.
+  std::vector<nlohmann::json> hangs;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (hangs.empty() && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& r : of_kind(read_jsonl(f.path), "alert")) {
+      if (r["type"] == "hang") hangs.push_back(r);
+    }
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_TRUE(f.prof->in_step());  // written while the step is still in flight
+  EXPECT_EQ(hangs[0]["step"], 0);
+  EXPECT_EQ(hangs[0]["phase"], "backward");
+  EXPECT_GE(hangs[0]["value"].get<double>(), 11000.0);
+  f.prof->end_step();
+  const auto records = f.close_and_read();
+  EXPECT_EQ(records.back()["alerts"]["hang"], 1);
+}
+
+TEST(Profiler, DetectionCanBeTurnedOff) {
+  TempDir tmp;
+  Fixture f(tmp, [](Config& c) { c.detect = false; });
+  for (int i = 0; i < 30; ++i) {
+    auto s = f.prof->step();
+    f.clock->advance((i == 25 ? 100 : 1) * kMs);
+  }
+  const auto records = f.close_and_read();
+  EXPECT_TRUE(of_kind(records, "alert").empty());
 }
 
 TEST(Profiler, RealHostClockAndRss) {

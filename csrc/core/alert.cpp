@@ -1,0 +1,106 @@
+#include "alert.hpp"
+
+#include <chrono>
+
+namespace steptrace::detail {
+
+std::string alert_json_line(const AlertEvent& e, int rank, std::int64_t unix_ns) {
+  nlohmann::ordered_json j;
+  j["kind"] = e.resolved ? "resolved" : "alert";
+  j["rank"] = rank;
+  j["type"] = e.type;
+  j["step"] = e.step;
+  if (e.resolved) {
+    j["first_step"] = e.first_step;
+    j["message"] = e.message;
+  } else {
+    j["value"] = e.value;
+    j["baseline"] = e.baseline ? nlohmann::ordered_json(*e.baseline) : nullptr;
+    j["threshold"] = e.threshold;
+    j["phase"] = e.phase.empty() ? nullptr : nlohmann::ordered_json(e.phase);
+    j["message"] = e.message;
+    j["unix_ns"] = unix_ns;
+    j["details"] = e.details;
+  }
+  // Replace, never throw, on odd bytes (e.g. in Python stacks).
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+void AlertLog::publish(const AlertEvent& event, const std::string& json_line) {
+  std::function<void(const std::string&)> callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!event.resolved) ++counts_[event.type];
+    if (subscribed_) {  // also after close(): the final drain's alerts are delivered
+      if (queue_.size() >= kMaxQueued) queue_.pop_front();
+      queue_.push_back({SubscriberEvent::kAlert, json_line});
+    }
+    callback = callback_;
+  }
+  event_cv_.notify_all();
+  if (callback) callback(json_line);
+}
+
+std::map<std::string, std::int64_t> AlertLog::counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+void AlertLog::set_callback(std::function<void(const std::string&)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  callback_ = std::move(callback);
+}
+
+void AlertLog::subscribe() {
+  std::lock_guard<std::mutex> lock(mu_);
+  subscribed_ = true;
+}
+
+std::optional<SubscriberEvent> AlertLog::wait_event(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  event_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                     [&] { return finished_ || !queue_.empty(); });
+  if (queue_.empty()) return std::nullopt;
+  SubscriberEvent e = std::move(queue_.front());
+  queue_.pop_front();
+  return e;
+}
+
+std::string AlertLog::request_stacks(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!subscribed_ || closed_) return {};
+  const std::uint64_t ticket = ++requests_;
+  queue_.push_back({SubscriberEvent::kStackRequest, {}});
+  event_cv_.notify_all();
+  const bool answered = answer_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                                            [&] { return closed_ || answers_ >= ticket; });
+  return answered && answers_ >= ticket ? stacks_ : std::string();
+}
+
+void AlertLog::answer_stacks(std::string stacks) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stacks_ = std::move(stacks);
+    answers_ = requests_;
+  }
+  answer_cv_.notify_all();
+}
+
+void AlertLog::finish() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+  }
+  event_cv_.notify_all();
+}
+
+void AlertLog::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  event_cv_.notify_all();
+  answer_cv_.notify_all();
+}
+
+}  // namespace steptrace::detail

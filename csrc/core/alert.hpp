@@ -1,0 +1,80 @@
+// Alerts: what a detector or the watchdog found, its JSON record, and the thread-safe
+// log that counts them per type and hands them to subscribers (the Python alert thread,
+// a C++ callback).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace steptrace::detail {
+
+/// One alert, or (resolved = true) the end of an alert's episode.
+struct AlertEvent {
+  bool resolved = false;
+  std::string type;  // step_regression, stall, hang, memory_growth, ...
+  std::int64_t step = 0;
+  std::int64_t first_step = 0;  // resolved: the step the episode began at
+  double value = 0;
+  std::optional<double> baseline;
+  double threshold = 0;
+  std::string phase;  // empty: none
+  std::string message;
+  nlohmann::ordered_json details = nlohmann::ordered_json::object();
+};
+
+/// The record of an event as one JSON line with its newline.
+std::string alert_json_line(const AlertEvent& event, int rank, std::int64_t unix_ns);
+
+/// An event for subscribers: an alert/resolved record, or a request for the stacks of
+/// all Python threads (answered with answer_stacks).
+struct SubscriberEvent {
+  enum Kind { kAlert, kStackRequest } kind;
+  std::string json;  // kAlert: the record
+};
+
+/// Counts alerts and delivers them. Thread-safe.
+class AlertLog {
+ public:
+  /// Counts the event and queues it for subscribers (when subscribed) and the callback.
+  void publish(const AlertEvent& event, const std::string& json_line);
+
+  /// Alerts fired so far, by type.
+  std::map<std::string, std::int64_t> counts() const;
+
+  void set_callback(std::function<void(const std::string&)> callback);
+  /// From now on events are queued for wait_event (bounded: the oldest are dropped).
+  void subscribe();
+  /// Next event, or nothing after timeout_ms or once closed.
+  std::optional<SubscriberEvent> wait_event(int timeout_ms);
+  /// Watchdog: asks the subscriber for stacks and waits up to timeout_ms; empty if none.
+  std::string request_stacks(int timeout_ms);
+  void answer_stacks(std::string stacks);
+  /// No more stack requests: wakes the watchdog if it waits for an answer.
+  void close();
+  /// No more events at all: wait_event returns at once when the queue is empty.
+  void finish();
+
+ private:
+  static constexpr std::size_t kMaxQueued = 1024;
+  mutable std::mutex mu_;
+  std::condition_variable event_cv_;
+  std::condition_variable answer_cv_;
+  std::map<std::string, std::int64_t> counts_;
+  std::function<void(const std::string&)> callback_;
+  std::deque<SubscriberEvent> queue_;
+  bool subscribed_ = false;
+  bool closed_ = false;
+  bool finished_ = false;
+  std::uint64_t requests_ = 0;
+  std::uint64_t answers_ = 0;
+  std::string stacks_;
+};
+
+}  // namespace steptrace::detail
