@@ -202,8 +202,9 @@ void MemoryGrowthDetector::observe(const StepRecord& r, std::vector<AlertEvent>&
 
   if (r.phase_memory) {
     if (phase_growth_.size() < names_.size()) phase_growth_.resize(names_.size(), 0.0);
+    const auto retained = retained_by_phase(r);
     for (std::uint16_t i = 0; i < r.phase_count; ++i) {
-      phase_growth_[r.phase_ids[i]] += static_cast<double>(r.phase_memory_delta[i]);
+      phase_growth_[r.phase_ids[i]] += static_cast<double>(retained[i]);
     }
     ++attributed_steps_;
   }
@@ -224,11 +225,16 @@ void MemoryGrowthDetector::observe(const StepRecord& r, std::vector<AlertEvent>&
     }
     return;
   }
+  // Per-phase measurements start at half the tolerance, so that they are there when the
+  // limit is crossed (the writer sees steps up to a flush interval late), and stop again
+  // below a quarter of it.
+  const double tolerance = limit - baseline_;
+  if (value > baseline_ + 0.5 * tolerance) attributing_ = true;
+  if (value < baseline_ + 0.25 * tolerance) attributing_ = false;
   if (value <= limit) {
     over_steps_ = 0;
     return;
   }
-  attributing_ = true;  // ask the training thread for per-phase deltas from now on
   ++over_steps_;
   if (!rising()) return;
   if (attributed_steps_ < kMinAttributedSteps && over_steps_ < kMaxAttributionWait) return;

@@ -55,10 +55,10 @@ class MemoryGrowthDetector {
   bool wants_phase_memory() const { return attributing_; }
 
  private:
-  // Steps measured per phase before naming the phase; without per-phase measurements
-  // (memory from outside the core) the alert fires after kMaxAttributionWait steps.
+  // Steps measured per phase before naming the phase; should none arrive, the alert
+  // fires without a phase after kMaxAttributionWait steps over the limit.
   static constexpr int kMinAttributedSteps = 5;
-  static constexpr int kMaxAttributionWait = 10;
+  static constexpr int kMaxAttributionWait = 200;
   static constexpr std::size_t kMinTrendPoints = 20;
   std::vector<double> ordered_window() const;  // oldest first
   bool rising() const;

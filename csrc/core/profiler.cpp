@@ -1,6 +1,7 @@
 #include "steptrace/profiler.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -216,6 +217,8 @@ class ProfilerImpl {
     current_.memory = MemorySample{};
     current_.failed = false;
     current_.phase_memory = detection_ && detection_->wants_phase_memory();
+    if (current_.phase_memory) current_.memory_at_start = attribution_level();
+    ended_phases_ = 0;
     step_start_ns_ = now;
     in_step_ = true;
     inflight_start_ns_.store(now, std::memory_order_relaxed);
@@ -263,9 +266,7 @@ class ProfilerImpl {
       current_.phase_ids[slot] = id;
       current_.phase_ns[slot] = 0;
       current_.host_phase_ns[slot] = 0;
-      current_.phase_memory_delta[slot] = 0;
     }
-    if (current_.phase_memory) phase_memory_start_[id] = memory_metric();
     active_[active_depth_++] = id;
     inflight_phase_.store(id, std::memory_order_relaxed);
     phase_start_ns_[id] = now;
@@ -342,7 +343,9 @@ class ProfilerImpl {
     current_.host_phase_ns[slot] += elapsed;
     phase_start_ns_[id] = kUnset;
     if (current_.phase_memory) {
-      current_.phase_memory_delta[slot] += memory_metric() - phase_memory_start_[id];
+      // A phase that runs again ends later: keep its last level and place.
+      current_.phase_memory_end[slot] = attribution_level();
+      current_.phase_end_order[slot] = static_cast<std::uint8_t>(ended_phases_++);
     }
     // Phases usually end innermost first; the explicit API may end them in any order.
     for (std::size_t i = active_depth_; i-- > 0;) {
@@ -356,19 +359,23 @@ class ProfilerImpl {
                           std::memory_order_relaxed);
   }
 
-  // The figure the memory-growth detector follows: torch allocated, else RSS.
-  std::int64_t memory_metric() noexcept {
+  // The level phase attribution follows: the torch allocator's live bytes when a source
+  // gives them, else the C heap's in-use bytes. RSS would not do: the heap rarely gives
+  // memory back, so RSS rises where the high-water mark is crossed, not where a leak is.
+  std::int64_t attribution_level() noexcept {
     MemorySample s;
     for (auto& source : memory_sources_) source->sample(s);
-    return s.allocated_bytes >= 0 ? s.allocated_bytes : std::max<std::int64_t>(s.rss_bytes, 0);
+    if (s.allocated_bytes >= 0) return s.allocated_bytes;
+    const struct mallinfo2 m = mallinfo2();
+    return static_cast<std::int64_t>(m.uordblks + m.hblkhd);
   }
 
   void watchdog_loop() {
     HangDetector hang(config_);
     std::unique_lock<std::mutex> lock(watchdog_mu_);
-    while (!watchdog_stop_) {
+    for (bool last = false; !last;) {
       watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watchdog_stop_; });
-      if (watchdog_stop_) break;
+      last = watchdog_stop_;  // one more check at close: a hang resolved just before it
       lock.unlock();
       const std::int64_t step = inflight_step_.load(std::memory_order_acquire);
       const std::int64_t start = inflight_start_ns_.load(std::memory_order_relaxed);
@@ -482,7 +489,7 @@ class ProfilerImpl {
   bool data_wrapped_ = false;
   bool in_step_ = false;
   bool closed_ = false;
-  std::array<std::int64_t, kMaxPhases> phase_memory_start_{};
+  std::size_t ended_phases_ = 0;  // phases ended in this step, for phase_end_order
   std::array<PhaseId, kMaxPhases> active_{};  // running phases, innermost last
   std::size_t active_depth_ = 0;
 

@@ -108,12 +108,13 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   out.append(std::string_view(",\"phases_ms\":"));
   append_phase_map(out, r, r.phase_ns, names);
   if (r.phase_memory) {
-    out.append(std::string_view(",\"phase_memory_bytes\":{"));
+    const auto retained = retained_by_phase(r);
+    out.append(std::string_view(",\"phase_retained_bytes\":{"));
     for (std::uint16_t i = 0; i < r.phase_count; ++i) {
       if (i != 0) out.push_back(',');
       const std::string& key = names.json_key(r.phase_ids[i]);
       out.append(key.data(), key.data() + key.size());
-      fmt::format_to(it, ":{}", r.phase_memory_delta[i]);
+      fmt::format_to(it, ":{}", retained[i]);
     }
     out.push_back('}');
   }

@@ -2,7 +2,9 @@
 // copyable, so handing it over allocates nothing.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <climits>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -26,11 +28,35 @@ struct StepRecord {
   std::array<std::uint16_t, kMaxPhases> phase_ids{};
   std::array<std::int64_t, kMaxPhases> phase_ns{};
   std::array<std::int64_t, kMaxPhases> host_phase_ns{};
-  // Memory change within each phase (bytes), measured only while the memory-growth
-  // detector asks for it: sampling at every phase boundary costs a system call.
+  // Memory levels for attributing growth to phases (the allocator's, else the C heap's
+  // in-use bytes), sampled only while the memory-growth detector asks: at the step's
+  // start and at the end of each phase, with the order the phases ended in.
   bool phase_memory = false;
-  std::array<std::int64_t, kMaxPhases> phase_memory_delta{};
+  std::int64_t memory_at_start = 0;
+  std::array<std::int64_t, kMaxPhases> phase_memory_end{};
+  std::array<std::uint8_t, kMaxPhases> phase_end_order{};
 };
+
+/// Bytes each phase added that were still allocated at the end of the step, by slot:
+/// the rise of the suffix minimum of the memory levels (what a later phase freed again
+/// does not count). Needs r.phase_memory.
+inline std::array<std::int64_t, kMaxPhases> retained_by_phase(const StepRecord& r) {
+  std::array<std::int64_t, kMaxPhases> retained{};
+  std::array<std::uint8_t, kMaxPhases> by_end{};  // slots in the order they ended
+  for (std::uint16_t i = 0; i < r.phase_count; ++i) by_end[r.phase_end_order[i]] = static_cast<std::uint8_t>(i);
+  std::array<std::int64_t, kMaxPhases> suffix_min{};
+  std::int64_t running = INT64_MAX;
+  for (int k = r.phase_count - 1; k >= 0; --k) {
+    running = std::min(running, r.phase_memory_end[by_end[k]]);
+    suffix_min[k] = running;
+  }
+  std::int64_t before = std::min(r.memory_at_start, running);
+  for (std::uint16_t k = 0; k < r.phase_count; ++k) {
+    retained[by_end[k]] = suffix_min[k] - before;
+    before = suffix_min[k];
+  }
+  return retained;
+}
 
 /// Interned phase names, appended by the training thread and read by the writer thread
 /// without a lock: an entry is fully written before `count` is published, and never

@@ -174,10 +174,13 @@ struct MemoryTimeline : Timeline {
   StepRecord mem_step(std::int64_t i, double rss_bytes, double forward_delta = 0) {
     StepRecord r = step(i, 1, 4, 5);
     r.memory.rss_bytes = static_cast<std::int64_t>(rss_bytes);
-    if (forward_delta != 0) {
+    if (forward_delta != 0) {  // forward keeps forward_delta; backward frees its own temporaries
       r.phase_memory = true;
-      r.phase_memory_delta[0] = static_cast<std::int64_t>(forward_delta);
-      r.phase_memory_delta[1] = -1000;
+      r.memory_at_start = 0;
+      r.phase_memory_end[0] = static_cast<std::int64_t>(forward_delta) + 5000;
+      r.phase_memory_end[1] = static_cast<std::int64_t>(forward_delta);
+      r.phase_end_order[0] = 0;
+      r.phase_end_order[1] = 1;
     }
     return r;
   }
@@ -197,8 +200,8 @@ TEST(MemoryGrowthDetector, LeakIsFoundWithRateAndPhase) {
     if (!events.empty()) fired_at = i;
   }
   ASSERT_EQ(events.size(), 1u);
-  // 2% of 1000 MiB is crossed at step 41; the phase needs 5 attributed steps.
-  EXPECT_GE(fired_at, 41);
+  // 2% of 1000 MiB is crossed at step 40; the phase needs 5 attributed steps.
+  EXPECT_GE(fired_at, 40);
   EXPECT_LE(fired_at, 60);
   const AlertEvent& a = events[0];
   EXPECT_EQ(a.type, "memory_growth");
@@ -207,6 +210,22 @@ TEST(MemoryGrowthDetector, LeakIsFoundWithRateAndPhase) {
   const double left = a.details["steps_until_full"].get<double>();
   EXPECT_NEAR(left, (2000 * kMiB - a.value) / kMiB, 1.0);
   EXPECT_DOUBLE_EQ(*a.baseline, 1000 * kMiB);
+}
+
+TEST(MemoryGrowthDetector, WithoutPhaseMeasurementsItStillFiresLater) {
+  MemoryTimeline t;
+  MemoryGrowthDetector d(t.config, t.names, 0);
+  Events events;
+  double rss = 1000 * kMiB;
+  int fired_at = -1;
+  for (int i = 0; i < 400 && fired_at < 0; ++i) {
+    if (i >= 20) rss += kMiB;
+    d.observe(t.mem_step(i, rss), events);  // never any per-phase levels
+    if (!events.empty()) fired_at = i;
+  }
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].phase, "");
+  EXPECT_GT(fired_at, 200);
 }
 
 TEST(MemoryGrowthDetector, WobbleWithinToleranceRaisesNothing) {
@@ -240,7 +259,7 @@ TEST(MemoryGrowthDetector, ResolvesWhenMemoryReturns) {
   int i = 0;
   for (; i < 120; ++i) {
     if (i >= 20) rss += kMiB;
-    d.observe(t.mem_step(i, rss), events);
+    d.observe(t.mem_step(i, rss, d.wants_phase_memory() ? kMiB : 0), events);
   }
   ASSERT_EQ(events.size(), 1u);
   d.observe(t.mem_step(i, 1000 * kMiB), events);  // the leak was freed
@@ -254,7 +273,7 @@ TEST(MemoryGrowthDetector, AllocatorFigurePreferredOverRss) {
   MemoryGrowthDetector d(t.config, t.names, 0);
   Events events;
   for (int i = 0; i < 150; ++i) {
-    StepRecord r = t.mem_step(i, 1000 * kMiB);  // RSS flat
+    StepRecord r = t.mem_step(i, 1000 * kMiB, d.wants_phase_memory() ? kMiB : 0);  // RSS flat
     r.memory.allocated_bytes = static_cast<std::int64_t>((100 + (i >= 20 ? i - 20 : 0)) * kMiB);
     r.memory.device_total_bytes = static_cast<std::int64_t>(1000 * kMiB);
     d.observe(r, events);

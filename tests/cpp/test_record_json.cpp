@@ -101,3 +101,37 @@ TEST(PhaseNames, InternsOnceAndCaps) {
 
 }  // namespace
 }  // namespace steptrace::detail
+
+namespace steptrace::detail {
+namespace {
+
+TEST(RetainedByPhase, CountsOnlyWhatSurvivesTheStep) {
+  StepRecord r;
+  r.phase_memory = true;
+  r.phase_count = 3;
+  r.memory_at_start = 1000;
+  // forward allocates 500 (100 of it kept), backward frees 400 and allocates 50 of
+  // gradients, optimizer frees those gradients again.
+  r.phase_memory_end = {1500, 1150, 1100};
+  r.phase_end_order = {0, 1, 2};
+  const auto retained = retained_by_phase(r);
+  EXPECT_EQ(retained[0], 100);
+  EXPECT_EQ(retained[1], 0);
+  EXPECT_EQ(retained[2], 0);
+}
+
+TEST(RetainedByPhase, FollowsTheOrderPhasesEnded) {
+  StepRecord r;
+  r.phase_memory = true;
+  r.phase_count = 2;
+  r.memory_at_start = 0;
+  // slot 0 (outer) ended after slot 1 (inner), which kept 30; the outer kept 20 more.
+  r.phase_memory_end = {50, 30};
+  r.phase_end_order = {1, 0};
+  const auto retained = retained_by_phase(r);
+  EXPECT_EQ(retained[1], 30);
+  EXPECT_EQ(retained[0], 20);
+}
+
+}  // namespace
+}  // namespace steptrace::detail

@@ -1,0 +1,210 @@
+"""Detectors on real CPU training loops: each alert fires where it should, and a clean
+run raises none. Slowdowns are injected as latency (sleeps inside the loader, a backward
+hook, a phase); nothing here sleeps to wait for another thread."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import steptrace
+
+FEATURES, HIDDEN, BATCH = 128, 512, 64
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 10))
+
+
+def make_batches(n: int = 16):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(BATCH, FEATURES, generator=g), torch.randint(0, 10, (BATCH,), generator=g)) for _ in range(n)]
+
+
+class Loader:
+    """Yields `steps` batches; waits `delay_s(i)` before batch i (the latency of a slow
+    input pipeline)."""
+
+    def __init__(self, steps: int, delay_s=lambda i: 0.0):
+        self.steps, self.delay_s, self.data = steps, delay_s, make_batches()
+
+    def __iter__(self):
+        for i in range(self.steps):
+            d = self.delay_s(i)
+            if d > 0:
+                time.sleep(d)
+            yield self.data[i % len(self.data)]
+
+
+def run(prof, loader, net=None, forward_extra=None, keep=None):
+    net = net if net is not None else make_model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    for i, (x, y) in enumerate(prof.data(loader)):
+        with prof.step():
+            with prof.phase("forward"):
+                out = net(x)
+                if forward_extra is not None:
+                    forward_extra(i)
+                if keep is not None:
+                    keep.append(net[0](x) * 1.0)  # a forward activation kept across steps
+            with prof.phase("loss"):
+                loss = nn.functional.cross_entropy(out, y)
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+
+
+def alerts_in(path, kind="alert"):
+    return [r for r in steptrace.read(path, validate=True) if r["kind"] == kind]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Steadier step times on a small shared machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_clean_run_raises_no_alert(tmp_path):
+    with steptrace.Profiler(tmp_path) as prof:
+        run(prof, Loader(500, lambda i: 0.002))
+    records = list(steptrace.read(tmp_path, validate=True))
+    assert sum(r["kind"] == "step" for r in records) == 500
+    assert [r for r in records if r["kind"] == "alert"] == []
+    assert records[-1]["alerts"] == {}
+
+
+def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
+    slow = range(200, 220)
+    with steptrace.Profiler(tmp_path) as prof:
+        run(prof, Loader(300, lambda i: 0.009 if i in slow else 0.003))  # 3x slower data
+    regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
+    assert len(regressions) == 1, regressions
+    alert = regressions[0]
+    assert 200 <= alert["step"] <= 205
+    assert alert["phase"] == "data"
+    assert alert["value"] > 1.5 * alert["baseline"]
+    assert "DataLoader workers" in alert["message"]
+    resolved = [r for r in alerts_in(tmp_path, "resolved") if r["type"] == "step_regression"]
+    assert len(resolved) == 1 and 219 <= resolved[0]["step"] <= 225
+
+
+def test_slower_backward_is_named(tmp_path):
+    net = make_model()
+    state = {"delay": 0.003}
+    net[0].register_full_backward_hook(lambda *args: time.sleep(state["delay"]))
+
+    def loader_delay(i):
+        state["delay"] = 0.008 if 100 <= i < 115 else 0.003  # backward about 2x+ slower
+        return 0.0
+
+    with steptrace.Profiler(tmp_path) as prof:
+        run(prof, Loader(150, loader_delay), net=net)
+    regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
+    assert len(regressions) == 1, regressions
+    assert regressions[0]["phase"] == "backward"
+    assert 100 <= regressions[0]["step"] <= 105
+
+
+def test_six_times_slower_step_is_a_stall(tmp_path):
+    def forward_extra(i):
+        if i == 60:
+            time.sleep(0.06)  # ~6 ms steps: this one is about 10x
+
+    with steptrace.Profiler(tmp_path) as prof:
+        run(prof, Loader(80, lambda i: 0.003), forward_extra=forward_extra)
+    alerts = alerts_in(tmp_path)
+    assert [(a["type"], a["step"], a["phase"]) for a in alerts] == [("stall", 60, "forward")]
+    assert alerts[0]["value"] > 5 * alerts[0]["baseline"]
+
+
+def test_hang_is_written_while_the_step_is_still_blocked(tmp_path, caplog):
+    release = threading.Event()
+    seen = {}
+    log = tmp_path / "rank0.jsonl"
+
+    def watch():
+        # Polls the log (bounded) for the hang alert, then lets the step finish.
+        deadline = time.monotonic() + 60
+        while not release.is_set() and time.monotonic() < deadline:
+            for line in log.read_text().splitlines():
+                if '"type":"hang"' in line and '"kind":"alert"' in line:
+                    seen["alert"] = json.loads(line)
+                    seen["blocked"] = not release.is_set()
+                    release.set()
+                    return
+            release.wait(0.05)  # poll interval, not synchronization
+        release.set()
+
+    def forward_extra(i):
+        if i == 30:
+            watcher.start()
+            release.wait(60)  # a collective that never returns, until the test lets go
+
+    watcher = threading.Thread(target=watch)
+    caplog.set_level(logging.WARNING, logger="steptrace")
+    with steptrace.Profiler(tmp_path, hang_min_s=1.0) as prof:
+        run(prof, Loader(40, lambda i: 0.002), forward_extra=forward_extra)
+    watcher.join()
+    assert seen.get("blocked") is True, "no hang alert reached the file while the step was blocked"
+    hang = seen["alert"]
+    assert hang["step"] == 30 and hang["phase"] == "forward"
+    assert hang["value"] >= 1000.0
+    assert "forward_extra" in hang["details"]["stacks"]  # the Python stack of the hung thread
+    records = list(steptrace.read(tmp_path, validate=True))
+    kinds = [(r["kind"], r.get("type"), r.get("step")) for r in records if r["kind"] in ("alert", "resolved")]
+    assert ("alert", "hang", 30) in kinds
+    assert ("resolved", "hang", 30) in kinds
+    assert ("alert", "stall", 30) in kinds  # the step record and a stall follow
+    assert any(r["kind"] == "step" and r["step"] == 30 for r in records)
+    assert any("hang alert at step 30" in m for m in caplog.messages)
+
+
+def test_kept_activations_are_a_memory_leak_and_the_clean_loop_is_not(tmp_path):
+    kept: list = []
+    with steptrace.Profiler(tmp_path / "leak", warmup_steps=10) as prof:
+        run(prof, Loader(120), keep=kept)
+    leaks = [a for a in alerts_in(tmp_path / "leak") if a["type"] == "memory_growth"]
+    assert len(leaks) == 1, leaks
+    leak = leaks[0]
+    assert leak["step"] <= 110  # within 100 steps after warmup
+    assert leak["phase"] == "forward"
+    per_step = BATCH * HIDDEN * 4  # what the loop keeps; RSS also grows by heap overhead
+    assert 0.5 * per_step <= leak["details"]["bytes_per_step"] <= 4 * per_step
+    assert leak["details"]["steps_until_full"] > 0
+    kept.clear()
+
+    with steptrace.Profiler(tmp_path / "clean", warmup_steps=10) as prof:
+        run(prof, Loader(120))
+    assert [a for a in alerts_in(tmp_path / "clean") if a["type"] == "memory_growth"] == []
+
+
+def test_on_alert_is_called_off_the_training_thread(tmp_path):
+    got = []
+
+    def on_alert(alert):
+        got.append((alert["kind"], alert["type"], threading.current_thread().name))
+
+    with steptrace.Profiler(tmp_path, on_alert=on_alert) as prof:
+        run(prof, Loader(40, lambda i: 0.05 if i == 30 else 0.002))
+    assert got == [("alert", "stall", "steptrace-alerts"), ("resolved", "stall", "steptrace-alerts")]
+
+
+def test_bad_detector_options(tmp_path):
+    with pytest.raises(steptrace.ConfigError, match="min_history"):
+        steptrace.Profiler(tmp_path / "a", min_history=1)
+    with pytest.raises(steptrace.ConfigError, match="on_alert"):
+        steptrace.Profiler(tmp_path / "b", on_alert=3)
+    with pytest.raises(steptrace.ConfigError, match="memory_growth_pct"):
+        steptrace.Profiler(tmp_path / "c", memory_growth_pct=0)
