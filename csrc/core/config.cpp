@@ -36,8 +36,10 @@ void Config::validate() const {
                   "flush_interval_ms={} is out of range; allowed: 1..60000", flush_interval_ms);
   STEPTRACE_CHECK(queue_capacity >= 16 && queue_capacity <= (1 << 20), ConfigError,
                   "queue_capacity={} is out of range; allowed: 16..1048576", queue_capacity);
-  STEPTRACE_CHECK(clock == "auto" || clock == "host", ConfigError,
-                  "clock={:?} is unknown; allowed: \"auto\", \"host\"", clock);
+  STEPTRACE_CHECK(clock == "auto" || clock == "host" || clock == "cuda", ConfigError,
+                  "clock={:?} is unknown; allowed: \"auto\", \"host\", \"cuda\"", clock);
+  STEPTRACE_CHECK(max_inflight_steps >= 1 && max_inflight_steps <= 1024, ConfigError,
+                  "max_inflight_steps={} is out of range; allowed: 1..1024", max_inflight_steps);
   STEPTRACE_CHECK(window >= 2, ConfigError,
                   "window={} is too small; the trailing window needs at least 2 steps", window);
   STEPTRACE_CHECK(warmup_steps >= 0, ConfigError, "warmup_steps={} is negative; allowed: 0 or more",

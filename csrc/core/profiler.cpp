@@ -21,6 +21,7 @@
 #include "alert.hpp"
 #include "check.hpp"
 #include "detectors.hpp"
+#include "device_timing.hpp"
 #include "record_json.hpp"
 #include "step_record.hpp"
 #include "steptrace/error.hpp"
@@ -178,6 +179,20 @@ class ProfilerImpl {
     config_.validate();
     resolve(config_);
     clock_ = backends.clock ? std::move(backends.clock) : make_host_clock();
+    if (config_.clock != "host") {
+      std::unique_ptr<DeviceTimer> timer = std::move(backends.device_timer);
+      if (!timer) timer = make_cuda_timer(&device_unavailable_);
+      STEPTRACE_CHECK(timer || config_.clock != "cuda", ConfigError,
+                      "clock=\"cuda\" but CUDA event timing is unavailable: {}; use "
+                      "clock=\"auto\" to fall back to the host clock",
+                      device_unavailable_);
+      if (timer) {
+        device_ = std::make_unique<DeviceTiming>(
+            std::move(timer), static_cast<std::size_t>(config_.max_inflight_steps));
+      }
+    } else {
+      device_unavailable_ = "disabled by clock=\"host\"";
+    }
     if (backends.memory_sources.empty() && config_.sample_rss) {
       if (auto rss = make_rss_source()) backends.memory_sources.push_back(std::move(rss));
     }
@@ -208,6 +223,11 @@ class ProfilerImpl {
                     current_.step);
     STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
                     "step begun while waiting on the data loader (begin_data without end_data)");
+    if (device_) {
+      device_->poll(*writer_);
+      report_device_failure();
+    }
+    on_device_ = device_ && device_->usable();
     const std::int64_t now = clock_->now_ns();
     current_.step = step_index_++;
     current_.start_unix_ns = start_unix_ns_ + (now - start_ns_);
@@ -221,6 +241,7 @@ class ProfilerImpl {
     ended_phases_ = 0;
     step_start_ns_ = now;
     in_step_ = true;
+    if (on_device_) device_->begin_step();
     inflight_start_ns_.store(now, std::memory_order_relaxed);
     inflight_step_.store(current_.step, std::memory_order_release);
   }
@@ -239,8 +260,13 @@ class ProfilerImpl {
     for (auto& source : memory_sources_) source->sample(current_.memory);
     merge(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
-    *writer_->begin_step_record() = current_;
-    writer_->commit_step_record();
+    if (on_device_) {
+      device_->end_step(current_, *writer_);  // written once its events have completed
+      report_device_failure();
+    } else {
+      *writer_->begin_step_record() = current_;
+      writer_->commit_step_record();
+    }
     last_step_end_ns_ = now;
     data_accum_ns_ = 0;
     data_wrapped_ = false;
@@ -270,6 +296,7 @@ class ProfilerImpl {
     active_[active_depth_++] = id;
     inflight_phase_.store(id, std::memory_order_relaxed);
     phase_start_ns_[id] = now;
+    if (on_device_) device_->begin_phase(static_cast<std::uint16_t>(slot_of_[id]));
   }
 
   void end_phase(PhaseId id) {
@@ -296,6 +323,14 @@ class ProfilerImpl {
 
   void set_step_memory(const MemorySample& s) { merge(external_memory_, s); }
 
+  void set_stream(std::uintptr_t stream) noexcept {
+    if (device_) device_->set_stream(stream);
+  }
+  void clear_stream() noexcept {
+    if (device_) device_->clear_stream();
+  }
+  std::size_t steps_in_flight() const noexcept { return device_ ? device_->in_flight() : 0; }
+
   void close(EndReason reason, std::string_view error) {
     if (closed_) return;
     if (in_step_) end_step(/*failed=*/true);
@@ -305,6 +340,10 @@ class ProfilerImpl {
     end.error = std::string(error);
     end.end_unix_ns = start_unix_ns_ + (now - start_ns_);
     end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
+    if (device_) {
+      device_->drain(*writer_);  // the one synchronization of the run
+      report_device_failure();
+    }
     stop_watchdog();
     writer_->close(end);
     closed_ = true;
@@ -342,6 +381,7 @@ class ProfilerImpl {
     current_.phase_ns[slot] += elapsed;
     current_.host_phase_ns[slot] += elapsed;
     phase_start_ns_[id] = kUnset;
+    if (on_device_) device_->end_phase(static_cast<std::uint16_t>(slot));
     if (current_.phase_memory) {
       // A phase that runs again ends later: keep its last level and place.
       current_.phase_memory_end[slot] = attribution_level();
@@ -357,6 +397,25 @@ class ProfilerImpl {
     }
     inflight_phase_.store(active_depth_ > 0 ? active_[active_depth_ - 1] : -1,
                           std::memory_order_relaxed);
+  }
+
+  // Once: the device timer failed, so say so in the log and carry on with the host clock.
+  void report_device_failure() {
+    if (device_failure_reported_ || device_->failure().empty()) return;
+    device_failure_reported_ = true;
+    AlertEvent a;
+    a.type = "timer_fallback";
+    a.step = std::max<std::int64_t>(device_->failed_at_step(), 0);
+    a.value = 0;
+    a.threshold = 0;
+    a.message = fmt::format(
+        "CUDA event timing stopped at step {} ({}); this step and the ones after it use "
+        "the host clock",
+        a.step, device_->failure());
+    a.details = {{"reason", device_->failure()}};
+    const std::string line = alert_json_line(a, config_.rank, unix_now_ns());
+    writer_->push_line_now(line);
+    alerts_.publish(a, line);
   }
 
   // The level phase attribution follows: the torch allocator's live bytes when a source
@@ -420,6 +479,25 @@ class ProfilerImpl {
     take(into.device_total_bytes, from.device_total_bytes);
   }
 
+  nlohmann::ordered_json timer_json() const {
+    using nlohmann::ordered_json;
+    if (device_) {
+      return {{"active", {device_->timer().name(), "host"}},
+              {"unavailable", ordered_json::object()}};
+    }
+    return {{"active", {"host"}}, {"unavailable", {{"cuda", device_unavailable_}}}};
+  }
+
+  nlohmann::ordered_json device_json() const {
+    if (!device_) return nullptr;
+    const std::string name = device_->timer().device_name();
+    if (name.empty()) return nullptr;
+    nlohmann::ordered_json d = {{"name", name}};
+    const std::int64_t bytes = device_->timer().device_memory_bytes();
+    if (bytes > 0) d["memory_total_bytes"] = bytes;
+    return d;
+  }
+
   std::string run_start_json(const RunInfo& info) const {
     using nlohmann::ordered_json;
     ordered_json versions = {{"steptrace", STEPTRACE_VERSION}};
@@ -438,7 +516,7 @@ class ProfilerImpl {
         {"pid", getpid()},
         {"start_unix_ns", start_unix_ns_},
         {"versions", versions},
-        {"device", nullptr},
+        {"device", device_json()},
         {"config",
          {{"log_dir", config_.log_dir},
           {"overwrite", config_.overwrite},
@@ -447,6 +525,7 @@ class ProfilerImpl {
           {"queue_capacity", config_.queue_capacity},
           {"sample_rss", config_.sample_rss},
           {"clock", config_.clock},
+          {"max_inflight_steps", config_.max_inflight_steps},
           {"window", config_.window},
           {"warmup_steps", config_.warmup_steps},
           {"regression_threshold", config_.regression_threshold},
@@ -459,10 +538,7 @@ class ProfilerImpl {
           {"hang_floor_s", config_.hang_floor_s},
           {"memory_growth_pct", config_.memory_growth_pct}}},
         {"backends",
-         {{"timer",
-           {{"active", {"host"}},
-            {"unavailable",
-             {{"cuda", "CUDA event timing is not part of this build; host clock only"}}}}},
+         {{"timer", timer_json()},
           {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}}}},
     };
     return record.dump() + "\n";
@@ -489,7 +565,7 @@ class ProfilerImpl {
   bool data_wrapped_ = false;
   bool in_step_ = false;
   bool closed_ = false;
-  std::size_t ended_phases_ = 0;  // phases ended in this step, for phase_end_order
+  std::size_t ended_phases_ = 0;              // phases ended in this step, for phase_end_order
   std::array<PhaseId, kMaxPhases> active_{};  // running phases, innermost last
   std::size_t active_depth_ = 0;
 
@@ -497,6 +573,11 @@ class ProfilerImpl {
   std::atomic<std::int64_t> inflight_step_{-1};
   std::atomic<std::int64_t> inflight_start_ns_{0};
   std::atomic<int> inflight_phase_{-1};
+
+  std::unique_ptr<DeviceTiming> device_;
+  std::string device_unavailable_;  // why device_ is null
+  bool on_device_ = false;          // the step in progress records device events
+  bool device_failure_reported_ = false;
 
   AlertLog alerts_;
   std::unique_ptr<DetectionStage> detection_;
@@ -579,6 +660,9 @@ void Profiler::end_phase(PhaseId id) { impl_->end_phase(id); }
 void Profiler::begin_data() { impl_->begin_data(); }
 void Profiler::end_data() { impl_->end_data(); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
+void Profiler::set_stream(std::uintptr_t stream) noexcept { impl_->set_stream(stream); }
+void Profiler::clear_stream() noexcept { impl_->clear_stream(); }
+std::size_t Profiler::steps_in_flight() const noexcept { return impl_->steps_in_flight(); }
 bool Profiler::in_step() const noexcept { return impl_->in_step(); }
 std::int64_t Profiler::step_index() const noexcept { return impl_->step_index(); }
 void Profiler::flush() { impl_->flush(); }

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +24,7 @@ struct StepRecord {
   MemorySample memory;
   bool failed = false;
   bool device_clock = false;  // true: phase_ns are CUDA-event times, host_phase_ns host
+  bool waited = false;        // the profiler waited for the device before this record
   std::uint16_t phase_count = 0;
   std::array<std::uint16_t, kMaxPhases> phase_ids{};
   std::array<std::int64_t, kMaxPhases> phase_ns{};
@@ -43,7 +44,8 @@ struct StepRecord {
 inline std::array<std::int64_t, kMaxPhases> retained_by_phase(const StepRecord& r) {
   std::array<std::int64_t, kMaxPhases> retained{};
   std::array<std::uint8_t, kMaxPhases> by_end{};  // slots in the order they ended
-  for (std::uint16_t i = 0; i < r.phase_count; ++i) by_end[r.phase_end_order[i]] = static_cast<std::uint8_t>(i);
+  for (std::uint16_t i = 0; i < r.phase_count; ++i)
+    by_end[r.phase_end_order[i]] = static_cast<std::uint8_t>(i);
   std::array<std::int64_t, kMaxPhases> suffix_min{};
   std::int64_t running = INT64_MAX;
   for (int k = r.phase_count - 1; k >= 0; --k) {

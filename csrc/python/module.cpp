@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -21,8 +23,48 @@ namespace {
 
 using ProfilerPtr = std::shared_ptr<steptrace::Profiler>;
 
+// Python callables run around every step when set (the CUDA path): `begin` returns the
+// current stream as an int (or None: host clock), `end` returns (allocated, reserved,
+// peak, device_used, device_total) bytes or None.
+struct StepHooks {
+  py::object begin;
+  py::object end;
+};
+
 struct StepScope {
   ProfilerPtr profiler;
+  std::shared_ptr<StepHooks> hooks;
+
+  void enter() const {
+    if (hooks->begin) {
+      const py::object stream = hooks->begin();
+      if (stream.is_none()) {
+        profiler->clear_stream();
+      } else {
+        profiler->set_stream(stream.cast<std::uintptr_t>());
+      }
+    }
+    profiler->begin_step();
+  }
+
+  void exit(bool failed) const {
+    if (hooks->end) {
+      const py::object m = hooks->end();
+      if (!m.is_none()) {
+        using Bytes =
+            std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+        const auto t = m.cast<Bytes>();
+        steptrace::MemorySample s;
+        s.allocated_bytes = std::get<0>(t);
+        s.reserved_bytes = std::get<1>(t);
+        s.peak_bytes = std::get<2>(t);
+        s.device_used_bytes = std::get<3>(t);
+        s.device_total_bytes = std::get<4>(t);
+        profiler->set_step_memory(s);
+      }
+    }
+    profiler->end_step(failed);
+  }
 };
 
 struct PhaseScope {
@@ -38,7 +80,8 @@ class PyProfiler {
     steptrace::RunInfo info;
     for (const auto& [k, v] : versions) info.versions.emplace_back(k, v);
     profiler_ = std::make_shared<steptrace::Profiler>(std::move(config), std::move(info));
-    step_scope_ = py::cast(StepScope{profiler_});
+    hooks_ = std::make_shared<StepHooks>();
+    step_scope_ = py::cast(StepScope{profiler_, hooks_});
   }
 
   py::object step() const { return step_scope_; }
@@ -67,10 +110,13 @@ class PyProfiler {
   }
 
   steptrace::Profiler& core() { return *profiler_; }
+  StepHooks& hooks() { return *hooks_; }
+  const StepScope& step_scope() { return step_scope_.cast<const StepScope&>(); }
 
  private:
   static constexpr std::size_t kMaxCachedObjects = 4 * steptrace::kMaxPhases;
   ProfilerPtr profiler_;
+  std::shared_ptr<StepHooks> hooks_;
   py::object step_scope_;
   std::vector<py::object> by_id_;
   std::vector<std::pair<PyObject*, py::object>> by_object_;
@@ -125,6 +171,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("queue_capacity", &steptrace::Config::queue_capacity)
       .def_readwrite("sample_rss", &steptrace::Config::sample_rss)
       .def_readwrite("clock", &steptrace::Config::clock)
+      .def_readwrite("max_inflight_steps", &steptrace::Config::max_inflight_steps)
       .def_readwrite("window", &steptrace::Config::window)
       .def_readwrite("warmup_steps", &steptrace::Config::warmup_steps)
       .def_readwrite("regression_threshold", &steptrace::Config::regression_threshold)
@@ -141,11 +188,11 @@ PYBIND11_MODULE(_core, m) {
   py::class_<StepScope>(m, "StepScope")
       .def("__enter__",
            [](py::object self) {
-             self.cast<StepScope&>().profiler->begin_step();
+             self.cast<const StepScope&>().enter();
              return self;
            })
-      .def("__exit__", [](StepScope& s, py::handle type, py::handle, py::handle) {
-        s.profiler->end_step(/*failed=*/!type.is_none());
+      .def("__exit__", [](const StepScope& s, py::handle type, py::handle, py::handle) {
+        s.exit(/*failed=*/!type.is_none());
         return false;  // never swallow the exception
       });
 
@@ -178,10 +225,21 @@ PYBIND11_MODULE(_core, m) {
       .def("step", &PyProfiler::step, "The (reusable) step scope: `with prof.step(): ...`")
       .def("phase", &PyProfiler::phase, py::arg("name"),
            "The (reusable) scope of a phase: `with prof.phase(\"forward\"): ...`")
-      .def("begin_step", [](PyProfiler& p) { p.core().begin_step(); })
+      .def("begin_step", [](PyProfiler& p) { p.step_scope().enter(); })
       .def(
-          "end_step", [](PyProfiler& p, bool failed) { p.core().end_step(failed); },
+          "end_step", [](PyProfiler& p, bool failed) { p.step_scope().exit(failed); },
           py::arg("failed") = false)
+      .def(
+          "set_step_hooks",
+          [](PyProfiler& p, py::object begin, py::object end) {
+            p.hooks().begin = begin.is_none() ? py::object() : begin;
+            p.hooks().end = end.is_none() ? py::object() : end;
+          },
+          py::arg("begin"), py::arg("end"))
+      .def("set_stream", [](PyProfiler& p, std::uintptr_t s) { p.core().set_stream(s); })
+      .def("clear_stream", [](PyProfiler& p) { p.core().clear_stream(); })
+      .def_property_readonly("steps_in_flight",
+                             [](PyProfiler& p) { return p.core().steps_in_flight(); })
       .def("begin_phase",
            [](PyProfiler& p, const std::string& name) {
              p.core().begin_phase(p.core().phase_id(name));

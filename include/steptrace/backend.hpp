@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "steptrace/export.hpp"
 
@@ -37,6 +38,43 @@ class STEPTRACE_API MemorySource {
   virtual const char* name() const noexcept = 0;
   virtual void sample(MemorySample& out) noexcept = 0;
 };
+
+/// Times work on a device with events recorded on a stream and resolved later, so that
+/// nothing waits for the device per step (CUDA events; a fake in tests). Used from the
+/// training thread only. Handles are small integers from the backend's event pool.
+/// Nothing throws: a failure returns kError / false and the profiler falls back to the
+/// host clock for the rest of the run, recording why (last_error).
+class STEPTRACE_API DeviceTimer {
+ public:
+  enum class Status { kReady, kPending, kError };
+  virtual ~DeviceTimer() = default;
+  /// "cuda", "fake", ...
+  virtual const char* name() const noexcept = 0;
+  /// Records an event on `stream` (a CUstream / cudaStream_t as an integer, 0 the
+  /// legacy default stream). Returns its handle, or -1 on failure.
+  virtual int record(std::uintptr_t stream) noexcept = 0;
+  /// kReady once the device has passed the event (never blocks).
+  virtual Status query(int event) noexcept = 0;
+  /// Device milliseconds between two completed events.
+  virtual bool elapsed_ms(int start, int end, float* ms) noexcept = 0;
+  /// Blocks until the event has completed (only when the in-flight bound is reached,
+  /// and at close).
+  virtual bool synchronize(int event) noexcept = 0;
+  /// Returns the event to the pool.
+  virtual void release(int event) noexcept = 0;
+  /// Events handed out and not yet released (a leak check for tests).
+  virtual int live_events() const noexcept = 0;
+  /// One line on the last failure.
+  virtual std::string last_error() const = 0;
+  /// Name and total memory of the device, when known.
+  virtual std::string device_name() const { return {}; }
+  virtual std::int64_t device_memory_bytes() const { return -1; }
+};
+
+/// The CUDA event timer, through the driver API loaded at run time (libcuda.so.1, found
+/// via dlopen; entry points from cuGetProcAddress), so that one build runs with CUDA 12
+/// or 13 drivers and without any. nullptr when unavailable; `why_not` then says why.
+STEPTRACE_API std::unique_ptr<DeviceTimer> make_cuda_timer(std::string* why_not);
 
 /// The steady host clock (CLOCK_MONOTONIC).
 STEPTRACE_API std::unique_ptr<Clock> make_host_clock();

@@ -31,8 +31,11 @@ struct STEPTRACE_API Config {
   int queue_capacity = 4096;
   /// Sample the process resident set size at the end of every step.
   bool sample_rss = true;
-  /// Timer: "auto" (CUDA events when a CUDA stream is given, else host), "host".
+  /// Timer: "auto" (CUDA events when a CUDA stream is set and the driver works, else the
+  /// host clock), "host", or "cuda" (CUDA events, or ConfigError when unavailable).
   std::string clock = "auto";
+  /// Steps whose device times may still be pending; at the bound the profiler waits.
+  int max_inflight_steps = 8;
   /// Detection: trailing window of completed steps, warmup steps excluded from it.
   int window = 100;
   int warmup_steps = 10;

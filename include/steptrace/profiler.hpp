@@ -42,6 +42,7 @@ struct RunInfo {
 struct Backends {
   std::unique_ptr<Clock> clock;                               // default: host clock
   std::vector<std::unique_ptr<MemorySource>> memory_sources;  // default: process RSS
+  std::unique_ptr<DeviceTimer> device_timer;  // default: CUDA events when clock != "host"
 };
 
 /// What Profiler::wait_event returns: an alert or resolved record (JSON), or a request
@@ -122,6 +123,14 @@ class STEPTRACE_API Profiler {
   /// step's data_ms. Without them, data_ms is the gap since the previous step ended.
   void begin_data();
   void end_data();
+
+  /// The stream device events are recorded on from the next step (or phase) on: a
+  /// CUstream / cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream).
+  /// Without a stream, steps use the host clock.
+  void set_stream(std::uintptr_t stream) noexcept;
+  void clear_stream() noexcept;
+  /// Steps ended whose device times are not known yet.
+  std::size_t steps_in_flight() const noexcept;
 
   /// Memory figures for the step in progress from a source outside the core (the Python
   /// side's torch allocator statistics). Fields < 0 are ignored.

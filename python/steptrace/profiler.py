@@ -28,7 +28,7 @@ T = TypeVar("T")
 logger = logging.getLogger("steptrace")
 
 # Options handled here rather than by the core (None: any callable or None).
-_PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None}
+_PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None, "cuda_memory": True}
 _CORE_OPTIONS = sorted(
     name for name in dir(_core.Config) if not name.startswith("_") and name not in ("validate", "log_dir")
 )
@@ -112,6 +112,38 @@ def _install_sigterm_handler() -> None:
     _sigterm_installed = True
 
 
+def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
+    """Callables the core runs around each step on the CUDA path: the current stream
+    (None until CUDA is initialized: host clock), and the caching allocator's figures with
+    the per-step peak, which it resets."""
+    cuda = torch.cuda
+
+    def begin() -> Optional[int]:
+        return cuda.current_stream().cuda_stream if cuda.is_initialized() else None
+
+    memory_stats = getattr(torch._C, "_cuda_memoryStats", None)  # one dict, not four
+    reset_peak = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
+
+    def end() -> Optional[tuple]:
+        if not cuda.is_initialized():
+            return None
+        device = cuda.current_device()
+        if memory_stats is not None and reset_peak is not None:
+            stats = memory_stats(device)
+            allocated = stats["allocated_bytes"]["all"]["current"]
+            reserved = stats["reserved_bytes"]["all"]["current"]
+            peak = stats["allocated_bytes"]["all"]["peak"]
+            reset_peak(device)
+        else:
+            allocated, reserved = cuda.memory_allocated(device), cuda.memory_reserved(device)
+            peak = cuda.max_memory_allocated(device)
+            cuda.reset_peak_memory_stats(device)
+        free, total = cuda.mem_get_info(device)  # device-wide: NCCL and raw cudaMalloc too
+        return allocated, reserved, peak, total - free, total
+
+    return begin, (end if memory else None)
+
+
 def _thread_stacks() -> str:
     """The Python stack of every thread but the calling one (for hang alerts)."""
     names = {t.ident: t.name for t in threading.enumerate()}
@@ -180,6 +212,11 @@ class Profiler:
         self.start_phase = self._core.begin_phase
         self.end_phase = self._core.end_phase
         self.set_step_memory = self._core.set_step_memory
+        self.set_stream = self._core.set_stream
+        """Record device events on this stream (an int: ``torch.cuda.Stream.cuda_stream``)."""
+        torch = sys.modules.get("torch")  # never import torch ourselves: the user's loop did
+        if config.clock != "host" and torch is not None and torch.cuda.is_available():
+            self._core.set_step_hooks(*_cuda_step_hooks(torch, python_options["cuda_memory"]))
         _live.add(self)
         self._alert_thread: Optional[threading.Thread] = None
         if config.detect:

@@ -15,7 +15,11 @@ from torch import nn
 
 import steptrace
 
-FEATURES, HIDDEN, BATCH = 128, 512, 64
+# A small model: iterations are dominated by the injected latencies (sleeps need no CPU),
+# so a loaded machine does not turn compute jitter into alerts.
+FEATURES, HIDDEN, BATCH = 64, 128, 32
+LEAK_FEATURES = 4096  # the leaking loop keeps a BATCH x 4096 float32 activation per step
+LEAK_PROJ = torch.randn(FEATURES, LEAK_FEATURES)
 
 
 def make_model() -> nn.Module:
@@ -53,7 +57,7 @@ def run(prof, loader, net=None, forward_extra=None, keep=None):
                 if forward_extra is not None:
                     forward_extra(i)
                 if keep is not None:
-                    keep.append(net[0](x) * 1.0)  # a forward activation kept across steps
+                    keep.append((x @ LEAK_PROJ).relu())  # a forward activation kept across steps
             with prof.phase("loss"):
                 loss = nn.functional.cross_entropy(out, y)
             with prof.phase("backward"):
@@ -78,7 +82,7 @@ def one_thread():
 
 def test_clean_run_raises_no_alert(tmp_path):
     with steptrace.Profiler(tmp_path) as prof:
-        run(prof, Loader(500, lambda i: 0.002))
+        run(prof, Loader(500, lambda i: 0.005))
     records = list(steptrace.read(tmp_path, validate=True))
     assert sum(r["kind"] == "step" for r in records) == 500
     assert [r for r in records if r["kind"] == "alert"] == []
@@ -88,7 +92,7 @@ def test_clean_run_raises_no_alert(tmp_path):
 def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
     slow = range(200, 220)
     with steptrace.Profiler(tmp_path) as prof:
-        run(prof, Loader(300, lambda i: 0.009 if i in slow else 0.003))  # 3x slower data
+        run(prof, Loader(300, lambda i: 0.015 if i in slow else 0.005))  # 3x slower data
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     alert = regressions[0]
@@ -102,12 +106,12 @@ def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
 
 def test_slower_backward_is_named(tmp_path):
     net = make_model()
-    state = {"delay": 0.003}
-    net[0].register_full_backward_hook(lambda *args: time.sleep(state["delay"]))
+    state = {"delay": 0.004}
+    net[2].register_full_backward_hook(lambda *args: time.sleep(state["delay"]))
 
     def loader_delay(i):
-        state["delay"] = 0.008 if 100 <= i < 115 else 0.003  # backward about 2x+ slower
-        return 0.0
+        state["delay"] = 0.010 if 100 <= i < 115 else 0.004  # backward 2.5x slower
+        return 0.001
 
     with steptrace.Profiler(tmp_path) as prof:
         run(prof, Loader(150, loader_delay), net=net)
@@ -120,13 +124,13 @@ def test_slower_backward_is_named(tmp_path):
 def test_six_times_slower_step_is_a_stall(tmp_path):
     def forward_extra(i):
         if i == 60:
-            time.sleep(0.06)  # ~6 ms steps: this one is about 10x
+            time.sleep(0.06)  # ~5 ms iterations: this one is about 12x
 
     with steptrace.Profiler(tmp_path) as prof:
-        run(prof, Loader(80, lambda i: 0.003), forward_extra=forward_extra)
-    alerts = alerts_in(tmp_path)
-    assert [(a["type"], a["step"], a["phase"]) for a in alerts] == [("stall", 60, "forward")]
-    assert alerts[0]["value"] > 5 * alerts[0]["baseline"]
+        run(prof, Loader(80, lambda i: 0.005), forward_extra=forward_extra)
+    stalls = [a for a in alerts_in(tmp_path) if a["type"] == "stall"]
+    assert [(a["step"], a["phase"]) for a in stalls] == [(60, "forward")]
+    assert stalls[0]["value"] > 5 * stalls[0]["baseline"]
 
 
 def test_hang_is_written_while_the_step_is_still_blocked(tmp_path, caplog):
@@ -180,7 +184,7 @@ def test_kept_activations_are_a_memory_leak_and_the_clean_loop_is_not(tmp_path):
     leak = leaks[0]
     assert leak["step"] <= 110  # within 100 steps after warmup
     assert leak["phase"] == "forward"
-    per_step = BATCH * HIDDEN * 4  # what the loop keeps; RSS also grows by heap overhead
+    per_step = BATCH * LEAK_FEATURES * 4  # what the loop keeps; RSS also grows by heap overhead
     assert 0.5 * per_step <= leak["details"]["bytes_per_step"] <= 4 * per_step
     assert leak["details"]["steps_until_full"] > 0
     kept.clear()
@@ -197,7 +201,7 @@ def test_on_alert_is_called_off_the_training_thread(tmp_path):
         got.append((alert["kind"], alert["type"], threading.current_thread().name))
 
     with steptrace.Profiler(tmp_path, on_alert=on_alert) as prof:
-        run(prof, Loader(40, lambda i: 0.05 if i == 30 else 0.002))
+        run(prof, Loader(40, lambda i: 0.08 if i == 30 else 0.005))
     assert got == [("alert", "stall", "steptrace-alerts"), ("resolved", "stall", "steptrace-alerts")]
 
 

@@ -220,3 +220,42 @@ def test_using_a_closed_profiler_is_misuse(tmp_path):
     with pytest.raises(UsageError, match="closed"):
         with prof.step():
             pass
+
+
+def test_without_a_gpu_the_host_clock_is_used_and_run_start_says_why(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path) as prof:
+        prof.set_stream(1)  # no CUDA driver here: ignored
+        train(prof, batches(2))
+    records = records_of(prof.log_path)
+    timer = records[0]["backends"]["timer"]
+    if timer["active"][0] == "cuda":
+        pytest.skip("a CUDA driver is present")
+    assert timer["active"] == ["host"]
+    assert "libcuda" in timer["unavailable"]["cuda"] or "cuInit" in timer["unavailable"]["cuda"]
+    assert all(r["clock"] == "host" for r in records if r["kind"] == "step")
+    with pytest.raises(ConfigError, match="clock=\"cuda\" but CUDA event timing is unavailable"):
+        steptrace.Profiler(tmp_path / "cuda", clock="cuda")
+    assert not (tmp_path / "cuda").exists()
+
+
+def test_step_hooks_feed_stream_and_memory(tmp_path, records_of):
+    calls = []
+
+    def begin():
+        calls.append("begin")
+        return None  # host clock
+
+    def end():
+        calls.append("end")
+        return (100, 200, 150, 1000, 4000)
+
+    with steptrace.Profiler(tmp_path) as prof:
+        prof._core.set_step_hooks(begin, end)
+        train(prof, batches(2))
+        prof.start_step()
+        prof.end_step()
+    steps = [r for r in records_of(prof.log_path) if r["kind"] == "step"]
+    assert calls == ["begin", "end"] * 3
+    assert steps[0]["memory"]["allocated_bytes"] == 100
+    assert steps[0]["memory"]["peak_bytes"] == 150
+    assert steps[0]["memory"]["device_total_bytes"] == 4000

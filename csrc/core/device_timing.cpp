@@ -1,0 +1,177 @@
+#include "device_timing.hpp"
+
+namespace steptrace::detail {
+
+DeviceTiming::DeviceTiming(std::unique_ptr<DeviceTimer> timer, std::size_t max_in_flight)
+    : timer_(std::move(timer)), ring_(max_in_flight) {}
+
+int DeviceTiming::record() noexcept {
+  const int e = timer_->record(stream_);
+  if (e < 0) step_ok_ = false;
+  return e;
+}
+
+void DeviceTiming::begin_step() noexcept {
+  building_.interval_count = 0;
+  step_ok_ = true;
+  building_.begin = record();
+  building_.end = -1;
+}
+
+void DeviceTiming::begin_phase(std::uint16_t slot) noexcept {
+  open_begin_[slot] = step_ok_ ? record() : -1;
+}
+
+void DeviceTiming::end_phase(std::uint16_t slot) noexcept {
+  if (!step_ok_) return;
+  if (building_.interval_count == kMaxIntervals) {  // a phase repeated very often
+    step_ok_ = false;
+    return;
+  }
+  const int end = record();
+  if (!step_ok_) return;
+  building_.intervals[building_.interval_count++] = Interval{slot, open_begin_[slot], end};
+}
+
+void DeviceTiming::end_step(const StepRecord& host_record, JsonlWriter& writer) noexcept {
+  building_.record = host_record;
+  if (step_ok_) building_.end = record();
+  if (!step_ok_) {
+    // An event failed mid-step: this step and all after it use the host clock.
+    release(building_);
+    fail(host_record.step, writer);
+    write(host_record, writer);
+    return;
+  }
+  if (count_ == ring_.size()) {  // the bound: wait for the oldest step
+    Pending& oldest = ring_[head_];
+    if (!wait_for(oldest)) {
+      release(building_);
+      fail(oldest.record.step, writer);
+      write(host_record, writer);
+      return;
+    }
+    waited_ = true;
+    poll(writer);  // frees the oldest slot
+    if (failed_) {
+      release(building_);
+      write(host_record, writer);
+      return;
+    }
+  }
+  ring_[(head_ + count_) % ring_.size()] = building_;
+  ++count_;
+  poll(writer);
+}
+
+bool DeviceTiming::ready(const Pending& p) noexcept {
+  // Streams may differ between events, so every event is checked, last ones first.
+  if (timer_->query(p.end) != DeviceTimer::Status::kReady) return false;
+  for (std::size_t i = p.interval_count; i-- > 0;) {
+    if (timer_->query(p.intervals[i].end) != DeviceTimer::Status::kReady) return false;
+    if (timer_->query(p.intervals[i].begin) != DeviceTimer::Status::kReady) return false;
+  }
+  return timer_->query(p.begin) == DeviceTimer::Status::kReady;
+}
+
+void DeviceTiming::poll(JsonlWriter& writer) noexcept {
+  while (count_ > 0 && !failed_) {
+    Pending& p = ring_[head_];
+    if (!ready(p)) {
+      // A query error is a device error, not "not yet".
+      if (timer_->query(p.end) == DeviceTimer::Status::kError) fail(p.record.step, writer);
+      return;
+    }
+    if (!resolve(p, writer)) return;
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+  }
+}
+
+bool DeviceTiming::resolve(Pending& p, JsonlWriter& writer) noexcept {
+  StepRecord& r = p.record;
+  float ms = 0;
+  if (!timer_->elapsed_ms(p.begin, p.end, &ms)) {
+    fail(r.step, writer);
+    return false;
+  }
+  r.step_ns = static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+  for (std::uint16_t i = 0; i < r.phase_count; ++i) r.phase_ns[i] = 0;
+  for (std::size_t i = 0; i < p.interval_count; ++i) {
+    const Interval& iv = p.intervals[i];
+    if (!timer_->elapsed_ms(iv.begin, iv.end, &ms)) {
+      for (std::uint16_t k = 0; k < r.phase_count; ++k) r.phase_ns[k] = r.host_phase_ns[k];
+      r.step_ns = r.host_ns;
+      fail(r.step, writer);
+      return false;
+    }
+    r.phase_ns[iv.slot] += static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+  }
+  r.device_clock = true;
+  r.waited = waited_;
+  waited_ = false;
+  release(p);
+  write(r, writer);
+  return true;
+}
+
+void DeviceTiming::drain(JsonlWriter& writer) noexcept {
+  while (count_ > 0 && !failed_) {
+    Pending& p = ring_[head_];
+    if (!wait_for(p)) {
+      fail(p.record.step, writer);
+      return;
+    }
+    if (!resolve(p, writer)) return;
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+  }
+}
+
+bool DeviceTiming::wait_for(const Pending& p) noexcept {
+  // Every event: the phases may have run on other streams than the step's end.
+  bool ok = timer_->synchronize(p.begin);
+  for (std::size_t i = 0; ok && i < p.interval_count; ++i) {
+    ok = timer_->synchronize(p.intervals[i].begin) && timer_->synchronize(p.intervals[i].end);
+  }
+  return ok && timer_->synchronize(p.end);
+}
+
+void DeviceTiming::release(Pending& p) noexcept {
+  if (p.begin >= 0) timer_->release(p.begin);
+  if (p.end >= 0) timer_->release(p.end);
+  for (std::size_t i = 0; i < p.interval_count; ++i) {
+    if (p.intervals[i].begin >= 0) timer_->release(p.intervals[i].begin);
+    if (p.intervals[i].end >= 0) timer_->release(p.intervals[i].end);
+  }
+  p.begin = p.end = -1;
+  p.interval_count = 0;
+}
+
+void DeviceTiming::fail(std::int64_t step, JsonlWriter& writer) noexcept {
+  if (failed_) return;
+  failed_ = true;
+  failed_at_step_ = step;
+  try {
+    failure_ = timer_->last_error();
+    if (failure_.empty()) failure_ = "device timer error";
+  } catch (...) {
+  }
+  // The steps in flight are written with their host times: their events may never
+  // complete. A record being resolved was restored to host times by the caller.
+  while (count_ > 0) {
+    Pending& p = ring_[head_];
+    release(p);
+    p.record.device_clock = false;
+    write(p.record, writer);
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+  }
+}
+
+void DeviceTiming::write(const StepRecord& r, JsonlWriter& writer) noexcept {
+  *writer.begin_step_record() = r;
+  writer.commit_step_record();
+}
+
+}  // namespace steptrace::detail

@@ -1,0 +1,96 @@
+// Device timing of steps and phases with events that are resolved later: a step's events
+// are recorded on the current stream as it runs, the step waits in a bounded ring until
+// its events have completed (usually a step or two), and is then handed to the writer
+// with device times. Nothing synchronizes the device unless the ring is full (the record
+// then says "waited") or at close. A device error ends device timing for the run: the
+// steps in flight are written with host times and failure() says why.
+// Training thread only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../sinks/jsonl_writer.hpp"
+#include "step_record.hpp"
+#include "steptrace/backend.hpp"
+
+namespace steptrace::detail {
+
+class DeviceTiming {
+ public:
+  DeviceTiming(std::unique_ptr<DeviceTimer> timer, std::size_t max_in_flight);
+
+  /// True while the timer works and a stream is set: the next step is timed on the device.
+  bool usable() const noexcept { return !failed_ && stream_set_; }
+  void set_stream(std::uintptr_t stream) noexcept {
+    stream_ = stream;
+    stream_set_ = true;
+  }
+  void clear_stream() noexcept { stream_set_ = false; }
+  std::uintptr_t stream() const noexcept { return stream_; }
+
+  // The step being built (only between begin_step and end_step, only when usable()).
+  void begin_step() noexcept;
+  void begin_phase(std::uint16_t slot) noexcept;
+  void end_phase(std::uint16_t slot) noexcept;
+  /// Ends the step and queues it with its host record; writes every step whose events
+  /// have completed, waiting for the oldest when the ring is full.
+  void end_step(const StepRecord& host_record, JsonlWriter& writer) noexcept;
+  /// Writes the steps whose events have completed, in step order, without waiting.
+  void poll(JsonlWriter& writer) noexcept;
+  /// Waits for every step in flight and writes them (close).
+  void drain(JsonlWriter& writer) noexcept;
+
+  /// Steps whose device time is still unknown.
+  std::size_t in_flight() const noexcept { return count_; }
+  /// Empty while device timing works; else why it stopped, and from which step on.
+  const std::string& failure() const noexcept { return failure_; }
+  std::int64_t failed_at_step() const noexcept { return failed_at_step_; }
+  DeviceTimer& timer() noexcept { return *timer_; }
+
+ private:
+  static constexpr std::size_t kMaxIntervals = 2 * kMaxPhases;
+  struct Interval {
+    std::uint16_t slot;
+    int begin;
+    int end;
+  };
+  struct Pending {
+    StepRecord record;
+    int begin = -1;
+    int end = -1;
+    std::size_t interval_count = 0;
+    std::array<Interval, kMaxIntervals> intervals;
+  };
+
+  // One record, or the failure; -1 on failure.
+  int record() noexcept;
+  bool ready(const Pending& p) noexcept;
+  // Blocks until all of the step's events have completed; false on a device error.
+  bool wait_for(const Pending& p) noexcept;
+  // Fills device times, writes, releases the events. False on a device error.
+  bool resolve(Pending& p, JsonlWriter& writer) noexcept;
+  void release(Pending& p) noexcept;
+  // Ends device timing; writes the steps in flight with host times.
+  void fail(std::int64_t step, JsonlWriter& writer) noexcept;
+  static void write(const StepRecord& r, JsonlWriter& writer) noexcept;
+
+  std::unique_ptr<DeviceTimer> timer_;
+  std::vector<Pending> ring_;
+  std::size_t head_ = 0;                      // oldest step in flight
+  std::size_t count_ = 0;                     // steps in flight
+  Pending building_;                          // the step in progress
+  std::array<int, kMaxPhases> open_begin_{};  // per slot: begin event of the open interval
+  bool step_ok_ = false;                      // the step in progress has all its events
+  bool waited_ = false;                       // the next written record waited for the device
+  std::uintptr_t stream_ = 0;
+  bool stream_set_ = false;
+  bool failed_ = false;
+  std::string failure_;
+  std::int64_t failed_at_step_ = -1;
+};
+
+}  // namespace steptrace::detail

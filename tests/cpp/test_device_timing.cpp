@@ -1,0 +1,224 @@
+// CUDA-event timing rules, on the fake device: lagged resolution, the in-flight bound,
+// pool reuse, close with pending events, out-of-order completion, stream changes, and a
+// device that disappears.
+#include <gtest/gtest.h>
+
+#include "backends/fake/fake_backends.hpp"
+#include "backends/fake/fake_device_timer.hpp"
+#include "steptrace/error.hpp"
+#include "steptrace/profiler.hpp"
+#include "test_util.hpp"
+
+namespace steptrace {
+namespace {
+
+using testing::of_kind;
+using testing::read_jsonl;
+using testing::TempDir;
+
+constexpr std::int64_t kMs = 1'000'000;
+
+struct DeviceFixture {
+  explicit DeviceFixture(const TempDir& tmp, int max_inflight = 8) {
+    Config config;
+    config.log_dir = tmp.str("run");
+    config.rank = 0;
+    config.world_size = 1;
+    config.max_inflight_steps = max_inflight;
+    Backends backends;
+    auto c = std::make_unique<fake::FakeClock>();
+    clock = c.get();
+    backends.clock = std::move(c);
+    auto d = std::make_unique<fake::FakeDeviceTimer>();
+    device = d.get();
+    backends.device_timer = std::move(d);
+    prof = std::make_unique<Profiler>(config, RunInfo{}, std::move(backends));
+    path = prof->log_path();
+    prof->set_stream(42);
+  }
+  // A step whose forward takes 1 ms on the host and 3 ms on the device, backward 1 / 5.
+  void step() {
+    auto s = prof->step();
+    {
+      auto p = s.phase("forward");
+      clock->advance(kMs);
+      device->advance_device(3 * kMs);
+    }
+    {
+      auto p = s.phase("backward");
+      clock->advance(kMs);
+      device->advance_device(5 * kMs);
+    }
+  }
+  std::vector<nlohmann::json> steps_written() {
+    prof->flush();
+    return of_kind(read_jsonl(path), "step");
+  }
+  fake::FakeClock* clock;
+  fake::FakeDeviceTimer* device;
+  std::unique_ptr<Profiler> prof;
+  std::string path;
+};
+
+TEST(DeviceTiming, StepsAreWrittenOnceTheirEventsComplete) {
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  f.step();
+  EXPECT_EQ(f.prof->steps_in_flight(), 1u);
+  EXPECT_TRUE(f.steps_written().empty());  // the device has not got there yet
+  EXPECT_EQ(f.device->syncs, 0);           // and nobody waited for it
+  f.device->complete_all();
+  f.step();  // the next step polls and writes step 0
+  const auto steps = f.steps_written();
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]["clock"], "cuda");
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["backward"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(steps[0]["step_ms"].get<double>(), 8.0);
+  EXPECT_DOUBLE_EQ(steps[0]["host_phases_ms"]["forward"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(steps[0]["host_ms"].get<double>(), 2.0);
+  EXPECT_FALSE(steps[0].contains("waited"));
+  EXPECT_EQ(f.device->last_stream, 42u);
+  EXPECT_EQ(f.device->syncs, 0);
+}
+
+TEST(DeviceTiming, AtTheInFlightBoundTheProfilerWaitsAndSaysSo) {
+  TempDir tmp;
+  DeviceFixture f(tmp, /*max_inflight=*/2);
+  f.step();
+  f.step();
+  EXPECT_EQ(f.device->syncs, 0);
+  f.step();                       // a third step: the oldest must be waited for
+  EXPECT_EQ(f.device->syncs, 6);  // on each of the oldest step's six events
+  const auto steps = f.steps_written();
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]["step"], 0);
+  EXPECT_EQ(steps[0]["waited"], true);
+  EXPECT_EQ(f.prof->steps_in_flight(), 2u);
+}
+
+TEST(DeviceTiming, EventPoolIsReusedWithoutLeaks) {
+  TempDir tmp;
+  DeviceFixture f(tmp, 4);
+  f.device->complete_all(/*from_now_on=*/true);
+  for (int i = 0; i < 200; ++i) f.step();
+  f.prof->close();
+  EXPECT_EQ(f.device->live_events(), 0);
+  EXPECT_LE(f.device->pool_size, 6 * 2);  // 6 events a step, at most two steps at once
+  EXPECT_EQ(of_kind(read_jsonl(f.path), "step").size(), 200u);
+}
+
+TEST(DeviceTiming, CloseWaitsOnceForPendingSteps) {
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  for (int i = 0; i < 3; ++i) f.step();
+  f.prof->close();
+  const auto records = read_jsonl(f.path);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 3u);
+  for (const auto& s : steps) EXPECT_EQ(s["clock"], "cuda");
+  EXPECT_EQ(f.device->live_events(), 0);
+  EXPECT_EQ(records.back()["kind"], "run_end");
+}
+
+TEST(DeviceTiming, LaterStepsCompletingFirstWaitForEarlierOnes) {
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  f.step();  // events 0..5
+  f.step();  // events 6..11
+  for (int e = 6; e < 12; ++e) f.device->complete(e);
+  f.prof->begin_step();  // polls: step 1 is done, step 0 is not
+  EXPECT_TRUE(f.steps_written().empty());
+  for (int e = 0; e < 6; ++e) f.device->complete(e);
+  f.prof->end_step();  // polls again
+  const auto steps = f.steps_written();
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0]["step"], 0);
+  EXPECT_EQ(steps[1]["step"], 1);
+}
+
+TEST(DeviceTiming, StreamChangesAndNoStreamMeansHostClock) {
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  f.device->complete_all(true);
+  f.step();
+  EXPECT_EQ(f.device->last_stream, 42u);
+  f.prof->set_stream(7);
+  f.step();
+  EXPECT_EQ(f.device->last_stream, 7u);
+  f.prof->clear_stream();
+  const int before = f.device->records;
+  f.step();
+  EXPECT_EQ(f.device->records, before);  // no events without a stream
+  f.prof->close();
+  const auto steps = of_kind(read_jsonl(f.path), "step");
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(steps[1]["clock"], "cuda");
+  EXPECT_EQ(steps[2]["clock"], "host");
+}
+
+TEST(DeviceTiming, ADeviceThatDisappearsFallsBackToTheHostClock) {
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  f.step();
+  f.step();
+  f.device->fail();
+  f.step();  // the events of this step fail to record
+  f.step();
+  f.prof->close();
+  const auto records = read_jsonl(f.path);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 4u);  // nothing lost
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(steps[i]["step"], i);
+    EXPECT_EQ(steps[i]["clock"], "host");
+    EXPECT_DOUBLE_EQ(steps[i]["phases_ms"]["forward"].get<double>(), 1.0);
+  }
+  const auto alerts = of_kind(records, "alert");
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0]["type"], "timer_fallback");
+  EXPECT_NE(alerts[0]["message"].get<std::string>().find("fake device lost"), std::string::npos);
+  EXPECT_EQ(records.back()["reason"], "normal");
+  EXPECT_EQ(f.device->live_events(), 0);
+}
+
+TEST(DeviceTiming, RunStartNamesTheTimerAndDevice) {
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  f.prof->close();
+  const auto start = read_jsonl(f.path).front();
+  EXPECT_EQ(start["backends"]["timer"]["active"][0], "fake");
+  EXPECT_EQ(start["device"]["name"], "Fake GPU");
+  EXPECT_EQ(start["device"]["memory_total_bytes"], 80LL << 30);
+}
+
+TEST(DeviceTiming, WithoutADriverTheRealTimerSaysWhy) {
+  std::string why;
+  auto timer = make_cuda_timer(&why);
+  if (timer) GTEST_SKIP() << "a CUDA driver is present";
+  EXPECT_FALSE(why.empty());
+  TempDir tmp;
+  Config config;
+  config.log_dir = tmp.str();
+  config.clock = "cuda";
+  try {
+    Profiler p(config);
+    FAIL() << "clock=cuda without CUDA must be a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+  config.clock = "auto";
+  std::string path;
+  {
+    Profiler p(config);
+    p.set_stream(1);  // no device: ignored
+    auto s = p.step();
+    path = p.log_path();
+  }
+  const auto records = read_jsonl(path);
+  EXPECT_EQ(records.front()["backends"]["timer"]["unavailable"]["cuda"], why);
+  EXPECT_EQ(of_kind(records, "step")[0]["clock"], "host");
+}
+
+}  // namespace
+}  // namespace steptrace
