@@ -13,10 +13,15 @@ from steptrace.errors import (
 )
 from steptrace.reader import read, validate_record
 
-__version__ = "0.1.0"
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("steptrace")
+except Exception:  # running from a source tree without an install
+    __version__ = "0.1.0"
 SCHEMA = "steptrace/1"
 
-_LAZY = {"Profiler": "steptrace.profiler"}
+_LAZY = {"Profiler": "steptrace.profiler", "load": "steptrace.analysis", "Run": "steptrace.analysis"}
 
 
 def __getattr__(name: str):  # PEP 562: load the extension only when the profiler is used
@@ -32,6 +37,8 @@ def __getattr__(name: str):  # PEP 562: load the extension only when the profile
 
 __all__ = [
     "Profiler",
+    "load",
+    "Run",
     "read",
     "validate_record",
     "SCHEMA",

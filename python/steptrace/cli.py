@@ -1,18 +1,31 @@
 """The ``steptrace`` command line.
 
-``steptrace summary PATH [--json] [--skip-bad]`` prints a run's per-phase table. Each
-subcommand is an ``_add_<name>(subparsers)`` function that registers its parser and sets
-``func`` to a ``_cmd_<name>(args) -> int``; add new ones to ``_COMMANDS``.
+::
 
-Exit status: 0 on success, 2 for a usage error or a log that cannot be read (one line
-``steptrace: error: ...`` on stderr, never a traceback). Reader warnings (a truncated
-last line, skipped lines) are printed as ``steptrace: warning: ...``.
+    steptrace summary RUN [--json] [--plain]           per-phase p50/p95/p99/max, memory, alerts
+    steptrace compare BASE NEW [--threshold PCT] ...   which phases regressed (a CI gate)
+    steptrace plot RUN -o out.png [--rank R]           step time by phase, memory, counters
+    steptrace export RUN --format chrome|csv -o FILE   Perfetto / chrome://tracing timeline, or CSV
+    steptrace report RUN -o report.html                one self-contained HTML report
+
+RUN is a ``rank<N>.jsonl`` file or a run folder (every rank). Every command takes
+``--skip-bad`` (skip corrupt lines with a warning) and ``--no-progress``. Each subcommand
+is an ``_add_<name>(subparsers)`` function that registers its parser and sets ``func``
+to a ``_cmd_<name>(args) -> int``; add new ones to ``_COMMANDS``.
+
+Exit status: 0 on success; 1 from ``compare`` when a phase regressed; 2 for a usage
+error or a log that cannot be read (one line ``steptrace: error: ...`` on stderr, never a
+traceback). Reader warnings (a truncated last line, skipped lines) are printed as
+``steptrace: warning: ...``. On a terminal, a long read shows a progress bar on stderr
+and ``summary``/``compare`` print rich tables; in a pipe or a file the output is plain
+text and nothing else is drawn.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import warnings
@@ -21,18 +34,96 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 from steptrace.errors import SteptraceError
 
 EXIT_OK = 0
+EXIT_REGRESSION = 1
 EXIT_ERROR = 2
+_showwarning = warnings.showwarning
 
 
 def _print_warning(message: Any, category: type, filename: str, lineno: int,
                    file: Optional[TextIO] = None, line: Optional[str] = None) -> None:
     # one line, without the source location of the warnings.warn call: users care about
     # the log file and line, which the message already names
+    from steptrace._progress import clear_active
+    from steptrace.reader import ReaderWarning
+
+    clear_active()
+    if not issubclass(category, ReaderWarning):  # a library's warning: Python's usual format
+        _showwarning(message, category, filename, lineno, file, line)
+        return
     print(f"steptrace: warning: {_one_line(str(message))}", file=sys.stderr)
 
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _json_safe(obj: Any) -> Any:
+    """Non-finite floats become null, so the output is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(_json_safe(obj), indent=2, allow_nan=False))
+
+
+def _rich_console() -> Any:
+    """A rich Console for stdout when stdout is a terminal and rich is installed, else None."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not tty:
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console(file=sys.stdout, highlight=False)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--skip-bad", action="store_true", help="skip corrupt lines with a warning instead of failing")
+    p.add_argument("--no-progress", action="store_true", help="never draw a progress bar (drawn only on a terminal)")
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not getattr(args, "no_progress", False)
+
+
+def _step_range(text: str) -> Any:
+    from steptrace.export import StepRange
+
+    try:
+        return StepRange.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _percent(text: str) -> float:
+    t = text.strip().rstrip("%")
+    try:
+        v = float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage (e.g. 5 or 5%)") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: the threshold must be a percentage >= 0")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return v
 
 
 # --------------------------------------------------------------------------- summary
@@ -41,35 +132,247 @@ def _one_line(text: str) -> str:
 def _add_summary(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser(
         "summary",
-        help="per-phase p50/p95/max, shares, memory, alerts of a run",
+        help="per-phase p50/p95/p99/max, shares, memory, counters, alerts of a run",
         description="Summarize a steptrace run: a rank<N>.jsonl file or a run folder.",
     )
     p.add_argument("path", metavar="PATH", help="a .jsonl log file or a run folder")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--skip-bad", action="store_true", help="skip corrupt lines with a warning instead of failing")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    _common(p)
     p.set_defaults(func=_cmd_summary)
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     from steptrace.reader import read
-    from steptrace.summary import format_summary, summarize
+    from steptrace.summary import format_summary, render_rich, summarize
 
-    summary = summarize(read(args.path, skip_bad=args.skip_bad), source=args.path)
+    summary = summarize(read(args.path, skip_bad=args.skip_bad, progress=_progress(args)), source=args.path)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        _print_json(summary)
+        return EXIT_OK
+    console = None if args.plain else _rich_console()
+    if console is not None:
+        render_rich(summary, console)
     else:
         print(format_summary(summary))
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------- compare
+
+
+def _add_compare(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from steptrace.compare import DEFAULT_ALPHA, DEFAULT_MIN_DELTA_MS, DEFAULT_THRESHOLD
+
+    p = sub.add_parser(
+        "compare",
+        help="which phases got slower or faster between two runs (exit 1 on a regression)",
+        description=(
+            "Compare the per-phase step times of two runs: the change of the median with a bootstrap "
+            "95%% confidence interval, and a two-sided Mann-Whitney U test. A phase regressed when its "
+            "median grew by more than --threshold and --min-delta-ms, with p < --alpha and the whole "
+            "interval above zero. Exit status 1 when a (gated) phase regressed, 0 when none did, 2 on "
+            "errors: use it as a CI gate between two model versions."
+        ),
+    )
+    p.add_argument("base", metavar="BASE", help="the reference run (file or folder)")
+    p.add_argument("new", metavar="NEW", help="the run to check (file or folder)")
+    p.add_argument("--threshold", type=_percent, default=100 * DEFAULT_THRESHOLD, metavar="PCT",
+                   help=f"regression threshold in percent of the median (default {100 * DEFAULT_THRESHOLD:g})")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                   help=f"significance level of the rank test (default {DEFAULT_ALPHA:g})")
+    p.add_argument("--min-delta-ms", type=float, default=DEFAULT_MIN_DELTA_MS, metavar="MS",
+                   help=f"ignore median changes smaller than this (default {DEFAULT_MIN_DELTA_MS:g} ms)")
+    p.add_argument("--warmup", type=_nonneg_int, default=None, metavar="N",
+                   help="skip the first N steps of each run (default: the run's warmup_steps, else 10)")
+    p.add_argument("--gate", metavar="NAMES", default=None,
+                   help="comma-separated timings whose regression fails the command (default: all; "
+                        "e.g. iteration,backward)")
+    p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+    p.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    _common(p)
+    p.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from steptrace.analysis import load_table
+    from steptrace.compare import compare_tables, format_compare
+
+    if not 0 < args.alpha < 1:
+        raise _Usage(f"--alpha must be between 0 and 1, got {args.alpha:g}")
+    if not (math.isfinite(args.min_delta_ms) and args.min_delta_ms >= 0):
+        raise _Usage(f"--min-delta-ms must be >= 0, got {args.min_delta_ms:g}")
+    gate = None
+    if args.gate is not None:
+        gate = [g.strip() for g in args.gate.split(",") if g.strip()]
+        if not gate:
+            raise _Usage("--gate needs at least one timing name")
+    from steptrace.analysis import require
+
+    require("numpy", "analysis", "steptrace compare")
+    base = load_table(args.base, skip_bad=args.skip_bad, progress=_progress(args))
+    new = load_table(args.new, skip_bad=args.skip_bad, progress=_progress(args))
+    result = compare_tables(base.table, new.table, threshold=args.threshold / 100.0, alpha=args.alpha,
+                            min_delta_ms=args.min_delta_ms, warmup=args.warmup, gate=gate,
+                            base_name=args.base, new_name=args.new)
+    if gate is not None:
+        unknown = [g for g in gate if g not in result["phases"]]
+        if unknown:
+            raise _Usage(f"--gate names {', '.join(unknown)}, not a timing of these runs "
+                         f"(have: {', '.join(result['phases'])})")
+    if args.json:
+        _print_json(result)
+    else:
+        console = None if args.plain else _rich_console()
+        if console is not None:
+            _render_compare_rich(result, console)
+        else:
+            print(format_compare(result))
+    return EXIT_OK if result["ok"] else EXIT_REGRESSION
+
+
+def _render_compare_rich(result: dict[str, Any], console: Any) -> None:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from steptrace.compare import compare_footer, compare_header, compare_rows
+
+    console.print(Text(compare_header(result), style="bold"))
+    rows = compare_rows(result)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, h in enumerate(rows[0]):
+        t.add_column(h, justify="left" if i in (0, 6) else "right")
+    styles = {"regressed": "bold red", "improved": "bold green", "slower": "yellow", "faster": "green"}
+    for r, (name, info) in zip(rows[1:], result["phases"].items()):
+        t.add_row(*r[:-1], Text(r[-1], style=styles.get(info["verdict"], "")))
+    console.print(t)
+    console.print(Text(compare_footer(result), style="bold red" if result["regressed"] else "green"))
+
+
+# --------------------------------------------------------------------------- plot
+
+
+def _add_plot(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "plot",
+        help="plot step time by phase, trailing median, alerts, memory and counters",
+        description="Plot a run: step time stacked by phase with the trailing median and the regression "
+                    "line, alerts, memory and counters over the steps. Needs matplotlib.",
+    )
+    p.add_argument("path", metavar="RUN", help="a .jsonl log file or a run folder")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="the image to write (.png, .svg or .pdf)")
+    p.add_argument("--rank", type=_nonneg_int, default=None, help="the rank whose phases are stacked (default: lowest)")
+    p.add_argument("--steps", type=_step_range, default=None, metavar="START:STOP", help="only these steps")
+    _common(p)
+    p.set_defaults(func=_cmd_plot)
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from steptrace.analysis import load, require
+
+    require("matplotlib", "plot", "steptrace plot")
+    _check_output(args.output, (".png", ".svg", ".pdf"))
+    run = load(args.path, skip_bad=args.skip_bad, progress=_progress(args))
+    from steptrace.plot import plot_run
+
+    plot_run(run, args.output, rank=args.rank, steps=args.steps)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _add_export(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a run as a Chrome trace (Perfetto) or as CSV",
+        description="Export a run: --format chrome writes a trace-event JSON timeline of the steps and "
+                    "phases, one process per rank (open it in ui.perfetto.dev or chrome://tracing); "
+                    "--format csv writes one row per step and rank.",
+    )
+    p.add_argument("path", metavar="RUN", help="a .jsonl log file or a run folder")
+    p.add_argument("--format", required=True, choices=("chrome", "csv"), help="chrome (trace-event JSON) or csv")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write ('-' for stdout)")
+    p.add_argument("--steps", type=_step_range, default=None, metavar="START:STOP", help="only these steps")
+    _common(p)
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from steptrace.export import export
+
+    if args.output != "-":
+        _check_output(args.output, None)
+    n = export(args.path, args.format, args.output, steps=args.steps, skip_bad=args.skip_bad,
+               progress=_progress(args))
+    what = "events" if args.format == "chrome" else "rows"
+    if args.output != "-":
+        print(f"wrote {args.output} ({n} {what})", file=sys.stderr)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _add_report(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "report",
+        help="write one self-contained HTML report (summary, plots, alerts)",
+        description="Write a self-contained HTML report of a run: the summary table, the plots (embedded), "
+                    "the alerts and the run's details. It needs no network to open. Needs matplotlib.",
+    )
+    p.add_argument("path", metavar="RUN", help="a .jsonl log file or a run folder")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    p.add_argument("--rank", type=_nonneg_int, default=None, help="the rank whose phases are plotted")
+    p.add_argument("--title", default=None, help="the report's title (default: the path)")
+    _common(p)
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from steptrace.analysis import load, require
+
+    require("matplotlib", "plot", "steptrace report")
+    _check_output(args.output, None)
+    run = load(args.path, skip_bad=args.skip_bad, progress=_progress(args))
+    from steptrace.report import write_report
+
+    write_report(run, args.output, rank=args.rank, title=args.title)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- main
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_summary]
+
+class _Usage(SteptraceError):
+    """A bad combination of arguments found after parsing (exit 2, one line)."""
+
+
+def _check_output(path: str, suffixes: Optional[tuple[str, ...]]) -> None:
+    """Fail before reading a big log when the output cannot be written."""
+    if suffixes is not None and os.path.splitext(path)[1].lower() not in suffixes:
+        raise _Usage(f"{path}: the output must end in {', '.join(suffixes)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise _Usage(f"{path}: no such directory {folder}")
+    if os.path.isdir(path):
+        raise _Usage(f"{path}: is a directory")
+
+
+_COMMANDS: list[Callable[[Any], None]] = [_add_summary, _add_compare, _add_plot, _add_export, _add_report]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(prog="steptrace", description="Read and analyse steptrace step logs.")
+    parser = argparse.ArgumentParser(
+        prog="steptrace",
+        description="Read and analyse steptrace step logs.",
+        epilog="Exit status: 0 ok, 1 compare found a regression, 2 error.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)
@@ -99,10 +402,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _silence_stdout()
             return EXIT_OK
         except (SteptraceError, OSError) as exc:
-            print(f"steptrace: error: {_one_line(str(exc))}", file=sys.stderr)
+            _error(str(exc) if not isinstance(exc, OSError) or not exc.filename else
+                   f"{exc.filename}: {exc.strerror or exc}")
             return EXIT_ERROR
         except KeyboardInterrupt:
+            from steptrace._progress import clear_active
+
+            clear_active()
             return 130
+
+
+def _error(message: str) -> None:
+    from steptrace._progress import clear_active
+
+    clear_active()
+    print(f"steptrace: error: {_one_line(message)}", file=sys.stderr)
 
 
 def _silence_stdout() -> None:

@@ -7,7 +7,8 @@ bounded memory; :func:`validate_record` checks one record against the JSON schem
 
 A truncated last line (the process died mid-write) is skipped with a
 :class:`TruncatedLogWarning`, never an error. Anything else that is not a steptrace
-record raises :class:`steptrace.errors.LogFormatError` naming the file and line.
+record raises :class:`steptrace.errors.LogFormatError` naming the file and line, and so
+does a folder whose files come from different runs.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
+from steptrace._progress import Progress
 from steptrace.errors import LogFormatError
 
 PathArg = Union[str, "os.PathLike[str]"]
@@ -82,8 +84,9 @@ def _rank_key(path: Path) -> tuple[int, int, str]:
     return (0, int(m.group(1)), path.name) if m else (1, 0, path.name)
 
 
-def _resolve(paths: Paths) -> list[Path]:
-    """The log files named by ``paths``, in reading order; raises LogFormatError eagerly."""
+def _resolve(paths: Paths) -> list[tuple[Path, Optional[Path]]]:
+    """The log files named by ``paths``, in reading order, each with the folder it was
+    found in (None for a file named directly); raises LogFormatError eagerly."""
     if isinstance(paths, (str, os.PathLike)):
         items: Sequence[PathArg] = [paths]
     elif isinstance(paths, (list, tuple)):
@@ -92,42 +95,123 @@ def _resolve(paths: Paths) -> list[Path]:
             raise LogFormatError("no log paths given")
     else:
         raise TypeError(f"read() expects a path or a list of paths, not {type(paths).__name__}")
-    files: list[Path] = []
+    files: list[tuple[Path, Optional[Path]]] = []
     for item in items:
         p = Path(item)
         if p.is_dir():
             found = sorted((f for f in p.glob("*.jsonl") if f.is_file()), key=_rank_key)
             if not found:
                 raise LogFormatError(f"{p}: directory holds no .jsonl log files")
-            files.extend(found)
+            files.extend((f, p) for f in found)
         elif p.exists():
-            files.append(p)
+            if not p.is_file():
+                raise LogFormatError(f"{p}: not a regular file")
+            files.append((p, None))
         else:
             raise LogFormatError(f"{p}: no such file or directory")
     return files
 
 
+def log_files(path: Paths) -> list[Path]:
+    """The log files :func:`read` would read for ``path``, in order."""
+    return [f for f, _ in _resolve(path)]
+
+
 # --------------------------------------------------------------------------- reading
 
 
-def read(path: Paths, *, skip_bad: bool = False, validate: bool = False) -> Iterator[dict[str, Any]]:
+def read(path: Paths, *, skip_bad: bool = False, validate: bool = False,
+         progress: Union[bool, Progress] = False) -> Iterator[dict[str, Any]]:
     """Stream the records of a log file, a run folder, or a list/tuple of either.
 
-    A folder is read file by file, ``rank<N>.jsonl`` in rank order. Each record is a dict
-    with at least ``"kind"``. Paths are checked now (missing path, folder without logs
-    raise :class:`LogFormatError` at once); file contents are read lazily, one line at a
-    time. ``skip_bad=True`` turns a corrupt line (or, with ``validate``, an invalid
-    record) after the first into a :class:`CorruptLineWarning`; the first record must
-    always be a valid ``run_start``. ``validate=True`` checks every record against the
-    JSON schema (slow: use it in tests and tools, not on large logs).
+    A folder is read file by file, ``rank<N>.jsonl`` in rank order; its files must be the
+    ranks of one run, else LogFormatError ("mixed runs"): one rank each, one world size,
+    and one ``run_id`` (ids the profiler generated per process, as under torchrun without
+    a rendezvous id, may differ when the ranks started within ten minutes). Each record is a dict with at least ``"kind"``. Paths are checked
+    now (missing path, folder without logs raise :class:`LogFormatError` at once); file
+    contents are read lazily, one line at a time. ``skip_bad=True`` turns a corrupt line
+    (or, with ``validate``, an invalid record) after the first into a
+    :class:`CorruptLineWarning`; the first record must always be a valid ``run_start``.
+    ``validate=True`` checks every record against the JSON schema (slow: use it in tests
+    and tools, not on large logs). ``progress=True`` draws a progress bar on stderr when
+    stderr is a terminal and the read takes more than half a second.
     """
     files = _resolve(path)
-    return _read_files(files, skip_bad, validate)
+    bar: Optional[Progress] = None
+    if isinstance(progress, Progress):
+        bar = progress
+    elif progress:
+        total = 0
+        for f, _ in files:
+            try:
+                total += f.stat().st_size
+            except OSError:
+                pass
+        label = f"reading {os.fspath(path)}" if isinstance(path, (str, os.PathLike)) else "reading"
+        bar = Progress(total, label)
+        if not bar.enabled:
+            bar = None
+    return _read_files(files, skip_bad, validate, bar)
 
 
-def _read_files(files: list[Path], skip_bad: bool, validate: bool) -> Iterator[dict[str, Any]]:
-    for f in files:
-        yield from _read_file(f, skip_bad, validate)
+#: A run id the profiler made up itself (time, host, pid): every rank of a torchrun job
+#: without a rendezvous id gets its own, so such ids may differ within one run.
+_AUTO_RUN_ID = re.compile(r"\d{8}T\d{6}Z-.*-\d+")
+#: Ranks of one run start within this many seconds of each other.
+SAME_RUN_WINDOW_S = 600
+
+
+def _same_run(a: dict[str, Any], b: dict[str, Any]) -> Optional[str]:
+    """None when the run_starts ``a`` and ``b`` (two files of one folder) can be ranks of
+    one run, else why not."""
+    fa, fb = a["_file"].name, b["_file"].name
+    if a.get("rank") == b.get("rank"):
+        return f"{fa} and {fb} are both rank {a.get('rank')}"
+    if a.get("world_size") != b.get("world_size"):
+        return f"{fa} has world_size {a.get('world_size')} but {fb} has {b.get('world_size')}"
+    ra, rb = a.get("run_id"), b.get("run_id")
+    if ra == rb:
+        return None
+    auto = all(isinstance(r, str) and _AUTO_RUN_ID.fullmatch(r) for r in (ra, rb))
+    ta, tb = a.get("start_unix_ns"), b.get("start_unix_ns")
+    close = isinstance(ta, int) and isinstance(tb, int) and abs(ta - tb) <= SAME_RUN_WINDOW_S * 10**9
+    if auto and close:
+        return None  # generated per process (torchrun without a run id): the same job
+    return f"{fa} is run {ra!r} but {fb} is run {rb!r}"
+
+
+def _ticker(bar: Progress, base: int) -> Callable[[int], None]:
+    """Progress callback for one file: ``pos`` bytes into it, ``base`` bytes before it."""
+    return lambda pos: bar.update(base + pos)
+
+
+def _read_files(files: list[tuple[Path, Optional[Path]]], skip_bad: bool, validate: bool,
+                bar: Optional[Progress] = None) -> Iterator[dict[str, Any]]:
+    seen: dict[Path, list[dict[str, Any]]] = {}  # folder -> the run_starts read from it
+    done = 0
+    try:
+        for f, folder in files:
+            tick = None if bar is None else _ticker(bar, done)
+            records = _read_file(f, skip_bad, validate, tick)
+            header = next(records)  # _read_file always yields the run_start first, or raises
+            if folder is not None:
+                this = {"_file": f, **{k: header.get(k) for k in ("rank", "world_size", "run_id", "start_unix_ns")}}
+                for other in seen.get(folder, ()):
+                    why = _same_run(other, this)
+                    if why is not None:
+                        raise LogFormatError(f"{folder}: mixed runs in one folder: {why} (keep one run per folder)")
+                seen.setdefault(folder, []).append(this)
+            yield header
+            yield from records
+            if bar is not None:
+                try:
+                    done += f.stat().st_size
+                except OSError:
+                    pass
+                bar.update(done)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _bad(where: str, problem: str, skip_bad: bool) -> None:
@@ -156,7 +240,8 @@ def _check_header(name: str, lineno: int, rec: Any) -> None:
         raise LogFormatError(f"{where}: unknown schema version {schema!r}")
 
 
-def _read_file(path: Path, skip_bad: bool, validate: bool) -> Iterator[dict[str, Any]]:
+def _read_file(path: Path, skip_bad: bool, validate: bool,
+               tick: Optional[Callable[[int], None]] = None) -> Iterator[dict[str, Any]]:
     name = str(path)
     loads = _loads
     # 1 MiB buffer: fewer read syscalls on big logs; memory stays bounded.
@@ -190,6 +275,8 @@ def _read_file(path: Path, skip_bad: bool, validate: bool) -> Iterator[dict[str,
 
         # Body: the hot loop; keep the per-line work to one parse and two cheap checks.
         for lineno, line in lines:
+            if tick is not None and not lineno & 0xFFF:
+                tick(fh.tell())
             try:
                 rec = loads(line)
             except ValueError as exc:
@@ -311,6 +398,7 @@ def _validate_at(name: str, lineno: int, rec: Any) -> None:
 
 __all__ = [
     "read",
+    "log_files",
     "validate_record",
     "load_schema",
     "ReaderWarning",

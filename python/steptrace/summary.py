@@ -2,7 +2,9 @@
 
 :func:`summarize` turns an iterable of records (one run, one or several ranks) into a
 JSON-serializable dict; :func:`format_summary` renders that dict as an aligned text
-table. Pure Python (no numpy), one pass over the records.
+table and :func:`render_rich` as rich tables (for a terminal). The records are collected
+into columns (:mod:`steptrace._table`) in one pass; the statistics use numpy when it is
+installed and pure Python otherwise, with the same results.
 """
 
 from __future__ import annotations
@@ -11,11 +13,21 @@ import math
 from array import array
 from typing import Any, Iterable, Optional, Sequence
 
+from steptrace._table import GROUPS, StepTable, collect, numpy
+
 #: The phases the summary knows, listed first and in this order when present.
 DEFAULT_PHASES = ("forward", "loss", "backward", "clip", "optimizer")
 #: Memory fields reported (start / peak / end), in this order, when present.
-MEMORY_FIELDS = ("allocated_bytes", "reserved_bytes", "rss_bytes", "device_used_bytes")
+MEMORY_FIELDS = ("allocated_bytes", "reserved_bytes", "peak_bytes", "rss_bytes", "device_used_bytes")
 MISSING_END = "missing (no run_end: the run crashed or is still running)"
+#: Steps skipped by the memory trend when the run_start config does not say.
+DEFAULT_WARMUP = 10
+#: The memory trend needs this many steps after warmup, else it uses every step.
+MIN_TREND_STEPS = 10
+#: A memory trend is "rising"/"falling" when it moves this much over the run...
+TREND_MIN_FRACTION = 0.01
+#: ...and at least this many bytes (so a few pages of RSS noise stay "flat").
+TREND_MIN_BYTES = 1 << 20
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -34,181 +46,329 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-# The hot loop tests `type(v) in _NUM or _is_num(v)`: exact int/float (what json gives)
-# costs one set lookup; float subclasses (numpy) still pass through the slow check.
-_NUM = frozenset((int, float))
+# --------------------------------------------------------------------------- column ops
 
 
-class _Series:
-    """Values of one timing (a phase, data, step, iteration) over the ok steps."""
+class _PyOps:
+    """Column operations on ``array``/list columns in pure Python (no numpy installed)."""
 
-    __slots__ = ("values", "add")
+    @staticmethod
+    def col(a: Any) -> Any:
+        return a
 
-    def __init__(self) -> None:
-        self.values = array("d")  # 8 bytes a value: a million steps stay small
-        self.add = self.values.append  # bound once: the loop calls it per step and phase
+    @staticmethod
+    def timed(ok: Any, step_ms: Any) -> list[int]:
+        return [i for i, (o, s) in enumerate(zip(ok, step_ms)) if o and s == s]
 
-    @property
-    def total(self) -> float:
-        return math.fsum(self.values)  # exact, unlike a running sum over a million steps
+    @staticmethod
+    def take(col: Any, idx: Sequence[int]) -> list[float]:
+        return [col[i] for i in idx]
 
-    def stats(self, iteration_total: float) -> dict[str, Any]:
-        s = sorted(self.values)
-        n = len(s)
-        total = math.fsum(s)
-        return {
-            "count": n,
-            "mean_ms": total / n,
-            "p50_ms": percentile(s, 50),
-            "p95_ms": percentile(s, 95),
-            "max_ms": s[-1],
-            # share of the mean iteration = sum over steps / sum of iterations; a step
-            # without this phase counts as 0 for it
-            "share_pct": 100.0 * total / iteration_total if iteration_total > 0 else None,
-        }
+    @staticmethod
+    def nonnan(v: Sequence[float]) -> list[float]:
+        return [x for x in v if x == x]
+
+    @staticmethod
+    def present(v: Sequence[float]) -> list[int]:
+        return [i for i, x in enumerate(v) if x == x]
+
+    @staticmethod
+    def present_ns(v: Sequence[int]) -> list[int]:
+        return [i for i, x in enumerate(v) if x >= 0]
+
+    @staticmethod
+    def nan_to_zero(v: Sequence[float]) -> list[float]:
+        return [x if x == x else 0.0 for x in v]
+
+    @staticmethod
+    def add(a: Sequence[float], b: Sequence[float]) -> list[float]:
+        return [x + y for x, y in zip(a, b)]
+
+    @staticmethod
+    def sort(v: Sequence[float]) -> list[float]:
+        return sorted(v)
+
+    @staticmethod
+    def total(v: Sequence[float]) -> float:
+        return math.fsum(v)
+
+    @staticmethod
+    def ranks_rows(rank: Any, ranks: Sequence[int]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {r: [] for r in ranks}
+        for i, r in enumerate(rank):
+            if r in out:
+                out[r].append(i)
+        return out
+
+    @staticmethod
+    def slope(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+        n = len(x)
+        if n < 3:
+            return None
+        mx, my = math.fsum(x) / n, math.fsum(y) / n
+        sxx = math.fsum((a - mx) ** 2 for a in x)
+        if sxx <= 0:
+            return None
+        return math.fsum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
 
 
-class _Rank:
-    """What one rank contributes: step counts, timing span, memory, end reason."""
+class _NpOps:
+    """The same operations with numpy (fast on a million steps)."""
 
-    __slots__ = ("steps", "first_ns", "last_ns", "iter_total", "memory", "end")
+    def __init__(self, np: Any) -> None:
+        self.np = np
 
-    def __init__(self) -> None:
-        self.steps = 0
-        self.first_ns: Optional[int] = None
-        self.last_ns: Optional[int] = None
-        self.iter_total = 0.0
-        self.memory: dict[str, list[int]] = {}  # field -> [start, peak, end]
-        self.end: Optional[str] = None
+    def col(self, a: Any) -> Any:
+        np = self.np
+        if isinstance(a, array):
+            dtype = {"d": np.float64, "q": np.int64, "b": np.int8}[a.typecode]
+            return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype=dtype)
+        return np.asarray(a)
 
-    def steps_per_s(self) -> Optional[float]:
-        # From first to last step start there are steps-1 whole iterations; fall back to
-        # the sum of iteration times when the span is unknown or zero.
-        if self.steps >= 2 and self.first_ns is not None and self.last_ns is not None:
-            span_s = (self.last_ns - self.first_ns) / 1e9
-            if span_s > 0:
-                return (self.steps - 1) / span_s
-        if self.steps and self.iter_total > 0:
-            return self.steps / (self.iter_total / 1000.0)
-        return None
+    def timed(self, ok: Any, step_ms: Any) -> Any:
+        return self.np.flatnonzero((ok != 0) & ~self.np.isnan(step_ms))
+
+    @staticmethod
+    def take(col: Any, idx: Any) -> Any:
+        return col[idx]
+
+    def nonnan(self, v: Any) -> Any:
+        return v[~self.np.isnan(v)]
+
+    def present(self, v: Any) -> Any:
+        return self.np.flatnonzero(~self.np.isnan(v))
+
+    def present_ns(self, v: Any) -> Any:
+        return self.np.flatnonzero(v >= 0)
+
+    def nan_to_zero(self, v: Any) -> Any:
+        return self.np.where(self.np.isnan(v), 0.0, v)
+
+    @staticmethod
+    def add(a: Any, b: Any) -> Any:
+        return a + b
+
+    def sort(self, v: Any) -> Any:
+        return self.np.sort(v)
+
+    @staticmethod
+    def total(v: Any) -> float:
+        # exactly rounded, like the pure-Python path: both give the same numbers
+        return math.fsum(v.tolist()) if len(v) else 0.0
+
+    def ranks_rows(self, rank: Any, ranks: Sequence[int]) -> dict[int, Any]:
+        np = self.np
+        if len(ranks) == 1:
+            return {ranks[0]: np.flatnonzero(rank == ranks[0])}
+        order = np.argsort(rank, kind="stable")
+        sorted_r = rank[order]
+        out = {}
+        for r in ranks:
+            lo, hi = np.searchsorted(sorted_r, [r, r + 1])
+            out[r] = np.sort(order[lo:hi])
+        return out
+
+    def slope(self, x: Any, y: Any) -> Optional[float]:
+        np = self.np
+        if len(x) < 3:
+            return None
+        x = np.asarray(x, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        dx = x - x.mean()
+        sxx = float(dx @ dx)
+        if sxx <= 0:
+            return None
+        return float(dx @ (y - y.mean())) / sxx
+
+
+def _ops() -> Any:
+    np = numpy()
+    return _NpOps(np) if np is not None else _PyOps()
+
+
+def _stats(values: Any, ops: Any, iteration_total: float) -> dict[str, Any]:
+    """count, mean, p50/p95/p99, max and share of the iteration of one timing."""
+    s = ops.sort(values)
+    n = len(s)
+    total = ops.total(s)
+    return {
+        "count": n,
+        "mean_ms": total / n,
+        "p50_ms": float(percentile(s, 50)),
+        "p95_ms": float(percentile(s, 95)),
+        "p99_ms": float(percentile(s, 99)),
+        "max_ms": float(s[-1]),
+        # share of the mean iteration = sum over steps / sum of iterations; a step
+        # without this phase counts as 0 for it
+        "share_pct": 100.0 * total / iteration_total if iteration_total > 0 else None,
+    }
+
+
+def _intish(v: float) -> Any:
+    return int(v) if v == v and float(v).is_integer() else float(v)
+
+
+def _memory_trend(slope: Optional[float], span: int, peak: float) -> dict[str, Any]:
+    """How memory moved over the steady part of the run: rising, falling or flat."""
+    if slope is None:
+        return {"bytes_per_step": None, "change_bytes": None, "trend": "unknown"}
+    change = slope * span
+    label = "flat"
+    if abs(change) >= max(TREND_MIN_BYTES, TREND_MIN_FRACTION * abs(peak)):
+        label = "rising" if change > 0 else "falling"
+    return {"bytes_per_step": slope, "change_bytes": change, "trend": label}
+
+
+def _warmup_of(table: StepTable) -> int:
+    for rs in table.run_starts:
+        cfg = rs.get("config")
+        if isinstance(cfg, dict) and _is_num(cfg.get("warmup_steps")):
+            return max(0, int(cfg["warmup_steps"]))
+    return DEFAULT_WARMUP
 
 
 def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None) -> dict[str, Any]:
     """Summarize the records of one run (any number of ranks) into a JSON-ready dict.
 
-    Timing statistics (p50/p95/max, shares) cover the steps with status "ok", pooled over
-    ranks; an iteration is data_ms + step_ms and each share is that timing's fraction of
-    the mean iteration. ``steps`` is the most steps any rank recorded; ``error_steps`` is
-    summed over ranks; steps_per_s is the mean of the per-rank rates. Memory values are
-    the largest across ranks. Missing or non-numeric fields are ignored, not errors.
+    Timing statistics (p50/p95/p99/max, shares) cover the steps with status "ok", pooled
+    over ranks; an iteration is data_ms + step_ms and each share is that timing's
+    fraction of the mean iteration. ``steps`` is the most steps any rank recorded;
+    ``error_steps`` is summed over ranks; steps_per_s is the mean of the per-rank rates.
+    Memory values are the largest across ranks; ``memory_trend`` is the least-squares
+    slope of each field over the steps after warmup (the steepest rank's). Missing or
+    non-numeric fields are ignored, not errors.
     """
-    ranks: dict[int, _Rank] = {}
-    run_id: Optional[str] = None
-    world_size: Optional[int] = None
-    clocks: list[str] = []
-    error_steps = 0
-    data = _Series()
-    step = _Series()
-    iteration = _Series()
-    phases: dict[str, _Series] = {}
-    alerts: dict[str, dict[str, Any]] = {}
-    data_add, step_add, iteration_add = data.add, step.add, iteration.add
+    table = records if isinstance(records, StepTable) else collect(records)
+    return summarize_table(table, source=source)
 
-    def rank_of(rec: dict[str, Any]) -> _Rank:
-        r = rec.get("rank", 0)
-        if type(r) not in _NUM and not _is_num(r):
-            r = str(r)  # a malformed rank (unvalidated log) still gets its own bucket
-        acc = ranks.get(r)
-        if acc is None:
-            acc = ranks[r] = _Rank()
-        return acc
 
-    for rec in records:
-        kind = rec.get("kind")
-        if kind == "step":
-            acc = rank_of(rec)
-            acc.steps += 1
-            t = rec.get("start_unix_ns")
-            if type(t) in _NUM or _is_num(t):
-                if acc.first_ns is None or t < acc.first_ns:
-                    acc.first_ns = t
-                if acc.last_ns is None or t > acc.last_ns:
-                    acc.last_ns = t
-            clock = rec.get("clock")
-            if isinstance(clock, str) and clock not in clocks:
-                clocks.append(clock)
-            mem = rec.get("memory")
-            if isinstance(mem, dict):
-                for field in MEMORY_FIELDS:
-                    v = mem.get(field)
-                    if v is not None and (type(v) in _NUM or _is_num(v)):
-                        cur = acc.memory.get(field)
-                        if cur is None:
-                            acc.memory[field] = [v, v, v]
-                        else:
-                            if v > cur[1]:
-                                cur[1] = v
-                            cur[2] = v
-            d = rec.get("data_ms")
-            s = rec.get("step_ms")
-            if not (type(d) in _NUM or _is_num(d)):
-                d = 0.0
-            s_ok = type(s) in _NUM or _is_num(s)
-            if s_ok:
-                acc.iter_total += d + s
-            if rec.get("status", "ok") != "ok":
-                # an error step stopped part-way: its timings would skew the percentiles
-                error_steps += 1
+def summarize_table(table: StepTable, *, source: Optional[str] = None) -> dict[str, Any]:
+    """:func:`summarize` of records already collected into a :class:`StepTable`."""
+    ops = _ops()
+    ok = ops.col(table.ok)
+    step_ms = ops.col(table.step_ms)
+    data_ms = ops.col(table.data_ms)
+    rank = ops.col(table.rank)
+    start_ns = ops.col(table.start_ns)
+    stepidx = ops.col(table.step)
+    n = table.n
+
+    timed = ops.timed(ok, step_ms)
+    t_step = ops.take(step_ms, timed)
+    t_data = ops.nan_to_zero(ops.take(data_ms, timed))
+    t_iter = ops.add(t_data, t_step)
+    it_total = ops.total(t_iter)
+    have = len(timed) > 0
+
+    phases: dict[str, Any] = {}
+    names = table.phase_names()
+    ordered = [p for p in DEFAULT_PHASES if p in names] + [p for p in names if p not in DEFAULT_PHASES]
+    for name in ordered:
+        v = ops.nonnan(ops.take(ops.col(table.phases.cols[name]), timed))
+        if len(v):
+            phases[name] = _stats(v, ops, it_total)
+
+    ranks = table.ranks()
+    rows_by_rank = ops.ranks_rows(rank, ranks) if n else {r: [] for r in ranks}
+    error_steps = n - int(ops.total(ok)) if n else 0
+    warmup = _warmup_of(table)
+
+    rates: list[float] = []
+    steps_by_rank: dict[str, int] = {}
+    mem_by_rank: dict[str, list[list[float]]] = {}
+    trend_by_field: dict[str, tuple[Optional[float], int]] = {}
+    mem_cols = {f: ops.col(table.groups["memory"].cols[f]) for f in MEMORY_FIELDS if f in table.groups["memory"].cols}
+    for r in ranks:
+        idx = rows_by_rank.get(r, [])
+        cnt = len(idx)
+        steps_by_rank[str(r)] = cnt
+        rate = None
+        starts = ops.take(start_ns, ops.take(idx, ops.present_ns(ops.take(start_ns, idx)))) if cnt else []
+        if cnt >= 2 and len(starts) >= 2:
+            span_s = (int(max(starts)) - int(min(starts))) / 1e9
+            if span_s > 0:
+                rate = (cnt - 1) / span_s
+        if rate is None and cnt:
+            s_all = ops.take(step_ms, idx)
+            d_all = ops.nan_to_zero(ops.take(data_ms, idx))
+            it = ops.total(ops.nonnan(ops.add(s_all, d_all)))
+            if it > 0:
+                rate = cnt / (it / 1000.0)
+        if rate is not None:
+            rates.append(rate)
+        for field, col in mem_cols.items():
+            v = ops.take(col, idx)
+            present = ops.present(v)
+            if not len(present):
                 continue
-            if not s_ok:
-                continue
-            data_add(d)
-            step_add(s)
-            iteration_add(d + s)
-            pm = rec.get("phases_ms")
-            if isinstance(pm, dict):
-                for name, v in pm.items():
-                    if type(v) in _NUM or _is_num(v):
-                        series = phases.get(name)
-                        if series is None:
-                            series = phases[name] = _Series()
-                        series.add(v)
-        elif kind == "alert":
-            rank_of(rec)
-            typ = str(rec.get("type", "unknown"))
-            st = rec.get("step")
-            entry = alerts.get(typ)
-            if entry is None:
-                alerts[typ] = {"count": 1, "first_step": st if _is_num(st) else None}
-            else:
-                entry["count"] += 1
-                if _is_num(st) and (entry["first_step"] is None or st < entry["first_step"]):
-                    entry["first_step"] = st
-        elif kind == "run_start":
-            rank_of(rec)
-            if run_id is None and isinstance(rec.get("run_id"), str):
-                run_id = rec["run_id"]
-            if world_size is None and _is_num(rec.get("world_size")):
-                world_size = rec["world_size"]
-        elif kind == "run_end":
-            reason = rec.get("reason")
-            rank_of(rec).end = reason if isinstance(reason, str) else "unknown"
+            vals = ops.take(v, present)
+            mem_by_rank.setdefault(field, []).append([float(vals[0]), float(max(vals)), float(vals[-1])])
+            xs = ops.take(ops.take(stepidx, idx), present)
+            cut = warmup if len(vals) >= warmup + MIN_TREND_STEPS else 0
+            slope = ops.slope(xs[cut:], vals[cut:])
+            if slope is not None:
+                span = int(xs[-1]) - int(xs[cut])
+                best = trend_by_field.get(field)
+                if best is None or best[0] is None or abs(slope) > abs(best[0]):
+                    trend_by_field[field] = (slope, span)
 
-    it_total = iteration.total
-    ordered = [p for p in DEFAULT_PHASES if p in phases] + [p for p in phases if p not in DEFAULT_PHASES]
-    rates = [r for r in (acc.steps_per_s() for acc in ranks.values()) if r is not None]
-
-    memory: dict[str, dict[str, int]] = {}
+    memory: dict[str, dict[str, Any]] = {}
+    memory_trend: dict[str, dict[str, Any]] = {}
     for field in MEMORY_FIELDS:
-        vals = [acc.memory[field] for acc in ranks.values() if field in acc.memory]
+        vals = mem_by_rank.get(field)
         if vals:
             memory[field] = {
-                "start": max(v[0] for v in vals),
-                "peak": max(v[1] for v in vals),
-                "end": max(v[2] for v in vals),
+                "start": _intish(max(v[0] for v in vals)),
+                "peak": _intish(max(v[1] for v in vals)),
+                "end": _intish(max(v[2] for v in vals)),
+            }
+            slope, span = trend_by_field.get(field, (None, 0))
+            memory_trend[field] = _memory_trend(slope, span, memory[field]["peak"])
+
+    averages: dict[str, dict[str, float]] = {}
+    for group, _prefix in GROUPS:
+        if group == "memory":
+            continue
+        for field, col in table.groups[group].cols.items():
+            v = ops.nonnan(ops.take(ops.col(col), timed))
+            if len(v):
+                averages.setdefault(group, {})[field] = ops.total(v) / len(v)
+
+    alerts: dict[str, dict[str, Any]] = {}
+    alert_first: dict[str, dict[str, Any]] = {}
+    for a in table.alerts:
+        typ = str(a.get("type", "unknown"))
+        st = a.get("step")
+        st = st if _is_num(st) else None
+        entry = alerts.get(typ)
+        if entry is None:
+            alerts[typ] = {"count": 1, "first_step": st}
+        else:
+            entry["count"] += 1
+            if st is not None and (entry["first_step"] is None or st < entry["first_step"]):
+                entry["first_step"] = st
+        first = alert_first.get(typ)
+        if first is None or (st is not None and (first["step"] is None or st < first["step"])):
+            alert_first[typ] = {
+                "step": st,
+                "rank": a.get("rank"),
+                "phase": a.get("phase") if isinstance(a.get("phase"), str) else None,
+                "message": str(a.get("message", "")),
             }
 
-    end_reasons = {str(r): (acc.end or MISSING_END) for r, acc in sorted(ranks.items(), key=_rank_sort)}
+    run_id: Optional[str] = None
+    world_size: Optional[int] = None
+    for rs in table.run_starts:
+        if run_id is None and isinstance(rs.get("run_id"), str):
+            run_id = rs["run_id"]
+        if world_size is None and _is_num(rs.get("world_size")):
+            world_size = rs["world_size"]
+
+    ends: dict[Any, str] = {}
+    for e in table.run_ends:
+        reason = e.get("reason")
+        ends[e.get("rank", 0)] = reason if isinstance(reason, str) else "unknown"
+    end_reasons = {str(r): ends.get(r, MISSING_END) for r in ranks}
     distinct = set(end_reasons.values())
     if not end_reasons:
         end_reason = MISSING_END
@@ -217,6 +377,7 @@ def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None
     else:
         end_reason = ", ".join(f"rank {r} {why}" for r, why in end_reasons.items())
 
+    clocks = [c for c in table.clocks if c != "?"] or list(table.clocks)
     if not clocks:
         clock = None
     elif len(clocks) == 1:
@@ -224,32 +385,31 @@ def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None
     else:
         clock = "mixed (" + ", ".join(clocks) + ")"
 
-    have = len(iteration.values) > 0
     return {
         "source": source,
         "run_id": run_id,
         "world_size": world_size,
-        "ranks": [r for r, _ in sorted(ranks.items(), key=_rank_sort)],
-        "steps": max((acc.steps for acc in ranks.values()), default=0),
-        "steps_by_rank": {str(r): acc.steps for r, acc in sorted(ranks.items(), key=_rank_sort)},
+        "ranks": ranks,
+        "steps": max(steps_by_rank.values(), default=0),
+        "steps_by_rank": steps_by_rank,
         "error_steps": error_steps,
         "steps_per_s": sum(rates) / len(rates) if rates else None,
         "clock": clock,
-        "data": data.stats(it_total) if have else None,
-        "phases": {name: phases[name].stats(it_total) for name in ordered},
-        "step": step.stats(it_total) if have else None,
-        "iteration": iteration.stats(it_total) if have else None,
+        "data": _stats(t_data, ops, it_total) if have else None,
+        "phases": phases,
+        "step": _stats(t_step, ops, it_total) if have else None,
+        "iteration": _stats(t_iter, ops, it_total) if have else None,
         "memory": memory,
+        "memory_trend": memory_trend,
+        "counters": averages.get("counters", {}),
+        "kernels": averages.get("kernels", {}),
+        "telemetry": averages.get("telemetry", {}),
         "alerts": alerts,
+        "alert_first": alert_first,
         "end_reason": end_reason,
         "end_reasons": end_reasons,
+        "warmup_steps": warmup,
     }
-
-
-def _rank_sort(item: tuple[Any, Any]) -> tuple[int, Any]:
-    # ranks are ints in valid logs; keep anything else sortable rather than crash
-    r = item[0]
-    return (0, r) if _is_num(r) else (1, str(r))
 
 
 # --------------------------------------------------------------------------- text
@@ -274,18 +434,52 @@ def _bytes(v: Optional[int]) -> str:
     return str(v)  # pragma: no cover
 
 
-def _table(rows: list[list[str]], gap: str = "   ") -> list[str]:
-    """Left-align the first column, right-align the others."""
+def _table(rows: list[list[str]], gap: str = "   ", left: Sequence[int] = (0,)) -> list[str]:
+    """Align a table: the columns in ``left`` (default the first) to the left, the others
+    to the right."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for r in rows:
-        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
+        cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
         out.append(gap.join(cells).rstrip())
     return out
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    """Render a :func:`summarize` dict as a plain aligned text table (no trailing newline)."""
+def trend_text(trend: Optional[dict[str, Any]]) -> str:
+    """``flat``, ``rising +1.0 MiB/step``, ``falling -12 KiB/step`` or ``-``."""
+    if not trend or trend.get("trend") in (None, "unknown"):
+        return "-"
+    label = trend["trend"]
+    if label == "flat":
+        return "flat"
+    slope = trend.get("bytes_per_step") or 0.0
+    sign = "+" if slope >= 0 else "-"
+    return f"{label} {sign}{_bytes(abs(slope))}/step"
+
+
+def _field_label(field: str) -> str:
+    for suffix in ("_bytes", "_pct", "_ms", "_w", "_c", "_mhz"):
+        if field.endswith(suffix):
+            return field[: -len(suffix)]
+    return field
+
+
+def _unit_value(field: str, v: float) -> str:
+    if field.endswith("_pct"):
+        return f"{v:.1f}%"
+    if field.endswith("_ms"):
+        return f"{v:.3f} ms"
+    if field.endswith("_w"):
+        return f"{v:.0f} W"
+    if field.endswith("_c"):
+        return f"{v:.1f} C"
+    if field.endswith("_mhz"):
+        return f"{v:.0f} MHz"
+    return f"{v:.3g}"
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """The first line of the summary: run, steps, errors, rate, clock, end reason."""
     name = summary.get("source") or summary.get("run_id") or "?"
     ranks = summary.get("ranks") or []
     errors = summary.get("error_steps", 0)
@@ -296,43 +490,122 @@ def format_summary(summary: dict[str, Any]) -> str:
     rate = summary.get("steps_per_s")
     head += f", {rate:.1f} steps/s" if rate is not None else ", - steps/s"
     head += f", clock {summary.get('clock') or '-'}, ended {summary.get('end_reason')}"
-    lines = [head]
+    return head
 
+
+def phase_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """The per-phase table (header first): p50/p95/p99/max in ms and share of the iteration."""
+    rows = [["phase", "p50 ms", "p95 ms", "p99 ms", "max ms", "share"]]
+
+    def row(label: str, st: dict[str, Any]) -> None:
+        rows.append([label, _ms(st["p50_ms"]), _ms(st["p95_ms"]), _ms(st.get("p99_ms")), _ms(st["max_ms"]),
+                     _pct(st["share_pct"])])
+
+    row("data", summary["data"])
+    for phase, st in summary.get("phases", {}).items():
+        row(phase, st)
+    row("step", summary["step"])
+    row("iteration", summary["iteration"])
+    return rows
+
+
+def memory_rows(summary: dict[str, Any]) -> list[list[str]]:
+    rows = [["memory", "start", "peak", "end", "trend"]]
+    trends = summary.get("memory_trend") or {}
+    for field, v in (summary.get("memory") or {}).items():
+        rows.append([_field_label(field), _bytes(v["start"]), _bytes(v["peak"]), _bytes(v["end"]),
+                     trend_text(trends.get(field))])
+    return rows
+
+
+def counter_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """Mean of each counter, kernel and telemetry field (header first; empty when none)."""
+    rows: list[list[str]] = []
+    for group in ("counters", "kernels", "telemetry"):
+        for field, v in (summary.get(group) or {}).items():
+            label = f"kernel {_field_label(field)}" if group == "kernels" else _field_label(field)
+            rows.append([label, _unit_value(field, v) if group != "kernels" or field != "count" else f"{v:.1f}"])
+    return [["counter", "mean"]] + rows if rows else []
+
+
+def alert_rows(summary: dict[str, Any]) -> list[list[str]]:
+    alerts = summary.get("alerts") or {}
+    first = summary.get("alert_first") or {}
+    rows = [["alert", "count", "first step", "first message"]]
+    order = sorted(alerts.items(), key=lambda kv: (kv[1].get("first_step") is None, kv[1].get("first_step") or 0))
+    for typ, a in order:
+        fs = a.get("first_step")
+        msg = (first.get(typ) or {}).get("message") or ""
+        rows.append([typ, str(a["count"]), "-" if fs is None else str(fs), msg])
+    return rows
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Render a :func:`summarize` dict as a plain aligned text table (no trailing newline)."""
+    lines = [headline(summary)]
     if summary.get("iteration"):
-        rows = [["phase", "p50 ms", "p95 ms", "max ms", "share"]]
-
-        def row(label: str, st: dict[str, Any]) -> None:
-            rows.append([label, _ms(st["p50_ms"]), _ms(st["p95_ms"]), _ms(st["max_ms"]), _pct(st["share_pct"])])
-
-        row("data", summary["data"])
-        for phase, st in summary.get("phases", {}).items():
-            row(phase, st)
-        row("step", summary["step"])
-        row("iteration", summary["iteration"])
-        lines += _table(rows)
+        lines += _table(phase_rows(summary))
     else:
         lines.append("no completed steps recorded")
 
-    memory = summary.get("memory") or {}
-    if memory:
+    if summary.get("memory"):
         lines.append("")
-        rows = [["memory", "start", "peak", "end"]]
-        for field, v in memory.items():
-            label = field[: -len("_bytes")] if field.endswith("_bytes") else field
-            rows.append([label, _bytes(v["start"]), _bytes(v["peak"]), _bytes(v["end"])])
-        lines += _table(rows)
+        lines += _table(memory_rows(summary), left=(0, 4))
 
-    alerts = summary.get("alerts") or {}
+    counters = counter_rows(summary)
+    if counters:
+        lines.append("")
+        lines += _table(counters)
+
     lines.append("")
-    if alerts:
-        rows = [["alert", "count", "first step"]]
-        for typ, a in alerts.items():
-            first = a.get("first_step")
-            rows.append([typ, str(a["count"]), "-" if first is None else str(first)])
-        lines += _table(rows)
+    if summary.get("alerts"):
+        rows = alert_rows(summary)
+        # the message column is free text: left-aligned, last, never padded
+        body = _table([r[:3] for r in rows])
+        lines += [f"{b}   {r[3]}".rstrip() for b, r in zip(body, rows)]
     else:
         lines.append("alerts: none")
     return "\n".join(lines)
 
 
-__all__ = ["summarize", "format_summary", "percentile", "DEFAULT_PHASES", "MISSING_END"]
+def render_rich(summary: dict[str, Any], console: Any) -> None:
+    """Print a :func:`summarize` dict on a ``rich.console.Console`` as tables."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    console.print(Text(headline(summary), style="bold"))
+
+    def table(rows: list[list[str]], left: Sequence[int] = (0,), first_style: Optional[str] = None) -> Any:
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for i, h in enumerate(rows[0]):
+            t.add_column(h, justify="left" if i in left else "right", style=first_style if i == 0 else None,
+                         overflow="fold")
+        for r in rows[1:]:
+            t.add_row(*r)
+        return t
+
+    if summary.get("iteration"):
+        console.print(table(phase_rows(summary), first_style="cyan"))
+    else:
+        console.print("no completed steps recorded")
+    if summary.get("memory"):
+        console.print(table(memory_rows(summary), left=(0, 4)))
+    counters = counter_rows(summary)
+    if counters:
+        console.print(table(counters))
+    if summary.get("alerts"):
+        console.print(table(alert_rows(summary), left=(0, 3), first_style="red"))
+    else:
+        console.print("alerts: none", style="green")
+
+
+__all__ = [
+    "summarize",
+    "summarize_table",
+    "format_summary",
+    "render_rich",
+    "percentile",
+    "DEFAULT_PHASES",
+    "MISSING_END",
+]

@@ -125,3 +125,202 @@ def write_log(path: Path, records: Iterable[Any], tail: str = "") -> Path:
     text = "".join(line + "\n" for line in lines(records)) + tail
     path.write_text(text, encoding="utf-8")
     return path
+
+
+# --------------------------------------------------------------------------- the CLI
+
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parent
+
+
+def steptrace_script() -> str:
+    """The installed ``steptrace`` console script (the venv's, next to this Python)."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / "steptrace"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("steptrace")
+    if found is None:
+        raise RuntimeError("the steptrace console script is not installed (pip install .)")
+    return found
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment for the CLI: the source tree's python/ first on PYTHONPATH, so the
+    console script runs the code under test; no progress-bar delay override."""
+    import os
+
+    env = dict(os.environ)
+    env.pop("STEPTRACE_PROGRESS_DELAY_S", None)
+    parts = [str(REPO / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: Any, timeout: float = 180, **env: str) -> Any:
+    """Run the real ``steptrace`` console script; returns the CompletedProcess."""
+    import subprocess
+
+    return subprocess.run([steptrace_script(), *map(str, args)], capture_output=True, text=True,
+                          env=cli_env(**env), timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def run_cli_tty(*args: Any, stdout_tty: bool = True, stderr_tty: bool = False, timeout: float = 120,
+                **env: str) -> tuple[int, str, str]:
+    """Run the CLI with stdout and/or stderr on a pseudo-terminal; returns (rc, out, err)
+    with what a terminal would have received."""
+    import os
+    import pty
+    import subprocess
+
+    full_env = cli_env(COLUMNS="120", LINES="40", TERM="xterm-256color", **env)
+    for var in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):  # as a plain terminal
+        if var not in env:
+            full_env.pop(var, None)
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [steptrace_script(), *map(str, args)],
+            stdout=slave if stdout_tty else subprocess.PIPE,
+            stderr=slave if stderr_tty else subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+        )
+    finally:
+        os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    out, err = proc.communicate(timeout=timeout)
+    tty_text = b"".join(chunks).decode("utf-8", "replace")
+    pipe_out = out.decode() if out else ""
+    pipe_err = err.decode() if err else ""
+    return (proc.returncode, tty_text if stdout_tty else pipe_out, tty_text if stderr_tty else pipe_err)
+
+
+# --------------------------------------------------------------------------- real runs
+
+_REAL_RUNS: dict[str, Path] = {}
+
+_TRAIN_SCRIPT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+import steptrace
+from training import batches, model, train
+
+class SlowForward(torch.nn.Module):
+    # the model of a 'new version' that spends `delay_s` more in every forward
+    def __init__(self, net, delay_s):
+        super().__init__()
+        self.net, self.delay_s = net, delay_s
+    def forward(self, x):
+        time.sleep(self.delay_s)
+        return self.net(x)
+
+root = sys.argv[2]
+for name, spec in json.loads(sys.argv[3]).items():
+    net = model()
+    if spec.get("slow_forward_s"):
+        net = SlowForward(net, spec["slow_forward_s"])
+    with steptrace.Profiler(f"{root}/{name}") as prof:
+        train(prof, batches(spec["steps"]), net=net)
+"""
+
+#: The real runs every CLI test shares: a base run and a "new version" whose forward is
+#: 3 ms slower (more than ten times its base median on a CPU).
+REAL_RUN_SPECS = {
+    "base": {"steps": 160},
+    "slow": {"steps": 160, "slow_forward_s": 0.003},
+}
+
+
+def real_runs(tmp_path_factory: Any) -> dict[str, Path]:
+    """Run folders written by real (tiny) CPU training loops under steptrace.Profiler,
+    made once per test session in a subprocess that imports the installed steptrace (the
+    compiled core lives there, not in the source tree)."""
+    import os
+    import subprocess
+    import sys
+
+    if _REAL_RUNS:
+        return dict(_REAL_RUNS)
+    root = tmp_path_factory.mktemp("real_runs")
+    env = dict(os.environ)
+    src = str(REPO / "python")
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != src]
+    env["PYTHONPATH"] = os.pathsep.join(kept)
+    proc = subprocess.run([sys.executable, "-c", _TRAIN_SCRIPT, str(TESTS), str(root), json.dumps(REAL_RUN_SPECS)],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=str(root))
+    if proc.returncode != 0:
+        raise RuntimeError(f"training the real runs failed:\n{proc.stdout}\n{proc.stderr}")
+    for name in REAL_RUN_SPECS:
+        _REAL_RUNS[name] = root / name
+    return dict(_REAL_RUNS)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_chrome_trace(trace: Any) -> list[dict[str, Any]]:
+    """Assert that ``trace`` (parsed JSON) is a valid trace-event file as Perfetto and
+    chrome://tracing load it: the JSON Object Format, every event with its required
+    fields, X events with non-negative durations, properly nested per (pid, tid), and a
+    process_name for every pid. Returns the events."""
+    assert isinstance(trace, dict) and isinstance(trace.get("traceEvents"), list)
+    assert trace.get("displayTimeUnit") in (None, "ms", "ns")
+    events = trace["traceEvents"]
+    named_pids = set()
+    lanes: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
+    for ev in events:
+        assert isinstance(ev, dict), ev
+        ph = ev.get("ph")
+        assert ph in ("X", "B", "E", "i", "I", "C", "M"), ev
+        assert isinstance(ev.get("name"), str) and ev["name"], ev
+        assert isinstance(ev.get("pid"), int), ev
+        if ph == "M":
+            assert ev["name"] in ("process_name", "process_sort_index", "thread_name", "thread_sort_index"), ev
+            assert isinstance(ev.get("args"), dict), ev
+            if ev["name"] == "process_name":
+                assert isinstance(ev["args"].get("name"), str)
+                named_pids.add(ev["pid"])
+            if ev["name"].startswith("thread_"):
+                assert isinstance(ev.get("tid"), int), ev
+            continue
+        assert isinstance(ev.get("ts"), (int, float)) and not isinstance(ev["ts"], bool), ev
+        if ph == "X":
+            assert isinstance(ev.get("tid"), int), ev
+            assert isinstance(ev.get("dur"), (int, float)) and ev["dur"] >= 0, ev
+            lanes.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["ts"] + ev["dur"], ev["name"]))
+        elif ph in ("i", "I"):
+            assert ev.get("s", "t") in ("g", "p", "t"), ev
+        elif ph == "C":
+            assert isinstance(ev.get("args"), dict) and ev["args"], ev
+            assert all(isinstance(v, (int, float)) for v in ev["args"].values()), ev
+        if "args" in ev:
+            assert isinstance(ev["args"], dict), ev
+    for pid in {ev["pid"] for ev in events}:
+        assert pid in named_pids, f"pid {pid} has no process_name"
+    eps = 1e-3  # the export writes microseconds with 3 decimals
+    for lane, slices in lanes.items():
+        # slices on one thread must nest: each starts after the previous one ended, or
+        # lies inside one of the still-open ones
+        slices.sort(key=lambda s: (s[0], -s[1]))
+        stack: list[tuple[float, float, str]] = []
+        for start, end, name in slices:
+            while stack and start >= stack[-1][1] - eps:
+                stack.pop()
+            if stack:
+                assert end <= stack[-1][1] + eps, f"{lane}: {name} [{start}, {end}] overlaps {stack[-1]}"
+            stack.append((start, end, name))
+    return events

@@ -129,10 +129,10 @@ def test_format_summary_table() -> None:
     text = format_summary(summarize(_known_run(), source="rank0.jsonl"))
     lines = text.splitlines()
     assert lines[0] == "run rank0.jsonl: 5 steps (1 error), 50.0 steps/s, clock host, ended normal"
-    assert lines[1].split() == ["phase", "p50", "ms", "p95", "ms", "max", "ms", "share"]
+    assert lines[1].split() == ["phase", "p50", "ms", "p95", "ms", "p99", "ms", "max", "ms", "share"]
     rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:9]}
     assert list(rows) == ["data", "forward", "backward", "zeta", "comm", "step", "iteration"]
-    assert rows["forward"] == ["2.500", "3.850", "4.000", "32.3%"]
+    assert rows["forward"] == ["2.500", "3.850", "3.970", "4.000", "32.3%"]  # p99: 3 + 0.97 * (4 - 3)
     assert rows["data"][-1] == "12.9%"
     # the numeric columns line up: every row of the phase table has the same width
     assert len({len(ln) for ln in lines[1:9]}) == 1

@@ -1,0 +1,324 @@
+"""Collect a stream of steptrace records into compact columns: the engine of the
+summary, the DataFrames, the CSV export and the plots.
+
+A :class:`StepTable` keeps one ``array`` per step field (8 bytes a value: a million
+steps with a dozen fields take ~100 MB, where Python lists of floats would take ~1 GB)
+and the few other records (run_start, alert, resolved, cluster, run_end) as dicts.
+Steps are buffered in chunks of :data:`CHUNK` and turned into columns a field at a time
+with ``map(itemgetter(...))``, about a microsecond a step. Missing or non-numeric values
+become NaN (or -1 for integer fields): a malformed, unvalidated log is tolerated here,
+never an error. Pure Python; numpy is used for the statistics where it is installed.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from itertools import chain, repeat
+from operator import itemgetter
+from typing import Any, Iterable, Optional
+
+NAN = float("nan")
+_EMPTY: dict = {}
+
+#: Nested numeric groups of a step record: (record key, column prefix).
+GROUPS = (("memory", ""), ("counters", ""), ("kernels", "kernel_"), ("telemetry", ""))
+#: Step fields with their own fixed columns (the names phases must not take).
+FIXED_COLUMNS = (
+    "run_id", "rank", "step", "start_unix_ns", "clock", "status",
+    "step_ms", "data_ms", "host_ms", "iteration_ms", "waited",
+)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _num(v: Any) -> float:
+    return float(v) if _is_num(v) else NAN
+
+
+def _int(v: Any, default: int = -1, junk: int = -1) -> int:
+    """``v`` as an int64: ``default`` when None (missing), ``junk`` when not a whole number."""
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return junk
+    if isinstance(v, float):
+        if not math.isfinite(v) or v != int(v):
+            return junk
+        v = int(v)
+    return v if -(2**63) <= v < 2**63 else junk
+
+
+#: kind, rank, step, start_unix_ns, clock, status, step_ms, data_ms, host_ms, phases_ms, memory
+_PLAIN_FIELDS = 11
+CHUNK = 1024  # steps buffered per column pass: big enough to amortize, small enough for the cache
+
+
+def _take(dicts: list, key: str) -> list:  # noqa: D401
+    """``[d[key] for d in dicts]`` at C speed; None where a dict lacks the key."""
+    try:
+        return list(map(itemgetter(key), dicts))
+    except KeyError:
+        return list(map(dict.get, dicts, repeat(key)))
+
+
+def _floats(values: list) -> array:
+    try:
+        return array("d", values)
+    except TypeError:  # None (missing) or junk somewhere: convert one by one
+        return array("d", [_num(v) for v in values])
+
+
+def _ints(values: list, default: int = -1, junk: int = -1) -> array:
+    try:
+        return array("q", values)
+    except (TypeError, OverflowError):
+        return array("q", [_int(v, default, junk) for v in values])
+
+
+class _Group:
+    """Columns for one nested map of the steps (phases_ms, memory, counters, ...): one
+    float array per key, NaN where a step lacks the key, in first-seen key order."""
+
+    __slots__ = ("cols",)
+
+    def __init__(self) -> None:
+        self.cols: dict[str, array] = {}
+
+    def extend(self, dicts: list, n0: int) -> None:
+        """Append one row per element of ``dicts`` (dicts, or None/junk for none)."""
+        m = len(dicts)
+        cols = self.cols
+        if dicts.count(None) == m:
+            if cols:
+                filler = array("d", [NAN]) * m
+                for col in cols.values():
+                    col.extend(filler)
+            return
+        types = set(map(type, dicts))
+        if types != {dict}:
+            dicts = [d if type(d) is dict else _EMPTY for d in dicts]
+        lens = set(map(len, dicts))
+        if not (len(lens) == 1 and len(cols) in lens):  # else every dict holds exactly the known keys
+            for k in dict.fromkeys(chain.from_iterable(dicts)):
+                if k not in cols and isinstance(k, str) and k:
+                    cols[k] = array("d", [NAN]) * n0
+        for k, col in cols.items():
+            col.extend(_floats(_take(dicts, k)))
+
+
+class StepTable:
+    """Columns of the step records of one or more runs, plus their other records."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.src = array("q")  # index into run_starts of the run_start this step follows
+        self.rank = array("q")
+        self.step = array("q")
+        self.start_ns = array("q")  # -1 when missing
+        self.step_ms = array("d")
+        self.data_ms = array("d")
+        self.host_ms = array("d")
+        self.ok = array("b")  # 1 for status "ok" (or none), 0 for "error"
+        self.clock = array("b")  # index into clocks
+        self.clocks: list[str] = []
+        self.phases = _Group()
+        self.host_phases = _Group()
+        self.retained = _Group()  # phase_retained_bytes: bytes each phase left allocated
+        self.groups = {key: _Group() for key, _ in GROUPS}
+        self.run_starts: list[dict[str, Any]] = []
+        self.run_ends: list[dict[str, Any]] = []
+        self.alerts: list[dict[str, Any]] = []
+        self.alert_src: list[int] = []  # the run_start each alert follows, like src for steps
+        self.resolved: list[dict[str, Any]] = []
+        self.clusters: list[dict[str, Any]] = []
+        self.other_ranks: list[Any] = []  # ranks of non-step records, in order seen
+
+    # ----------------------------------------------------------------- collecting
+
+    def add(self, records: Iterable[dict[str, Any]]) -> "StepTable":
+        """Collect ``records`` (any iterable of record dicts); returns self."""
+        buf: list[dict[str, Any]] = []
+        push = buf.append
+        flush = self._flush
+        other = self.other_ranks.append
+        for rec in records:
+            kind = rec.get("kind")
+            if kind == "step":
+                push(rec)
+                if len(buf) >= CHUNK:
+                    flush(buf)
+                    buf = []
+                    push = buf.append
+                continue
+            if kind == "run_start":
+                if buf:  # steps before this run_start belong to the previous one
+                    flush(buf)
+                    buf = []
+                    push = buf.append
+                self.run_starts.append(rec)
+                other(rec.get("rank", 0))
+            elif kind == "alert":
+                self.alerts.append(rec)
+                self.alert_src.append(len(self.run_starts) - 1)
+                other(rec.get("rank", 0))
+            elif kind == "run_end":
+                self.run_ends.append(rec)
+                other(rec.get("rank", 0))
+            elif kind == "resolved":
+                self.resolved.append(rec)
+            elif kind == "cluster":
+                self.clusters.append(rec)
+        if buf:
+            flush(buf)
+        return self
+
+    def _flush(self, steps: list[dict[str, Any]]) -> None:
+        m, n0 = len(steps), self.n
+        if set(map(type, steps)) != {dict}:  # pragma: no cover - read() yields dicts only
+            steps = [s if type(s) is dict else {} for s in steps]
+        complete = True  # every step had every field taken so far
+
+        def take(key: str) -> list:
+            nonlocal complete
+            try:
+                return list(map(itemgetter(key), steps))
+            except KeyError:
+                complete = False
+                return list(map(dict.get, steps, repeat(key)))
+
+        self.src.extend(array("q", [len(self.run_starts) - 1]) * m)
+        self.rank.extend(_ints(take("rank"), 0, 0))  # a missing or malformed rank counts as rank 0
+        self.step.extend(_ints(take("step")))
+        self.start_ns.extend(_ints(take("start_unix_ns")))
+        self.step_ms.extend(_floats(take("step_ms")))
+        self.data_ms.extend(_floats(take("data_ms")))
+        self.host_ms.extend(_floats(take("host_ms")))
+        status = take("status")
+        if status.count("ok") + status.count(None) == m:
+            self.ok.extend(array("b", [1]) * m)
+        else:
+            self.ok.extend(array("b", [s is None or s == "ok" for s in status]))
+        clocks = take("clock")
+        first = clocks[0]
+        if clocks.count(first) == m:
+            self.clock.extend(array("b", [self._clock_code(first)]) * m)
+        else:
+            self.clock.extend(array("b", [self._clock_code(c) for c in clocks]))
+        self.phases.extend(take("phases_ms"), n0)
+        self.groups["memory"].extend(take("memory"), n0)
+        # The common case: every step has exactly the 11 fields taken above (and "kind"),
+        # so there are no optional groups to look for.
+        plain = complete and set(map(len, steps)) == {_PLAIN_FIELDS}
+        optional = [("host_phases_ms", self.host_phases), ("phase_retained_bytes", self.retained)] + [
+            (key, self.groups[key]) for key, _ in GROUPS if key != "memory"]
+        for key, group in optional:
+            if plain:
+                if group.cols:
+                    group.extend([None] * m, n0)
+            else:
+                group.extend(take(key), n0)
+        self.n = n0 + m
+
+    def _clock_code(self, c: Any) -> int:
+        c = c if isinstance(c, str) else "?"
+        try:
+            return self.clocks.index(c)
+        except ValueError:
+            self.clocks.append(c)
+            return len(self.clocks) - 1
+
+    # ----------------------------------------------------------------- views
+
+    def phase_names(self) -> list[str]:
+        return list(self.phases.cols)
+
+    def ranks(self) -> list[int]:
+        """Every rank seen (steps and other records), sorted; malformed ones dropped."""
+        seen = set(_uniq(self.rank))
+        seen.update(r for r in self.other_ranks if isinstance(r, int) and not isinstance(r, bool))
+        seen.discard(-1)
+        return sorted(seen)
+
+    def run_id_of(self, src: int) -> Optional[str]:
+        if 0 <= src < len(self.run_starts):
+            rid = self.run_starts[src].get("run_id")
+            return rid if isinstance(rid, str) else None
+        return None
+
+    def column_names(self) -> dict[str, tuple[str, str]]:
+        """Column name -> (group, key) for every variable column, in DataFrame order:
+        phases ``<name>_ms``, host phases ``host_<name>_ms``, ``<name>_retained_bytes``
+        (phase_retained_bytes), then memory, counters,
+        kernels (``kernel_<field>``) and telemetry fields under their own names. A name
+        that would collide with an earlier column gets a ``phase_`` / ``host_phase_`` /
+        group prefix instead."""
+        taken = set(FIXED_COLUMNS)
+        out: dict[str, tuple[str, str]] = {}
+
+        def put(candidates: list[str], group: str, key: str) -> None:
+            for name in candidates:
+                if name not in taken:
+                    break
+            else:
+                i = 2
+                while f"{candidates[-1]}_{i}" in taken:
+                    i += 1
+                name = f"{candidates[-1]}_{i}"
+            taken.add(name)
+            out[name] = (group, key)
+
+        for key in self.phases.cols:
+            put([f"{key}_ms", f"phase_{key}_ms"], "phases_ms", key)
+        for key in self.host_phases.cols:
+            put([f"host_{key}_ms", f"host_phase_{key}_ms"], "host_phases_ms", key)
+        for key in self.retained.cols:
+            put([f"{key}_retained_bytes", f"phase_{key}_retained_bytes"], "phase_retained_bytes", key)
+        for group, prefix in GROUPS:
+            for key in self.groups[group].cols:
+                put([f"{prefix}{key}", f"{group}_{key}"], group, key)
+        return out
+
+    def column(self, group: str, key: str) -> array:
+        if group == "phases_ms":
+            return self.phases.cols[key]
+        if group == "host_phases_ms":
+            return self.host_phases.cols[key]
+        if group == "phase_retained_bytes":
+            return self.retained.cols[key]
+        return self.groups[group].cols[key]
+
+
+def _uniq(values: Iterable[int]) -> list[int]:
+    np = numpy()
+    if np is not None and isinstance(values, array):
+        if len(values) == 0:
+            return []
+        return [int(v) for v in np.unique(np.frombuffer(values, dtype=np.int64))]
+    return sorted(set(values))
+
+
+_NUMPY: Any = False
+
+
+def numpy() -> Any:
+    """numpy when installed (used for speed), else None."""
+    global _NUMPY
+    if _NUMPY is False:
+        try:
+            import numpy as np
+
+            _NUMPY = np
+        except ImportError:  # pragma: no cover - depends on the environment
+            _NUMPY = None
+    return _NUMPY
+
+
+def collect(records: Iterable[dict[str, Any]]) -> StepTable:
+    """A :class:`StepTable` of ``records``."""
+    return StepTable().add(records)
+
+
+__all__ = ["StepTable", "collect", "GROUPS", "FIXED_COLUMNS", "numpy", "NAN"]

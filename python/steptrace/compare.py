@@ -1,0 +1,335 @@
+"""Compare two runs phase by phase: did the median change beyond noise?
+
+For every timing (data wait, each phase, step, iteration) the steps after warmup of both
+runs (status "ok", all ranks pooled) are compared with
+
+- the **Mann–Whitney U test** (two-sided, normal approximation with tie and continuity
+  corrections): does a step of NEW tend to take longer than a step of BASE? It reports
+  the p-value and ``p_slower`` = P(a NEW step is slower than a BASE step) (0.5: no
+  difference);
+- the **change of the median**, new/base - 1, with a 95% **bootstrap confidence
+  interval** (percentile bootstrap of the two medians, 1000 resamples, fixed seed so the
+  result is reproducible; runs over 2000 steps are bootstrapped on a random 2000-step
+  subsample whose spread is rescaled to the full size, the m-out-of-n bootstrap).
+
+A timing has **regressed** when its median grew by more than ``threshold`` (default 5%)
+and by more than ``min_delta_ms`` (default 0.05 ms, so microsecond phases do not fail a
+gate on jitter), the U test says p < ``alpha`` (default 0.01), and the whole confidence
+interval is above zero. **improved** is the mirror image; a significant change smaller
+than the threshold is ``slower`` / ``faster``; anything else is ``same``. Two samples of
+one distribution differ by far less than 5% in their medians, so they never regress at
+the defaults. Step times are autocorrelated (warmup, GC, thermals), which makes any test
+that assumes independent samples over-confident: the threshold, not the p-value, is
+what keeps the gate quiet on noise.
+
+numpy is required (``pip install 'steptrace[analysis]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional, Sequence
+
+from steptrace._table import StepTable
+from steptrace.summary import DEFAULT_PHASES, DEFAULT_WARMUP, _ms
+
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_ALPHA = 0.01
+DEFAULT_MIN_DELTA_MS = 0.05
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_MAX_SAMPLE = 2000
+#: Fewer steps than this on either side: no verdict (never a regression).
+MIN_STEPS = 8
+VERDICTS = ("regressed", "improved", "slower", "faster", "same", "too few steps", "added", "removed")
+
+
+def _np() -> Any:
+    from steptrace.analysis import require
+
+    return require("numpy", "analysis", "steptrace compare")
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def mann_whitney(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Two-sided Mann–Whitney U test of samples ``x`` (base) and ``y`` (new).
+
+    Returns ``(p_value, p_slower)`` where p_slower = P(Y > X) + P(Y = X)/2 = U_y / (n_x n_y).
+    The p-value uses the normal approximation with the tie correction of the variance and
+    a continuity correction of 0.5 (accurate for the step counts of real runs, n >= 8).
+    """
+    np = _np()
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("mann_whitney needs two non-empty samples")
+    both = np.concatenate([x, y])
+    _, inverse, counts = np.unique(both, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    avg_rank = ends - (counts - 1) / 2.0  # ranks are 1-based: a tie group shares its mean rank
+    ranks = avg_rank[inverse.reshape(-1)]
+    r_y = float(ranks[n1:].sum())
+    u_y = r_y - n2 * (n2 + 1) / 2.0
+    n = n1 + n2
+    mu = n1 * n2 / 2.0
+    ties = float((counts.astype(np.float64) ** 3 - counts).sum())
+    var = n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
+    p_slower = u_y / (n1 * n2)
+    if var <= 0:  # every value equal
+        return 1.0, p_slower
+    diff = u_y - mu
+    z = (abs(diff) - 0.5) / math.sqrt(var) if abs(diff) > 0.5 else 0.0
+    return min(1.0, math.erfc(z / math.sqrt(2.0))), p_slower
+
+
+def median_change_ci(x: Sequence[float], y: Sequence[float], level: float = 0.95,
+                     resamples: int = BOOTSTRAP_RESAMPLES, max_sample: int = BOOTSTRAP_MAX_SAMPLE,
+                     seed: int = 0) -> tuple[float, float]:
+    """Bootstrap confidence interval of ``median(y) / median(x) - 1`` (see the module doc)."""
+    np = _np()
+    rng = np.random.default_rng(seed)
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+
+    def boot_medians(v: Any) -> Any:
+        n = len(v)
+        full = float(np.median(v))
+        if n > max_sample:
+            sub = rng.choice(v, size=max_sample, replace=False)
+            scale = math.sqrt(max_sample / n)
+        else:
+            sub, scale = v, 1.0
+        m = len(sub)
+        idx = rng.integers(0, m, size=(resamples, m))
+        meds = np.median(sub[idx], axis=1)
+        return full + (meds - float(np.median(sub))) * scale
+
+    mx, my = boot_medians(x), boot_medians(y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = my / mx - 1.0
+    ratio = ratio[np.isfinite(ratio)]
+    if len(ratio) == 0:
+        return (math.nan, math.nan)
+    tail = (1.0 - level) / 2.0 * 100.0
+    lo, hi = np.percentile(ratio, [tail, 100.0 - tail])
+    return float(lo), float(hi)
+
+
+# --------------------------------------------------------------------------- samples
+
+
+def _warmup(table: StepTable) -> int:
+    for rs in table.run_starts:
+        cfg = rs.get("config")
+        w = cfg.get("warmup_steps") if isinstance(cfg, dict) else None
+        if isinstance(w, int) and not isinstance(w, bool) and w >= 0:
+            return w
+    return DEFAULT_WARMUP
+
+
+def samples(table: StepTable, warmup: Optional[int] = None) -> dict[str, Any]:
+    """The per-timing samples compared: ok steps with ``step >= warmup`` (all of them
+    when that would leave fewer than :data:`MIN_STEPS`), NaN dropped."""
+    np = _np()
+
+    def col(a: Any, dtype: Any) -> Any:
+        return np.frombuffer(a, dtype=dtype).copy() if len(a) else np.zeros(0, dtype=dtype)
+
+    w = _warmup(table) if warmup is None else warmup
+    ok = col(table.ok, np.int8) != 0
+    step_ms = col(table.step_ms, np.float64)
+    keep = ok & ~np.isnan(step_ms)
+    after = keep & (col(table.step, np.int64) >= w)
+    if int(after.sum()) >= MIN_STEPS:
+        keep = after
+    data = col(table.data_ms, np.float64)
+    data = np.where(np.isnan(data), 0.0, data)
+    out: dict[str, Any] = {"data": data[keep]}
+    names = table.phase_names()
+    for name in [p for p in DEFAULT_PHASES if p in names] + [p for p in names if p not in DEFAULT_PHASES]:
+        v = col(table.phases.cols[name], np.float64)[keep]
+        out[name] = v[~np.isnan(v)]
+    out["step"] = step_ms[keep]
+    out["iteration"] = data[keep] + step_ms[keep]
+    return out
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def _verdict(change: float, delta: float, p: float, ci: tuple[float, float], threshold: float,
+             alpha: float, min_delta_ms: float) -> str:
+    significant = p < alpha
+    if significant and change > threshold and delta > min_delta_ms and ci[0] > 0:
+        return "regressed"
+    if significant and change < -threshold and -delta > min_delta_ms and ci[1] < 0:
+        return "improved"
+    if significant and change > 0 and ci[0] > 0:
+        return "slower"
+    if significant and change < 0 and ci[1] < 0:
+        return "faster"
+    return "same"
+
+
+def compare_tables(base: StepTable, new: StepTable, *, threshold: float = DEFAULT_THRESHOLD,
+                   alpha: float = DEFAULT_ALPHA, min_delta_ms: float = DEFAULT_MIN_DELTA_MS,
+                   warmup: Optional[int] = None, gate: Optional[Iterable[str]] = None,
+                   base_name: Optional[str] = None, new_name: Optional[str] = None) -> dict[str, Any]:
+    """Compare two collected runs; returns a JSON-ready dict (see :func:`compare`)."""
+    np = _np()
+    if not threshold >= 0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    sb, sn = samples(base, warmup), samples(new, warmup)
+    order = [k for k in sb if k != "step" and k != "iteration"]
+    order += [k for k in sn if k not in sb and k not in ("step", "iteration")]
+    order += ["step", "iteration"]
+    gate_set = None if gate is None else set(gate)
+    rows: dict[str, dict[str, Any]] = {}
+    for name in order:
+        xb, xn = sb.get(name), sn.get(name)
+        row: dict[str, Any] = {
+            "n_base": 0 if xb is None else int(len(xb)),
+            "n_new": 0 if xn is None else int(len(xn)),
+            "base_p50_ms": None, "new_p50_ms": None, "delta_ms": None, "change_pct": None,
+            "ci_low_pct": None, "ci_high_pct": None, "p_value": None, "p_slower": None,
+        }
+        if (xb is None or len(xb) == 0) and (xn is None or len(xn) == 0):
+            row["verdict"] = "too few steps"
+        elif xb is None or len(xb) == 0:
+            row["verdict"] = "added"
+        elif xn is None or len(xn) == 0:
+            row["verdict"] = "removed"
+        else:
+            mb, mn = float(np.median(xb)), float(np.median(xn))
+            row["base_p50_ms"], row["new_p50_ms"], row["delta_ms"] = mb, mn, mn - mb
+            change = (mn / mb - 1.0) if mb > 0 else (0.0 if mn == mb else math.inf)
+            row["change_pct"] = 100.0 * change if math.isfinite(change) else None
+            if len(xb) < MIN_STEPS or len(xn) < MIN_STEPS:
+                row["verdict"] = "too few steps"
+            else:
+                p, p_slower = mann_whitney(xb, xn)
+                ci = median_change_ci(xb, xn) if mb > 0 else (math.nan, math.nan)
+                row["p_value"], row["p_slower"] = p, p_slower
+                if math.isfinite(ci[0]):
+                    row["ci_low_pct"], row["ci_high_pct"] = 100.0 * ci[0], 100.0 * ci[1]
+                row["verdict"] = _verdict(change, mn - mb, p, ci, threshold, alpha, min_delta_ms)
+        row["gated"] = gate_set is None or name in gate_set
+        rows[name] = row
+    regressed = [k for k, r in rows.items() if r["verdict"] == "regressed" and r["gated"]]
+    improved = [k for k, r in rows.items() if r["verdict"] == "improved"]
+    return {
+        "base": base_name,
+        "new": new_name,
+        "test": "Mann-Whitney U (two-sided, normal approximation) + bootstrap 95% CI of the median change",
+        "threshold_pct": 100.0 * threshold,
+        "alpha": alpha,
+        "min_delta_ms": min_delta_ms,
+        "warmup_steps": {"base": _warmup(base) if warmup is None else warmup,
+                         "new": _warmup(new) if warmup is None else warmup},
+        "phases": rows,
+        "regressed": regressed,
+        "improved": improved,
+        "ok": not regressed,
+    }
+
+
+def compare(base: Any, new: Any, **kwargs: Any) -> dict[str, Any]:
+    """Compare two runs: paths (file, run folder) or :class:`steptrace.analysis.Run`s.
+
+    Keyword arguments: ``threshold`` (fraction, default 0.05), ``alpha`` (0.01),
+    ``min_delta_ms`` (0.05), ``warmup`` (steps to skip; default: the run's
+    ``warmup_steps``), ``gate`` (the timings that count as a regression; default all),
+    and ``skip_bad`` for reading. The result has one entry per timing under ``"phases"``
+    (medians, change %, CI, p-value, verdict), the lists ``regressed`` and ``improved``,
+    and ``ok`` (no gated timing regressed).
+    """
+    from steptrace.analysis import Run, load_table
+
+    skip_bad = kwargs.pop("skip_bad", False)
+    progress = kwargs.pop("progress", False)
+    tables = []
+    names = []
+    for run in (base, new):
+        if isinstance(run, Run):
+            tables.append(run.table)
+            names.append(run.source)
+        elif isinstance(run, StepTable):
+            tables.append(run)
+            names.append(None)
+        else:
+            r = load_table(run, skip_bad=skip_bad, progress=progress)
+            tables.append(r.table)
+            names.append(r.source)
+    kwargs.setdefault("base_name", names[0])
+    kwargs.setdefault("new_name", names[1])
+    return compare_tables(tables[0], tables[1], **kwargs)
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _signed_pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:+.1f}%"
+
+
+def _p(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    return "<1e-6" if v < 1e-6 else (f"{v:.2g}" if v < 0.01 else f"{v:.2f}")
+
+
+def compare_rows(result: dict[str, Any]) -> list[list[str]]:
+    """The comparison as table rows (header first), shared by the text and rich views."""
+    rows = [["phase", "base p50 ms", "new p50 ms", "change", "95% CI", "p-value", "verdict"]]
+    for name, r in result["phases"].items():
+        ci = "-" if r["ci_low_pct"] is None else f"[{r['ci_low_pct']:+.1f}%, {r['ci_high_pct']:+.1f}%]"
+        verdict = r["verdict"].upper() if r["verdict"] in ("regressed", "improved") else r["verdict"]
+        if r["verdict"] == "regressed" and not r["gated"]:
+            verdict += " (not gated)"
+        rows.append([name, _ms(r["base_p50_ms"]), _ms(r["new_p50_ms"]), _signed_pct(r["change_pct"]), ci,
+                     _p(r["p_value"]), verdict])
+    return rows
+
+
+def compare_header(result: dict[str, Any]) -> str:
+    return (f"compare {result.get('base') or 'BASE'} -> {result.get('new') or 'NEW'}: median change per phase; "
+            f"regression = more than {result['threshold_pct']:g}% and {result['min_delta_ms']:g} ms slower "
+            f"with Mann-Whitney p < {result['alpha']:g}")
+
+
+def compare_footer(result: dict[str, Any]) -> str:
+    reg = result["regressed"]
+    if reg:
+        parts = ", ".join(f"{k} ({result['phases'][k]['change_pct']:+.1f}%)" for k in reg)
+        return f"REGRESSION: {len(reg)} phase{'s' if len(reg) != 1 else ''} slower beyond {result['threshold_pct']:g}%: {parts}"
+    imp = result["improved"]
+    if imp:
+        parts = ", ".join(f"{k} ({result['phases'][k]['change_pct']:+.1f}%)" for k in imp)
+        return f"no regression; improved: {parts}"
+    return "no regression"
+
+
+def format_compare(result: dict[str, Any]) -> str:
+    """Render a :func:`compare` result as plain aligned text (no trailing newline)."""
+    from steptrace.summary import _table as align
+
+    rows = compare_rows(result)
+    lines = [compare_header(result)] + align(rows) + ["", compare_footer(result)]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "compare",
+    "compare_tables",
+    "format_compare",
+    "mann_whitney",
+    "median_change_ci",
+    "samples",
+    "DEFAULT_THRESHOLD",
+    "DEFAULT_ALPHA",
+    "DEFAULT_MIN_DELTA_MS",
+]

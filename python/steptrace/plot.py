@@ -1,0 +1,260 @@
+"""Plots of a run: the step time stacked by phase, memory, counters.
+
+:func:`plot_run` draws, one panel under the other, sharing the step axis:
+
+1. the iteration time of each step stacked by phase (data wait at the bottom, then the
+   phases, then "other": step time no phase covers), with the trailing median of the
+   iteration time (the detector's window, default 100 steps) and the regression line at
+   ``regression_threshold`` (1.5) x that median, alerts marked where they fired, and
+   error steps as red crosses;
+2. memory over the steps (each field the log has, per rank);
+3. hardware counters (%), kernel times (ms) and telemetry (W, C), each only when the log
+   has them.
+
+With several ranks the stack shows one rank (``rank=``, default the lowest) and the
+other ranks' iteration times are thin grey lines. Runs longer than :data:`MAX_POINTS`
+steps are drawn as bins of consecutive steps (means, plus the per-bin maximum of the
+iteration time so that spikes stay visible).
+
+matplotlib is an optional dependency: ``pip install 'steptrace[plot]'``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from typing import Any, Optional
+
+from steptrace.analysis import Run, load, require
+
+MAX_POINTS = 3000
+DEFAULT_WINDOW = 100
+DEFAULT_REGRESSION = 1.5
+_PHASE_COLORS = {
+    "data": "#9e9e9e",
+    "forward": "#1f77b4",
+    "loss": "#ff7f0e",
+    "backward": "#2ca02c",
+    "clip": "#d62728",
+    "optimizer": "#9467bd",
+}
+_EXTRA_COLORS = ["#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a"]
+_ALERT_MARKERS = ["v", "D", "s", "^", "P", "X", "*", "o"]
+
+
+def _figure_class() -> Any:
+    require("matplotlib", "plot", "steptrace plot")
+    # A bare Figure renders with Agg whatever the configured backend: no pyplot state,
+    # no display needed.
+    from matplotlib.figure import Figure
+
+    return Figure
+
+
+def _bins(n: int, max_points: int) -> int:
+    return max(1, -(-n // max_points))  # ceil
+
+
+def _binned(np: Any, values: Any, k: int, how: str = "mean") -> Any:
+    """Means (or maxima) of consecutive groups of ``k`` values; NaN for an all-NaN group."""
+    if k == 1:
+        return values
+    n = len(values) // k * k
+    reduce = np.nanmean if how == "mean" else np.nanmax
+    with warnings.catch_warnings():  # "Mean of empty slice" / "All-NaN slice": NaN is the answer
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = reduce(values[:n].reshape(-1, k), axis=1)
+        if n < len(values):
+            out = np.append(out, reduce(values[n:]))
+    return out
+
+
+def _scale_bytes(peak: float) -> tuple[float, str]:
+    for div, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if peak >= 2 * div:
+            return float(div), unit
+    return 1.0, "B"
+
+
+def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, rank: Optional[int] = None,
+             steps: Any = None, width: float = 12.0, dpi: int = 110, title: Optional[str] = None) -> Any:
+    """Draw the panels of ``run`` (a path or :class:`~steptrace.analysis.Run`); save to
+    ``output`` (the format follows its extension: .png, .svg, .pdf) when given. Returns
+    the matplotlib Figure. ``steps`` is a :class:`steptrace.export.StepRange` (or
+    "START:STOP") limiting the steps drawn."""
+    Figure = _figure_class()
+    np = require("numpy", "plot", "steptrace plot")
+    run = load(run) if not isinstance(run, Run) else run
+    df = run.steps
+    if isinstance(steps, str) or steps is None:
+        from steptrace.export import StepRange
+
+        steps = StepRange.parse(steps)
+    if not steps.everything:
+        lo = -(2**62) if steps.start is None else steps.start
+        hi = 2**62 if steps.stop is None else steps.stop
+        df = df[(df["step"] >= lo) & (df["step"] < hi)]
+    ranks = sorted(int(r) for r in df["rank"].unique()) if len(df) else []
+    if rank is None:
+        rank = ranks[0] if ranks else 0
+    elif ranks and rank not in ranks:
+        from steptrace.errors import UsageError
+
+        raise UsageError(f"rank {rank} is not in this log (ranks: {', '.join(map(str, ranks))})")
+    mine = df[df["rank"] == rank].sort_values("step", kind="stable")
+    cfg = run.config
+    window = cfg.get("window") if isinstance(cfg.get("window"), int) else DEFAULT_WINDOW
+    factor = cfg.get("regression_threshold")
+    factor = float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else DEFAULT_REGRESSION
+
+    groups = [c for c in ("counters", "kernels", "telemetry") if _group_columns(run, c)]
+    mem_cols = [name for name, group, key in run.variable_columns() if group == "memory"
+                and key != "device_total_bytes" and name in df and df[name].notna().any()]
+    n_panels = 1 + (1 if mem_cols else 0) + len(groups)
+    heights = [3.0] + [1.6] * (n_panels - 1)
+    fig = Figure(figsize=(width, sum(heights) + 1.0), dpi=dpi, layout="constrained")
+    axes = fig.subplots(n_panels, 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
+
+    x_all = mine["step"].to_numpy()
+    k = _bins(len(mine), MAX_POINTS)
+    x = _binned(np, x_all.astype(np.float64), k)
+    ax = axes[0]
+    ok = (mine["status"] == "ok").to_numpy()
+    phase_cols = run.phase_columns
+    layers, labels, colors = [], [], []
+    covered = np.zeros(len(mine))
+    data = np.nan_to_num(mine["data_ms"].to_numpy(dtype=np.float64))
+    layers.append(data)
+    labels.append("data")
+    colors.append(_PHASE_COLORS["data"])
+    extra = iter(_EXTRA_COLORS * 4)
+    for phase, col in phase_cols.items():
+        v = np.nan_to_num(mine[col].to_numpy(dtype=np.float64))
+        layers.append(v)
+        covered = covered + v
+        labels.append(phase)
+        colors.append(_PHASE_COLORS.get(phase) or next(extra))
+    step_ms = np.nan_to_num(mine["step_ms"].to_numpy(dtype=np.float64))
+    other = np.clip(step_ms - covered, 0.0, None)
+    if other.any():
+        layers.append(other)
+        labels.append("other")
+        colors.append("#dddddd")
+    iteration = mine["iteration_ms"].to_numpy(dtype=np.float64)
+    if len(mine):
+        # error steps are drawn as crosses, not stacked (their phases stopped part-way)
+        stack = [_binned(np, np.where(ok, layer, np.nan), k) for layer in layers]
+        stack = [np.nan_to_num(s) for s in stack]
+        ax.stackplot(x, *stack, labels=labels, colors=colors, linewidth=0, alpha=0.9)
+        series = mine["iteration_ms"].where(mine["status"] == "ok")
+        median = series.rolling(window, min_periods=min(10, window)).median().shift(1).to_numpy()
+        ax.plot(x, _binned(np, median, k), color="black", linewidth=1.2,
+                label=f"trailing median ({window} steps)")
+        ax.plot(x, _binned(np, median * factor, k), color="black", linewidth=1.0, linestyle="--",
+                label=f"{factor:g} x median")
+        if k > 1:
+            ax.plot(x, _binned(np, np.where(ok, iteration, np.nan), k, "max"), color="#555555", linewidth=0.6,
+                    label=f"max per {k} steps")
+        if (~ok).any():
+            ax.scatter(x_all[~ok], np.nan_to_num(iteration[~ok]), marker="x", color="red", zorder=5,
+                       label="error step")
+        for other_rank in ranks:
+            if other_rank == rank:
+                continue
+            o = df[df["rank"] == other_rank].sort_values("step", kind="stable")
+            ko = _bins(len(o), MAX_POINTS)
+            ax.plot(_binned(np, o["step"].to_numpy(dtype=np.float64), ko),
+                    _binned(np, o["iteration_ms"].to_numpy(dtype=np.float64), ko), color="grey",
+                    linewidth=0.5, alpha=0.6, label="other ranks" if other_rank == [r for r in ranks if r != rank][0] else None)
+        top = np.nanpercentile(iteration[ok], 99.5) if ok.any() else 1.0
+        med_max = np.nanmax(median * factor) if np.isfinite(median).any() else 0.0
+        ax.set_ylim(0, max(top, med_max) * 1.15 or 1.0)
+    else:
+        ax.text(0.5, 0.5, "no steps", transform=ax.transAxes, ha="center", va="center")
+    _mark_alerts(ax, run, rank, steps)
+    ax.set_ylabel("iteration ms")
+    what = f"rank {rank} of {len(ranks)}" if len(ranks) > 1 else f"rank {rank}"
+    ax.set_title(title or f"{_run_name(run)}: iteration time by phase ({what})", loc="left", fontsize=11)
+    _legend(ax)
+    ax.grid(True, alpha=0.3)
+
+    panel = 1
+    if mem_cols:
+        ax = axes[panel]
+        panel += 1
+        peak = float(np.nanmax(df[mem_cols].to_numpy(dtype=np.float64)))
+        div, unit = _scale_bytes(peak)
+        for col in mem_cols:
+            for r in ranks:
+                o = df[df["rank"] == r].sort_values("step", kind="stable")
+                ko = _bins(len(o), MAX_POINTS)
+                y = o[col].to_numpy(dtype=np.float64) / div
+                label = col[:-6] if col.endswith("_bytes") else col
+                ax.plot(_binned(np, o["step"].to_numpy(dtype=np.float64), ko), _binned(np, y, ko), linewidth=1.0,
+                        label=label if len(ranks) == 1 else f"{label} rank {r}")
+        ax.set_ylabel(f"memory {unit}")
+        _legend(ax)
+        ax.grid(True, alpha=0.3)
+    units = {"counters": "%", "kernels": "ms", "telemetry": ""}
+    for group in groups:
+        ax = axes[panel]
+        panel += 1
+        for col in _group_columns(run, group):
+            y = mine[col].to_numpy(dtype=np.float64)
+            ax.plot(x, _binned(np, y, k), linewidth=1.0, label=col)
+        ax.set_ylabel(f"{group} {units[group]}".strip())
+        _legend(ax)
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("step")
+    if output is not None:
+        fig.savefig(os.fspath(output), dpi=dpi)
+    return fig
+
+
+def _legend(ax: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+
+
+def _group_columns(run: Run, group: str) -> list[str]:
+    df = run.steps
+    return [name for name, g, _ in run.variable_columns() if g == group and df[name].notna().any()]
+
+
+def _run_name(run: Run) -> str:
+    ids = run.run_ids
+    if run.source:
+        return os.path.basename(os.path.normpath(run.source)) or run.source
+    return ids[0] if ids else "run"
+
+
+def _mark_alerts(ax: Any, run: Run, rank: int, steps: Any) -> None:
+    alerts = run.alerts
+    if not len(alerts):
+        return
+    mine = alerts[alerts["rank"] == rank]
+    if not steps.everything:
+        lo = -(2**62) if steps.start is None else steps.start
+        hi = 2**62 if steps.stop is None else steps.stop
+        mine = mine[(mine["step"] >= lo) & (mine["step"] < hi)]
+    if not len(mine):
+        return
+    top = ax.get_ylim()[1]
+    for i, (typ, grp) in enumerate(mine.groupby("type", observed=True)):
+        xs = grp["step"].to_numpy(dtype=float)
+        for xv in xs:
+            ax.axvline(xv, color="red", alpha=0.25, linewidth=0.8)
+        ax.scatter(xs, [top * 0.96] * len(xs), marker=_ALERT_MARKERS[i % len(_ALERT_MARKERS)], color="red",
+                   zorder=6, clip_on=False, label=f"alert: {typ}")
+
+
+def png_bytes(run: Any, **kwargs: Any) -> bytes:
+    """The plot as PNG bytes (for the HTML report)."""
+    fig = plot_run(run, **kwargs)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=kwargs.get("dpi", 110))
+    return buf.getvalue()
+
+
+__all__ = ["plot_run", "png_bytes", "MAX_POINTS"]

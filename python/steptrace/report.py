@@ -1,0 +1,248 @@
+"""One self-contained HTML report of a run: summary, plots, alerts, run details.
+
+The file needs nothing but itself: styles are inline, the plots are PNGs embedded as
+``data:`` URIs, and a Content-Security-Policy (``default-src 'none'``) forbids every
+network request, so it opens the same offline, from an e-mail, or from a CI artifact.
+A few lines of inline script mark the page ``data-rendered="ok"`` once every plot has
+decoded (``broken:N`` otherwise), which the tests read back from headless Chromium.
+
+Needs matplotlib for the plots (``pip install 'steptrace[plot]'``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import json
+import os
+from typing import Any, Optional
+
+from steptrace.analysis import Run, load, require
+from steptrace.summary import (
+    _ms,
+    _pct,
+    alert_rows,
+    counter_rows,
+    headline,
+    memory_rows,
+)
+
+#: At most this many alerts are listed one by one (all are counted in the summary).
+MAX_ALERT_ROWS = 500
+
+_CSS = """
+:root { --fg:#1d232a; --muted:#5f6b76; --line:#d9dee3; --bg:#ffffff; --accent:#1f77b4; --bad:#c62828; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Liberation Sans", sans-serif;
+       color: var(--fg); background: var(--bg); margin: 0; padding: 24px 32px 48px; max-width: 1400px; }
+h1 { font-size: 22px; margin: 0 0 4px; }
+h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
+.sub { color: var(--muted); margin: 0; }
+.cards { display: flex; flex-wrap: wrap; gap: 12px; margin: 16px 0 4px; }
+.card { border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; min-width: 130px; }
+.card .v { font-size: 20px; font-weight: 600; }
+.card .k { color: var(--muted); font-size: 12px; }
+.card.bad .v { color: var(--bad); }
+table { border-collapse: collapse; margin: 4px 0; }
+th, td { padding: 4px 12px 4px 0; text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+th { color: var(--muted); font-weight: 600; border-bottom: 1px solid var(--line); }
+td:first-child, th:first-child, td.l, th.l { text-align: left; }
+td.msg { text-align: left; white-space: normal; max-width: 720px; }
+tr.total td { border-top: 1px solid var(--line); font-weight: 600; }
+.bar { display: inline-block; height: 10px; background: var(--accent); border-radius: 2px; vertical-align: middle; }
+.barcell { text-align: left; width: 160px; }
+img.plot { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; }
+.alert-type { color: var(--bad); font-weight: 600; }
+.none { color: #2e7d32; }
+dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 4px 0; }
+dt { color: var(--muted); } dd { margin: 0; }
+code { font: 12px ui-monospace, "DejaVu Sans Mono", monospace; }
+footer { margin-top: 36px; color: var(--muted); font-size: 12px; }
+"""
+
+_SCRIPT = """
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var broken = imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); }).length;
+  document.documentElement.setAttribute("data-rendered", broken ? "broken:" + broken : "ok");
+});
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def _table(rows: list[list[str]], left: tuple[int, ...] = (0,), msg_col: Optional[int] = None,
+           cls: Optional[dict[int, str]] = None) -> str:
+    head = "".join(f'<th class="{"l" if i in left or i == msg_col else ""}">{_e(h)}</th>'
+                   for i, h in enumerate(rows[0]))
+    body = []
+    for r in rows[1:]:
+        cells = []
+        for i, c in enumerate(r):
+            klass = "msg" if i == msg_col else ("l" if i in left else "")
+            if cls and i in cls:
+                klass += " " + cls[i]
+            cells.append(f'<td class="{klass.strip()}">{_e(c)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _phase_table(summary: dict[str, Any]) -> str:
+    rows = ['<tr><th>phase</th><th>p50 ms</th><th>p95 ms</th><th>p99 ms</th><th>max ms</th>'
+            '<th>mean ms</th><th>share</th><th class="l"></th></tr>']
+
+    def row(label: str, st: dict[str, Any], total: bool = False) -> None:
+        share = st.get("share_pct") or 0.0
+        bar = "" if total else f'<span class="bar" style="width:{max(0.0, min(share, 100.0)) * 1.6:.0f}px"></span>'
+        rows.append(
+            f'<tr class="{"total" if total else ""}"><td>{_e(label)}</td><td>{_ms(st["p50_ms"])}</td>'
+            f'<td>{_ms(st["p95_ms"])}</td><td>{_ms(st.get("p99_ms"))}</td><td>{_ms(st["max_ms"])}</td>'
+            f'<td>{_ms(st.get("mean_ms"))}</td><td>{_pct(st["share_pct"])}</td><td class="barcell">{bar}</td></tr>'
+        )
+
+    row("data", summary["data"])
+    for phase, st in summary.get("phases", {}).items():
+        row(phase, st)
+    row("step", summary["step"], total=True)
+    row("iteration", summary["iteration"])
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _card(value: str, key: str, bad: bool = False) -> str:
+    return f'<div class="card{" bad" if bad else ""}"><div class="v">{_e(value)}</div><div class="k">{_e(key)}</div></div>'
+
+
+def _run_details(run: Run) -> str:
+    parts = []
+    for rs in run.run_starts[:16]:
+        dev = rs.get("device")
+        dev_text = "none (CPU)" if not dev else f"{dev.get('name')}" + (
+            f", {dev['memory_total_bytes'] / 2**30:.1f} GiB" if isinstance(dev.get("memory_total_bytes"), int) else "")
+        versions = ", ".join(f"{k} {v}" for k, v in (rs.get("versions") or {}).items() if v)
+        backends = []
+        for kind, b in (rs.get("backends") or {}).items():
+            if not isinstance(b, dict):
+                continue
+            active = ", ".join(b.get("active") or []) or "none"
+            off = "; ".join(f"{k}: {v}" for k, v in (b.get("unavailable") or {}).items())
+            backends.append(f"<b>{_e(kind)}</b>: {_e(active)}" + (f" <span class='sub'>(not used: {_e(off)})</span>"
+                                                                    if off else ""))
+        started = rs.get("start_unix_ns")
+        when = (_dt.datetime.fromtimestamp(started / 1e9, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+                if isinstance(started, int) else "-")
+        parts.append(
+            f"<h3>rank {_e(rs.get('rank'))} of {_e(rs.get('world_size'))}</h3><dl>"
+            f"<dt>run id</dt><dd><code>{_e(rs.get('run_id'))}</code></dd>"
+            f"<dt>host / pid</dt><dd>{_e(rs.get('host'))} / {_e(rs.get('pid'))}</dd>"
+            f"<dt>started</dt><dd>{_e(when)}</dd>"
+            f"<dt>device</dt><dd>{_e(dev_text)}</dd>"
+            f"<dt>versions</dt><dd>{_e(versions)}</dd>"
+            f"<dt>backends</dt><dd>{'<br>'.join(backends) or '-'}</dd>"
+            f"<dt>config</dt><dd><code>{_e(json.dumps(rs.get('config'), sort_keys=True))}</code></dd></dl>"
+        )
+    if len(run.run_starts) > 16:
+        parts.append(f"<p class='sub'>... and {len(run.run_starts) - 16} more ranks</p>")
+    return "".join(parts)
+
+
+def _alert_list(run: Run) -> str:
+    alerts = run.table.alerts
+    if not alerts:
+        return ""
+    rows = [["rank", "step", "type", "phase", "value", "baseline", "threshold", "message"]]
+    for a in alerts[:MAX_ALERT_ROWS]:
+        def num(v: Any) -> str:
+            return f"{v:.4g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+        rows.append([str(a.get("rank", "")), str(a.get("step", "")), str(a.get("type", "")), str(a.get("phase") or "-"),
+                     num(a.get("value")), num(a.get("baseline")), num(a.get("threshold")), str(a.get("message", ""))])
+    more = (f"<p class='sub'>{len(alerts) - MAX_ALERT_ROWS} more alerts not listed.</p>"
+            if len(alerts) > MAX_ALERT_ROWS else "")
+    return "<h3>Every alert</h3>" + _table(rows, left=(2, 3), msg_col=7, cls={2: "alert-type"}) + more
+
+
+def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] = None) -> str:
+    """The report of ``run`` (a path or :class:`~steptrace.analysis.Run`) as an HTML string."""
+    require("matplotlib", "plot", "steptrace report")
+    from steptrace import __version__
+    from steptrace.plot import png_bytes
+
+    run = load(run) if not isinstance(run, Run) else run
+    summary = run.summary()
+    name = title or summary.get("source") or summary.get("run_id") or "run"
+    png = base64.b64encode(png_bytes(run, rank=rank, dpi=100)).decode("ascii")
+
+    cards = []
+    cards.append(_card(str(summary.get("steps", 0)), "steps" + (f" x {len(summary['ranks'])} ranks"
+                                                              if len(summary.get("ranks") or []) > 1 else "")))
+    rate = summary.get("steps_per_s")
+    cards.append(_card(f"{rate:.1f}" if rate is not None else "-", "steps / s"))
+    it = summary.get("iteration") or {}
+    cards.append(_card(_ms(it.get("p50_ms")) + " ms" if it else "-", "median iteration"))
+    data = summary.get("data") or {}
+    cards.append(_card(_pct(data.get("share_pct")) if data else "-", "waiting for data",
+                       bad=bool(data) and (data.get("share_pct") or 0) > 20))
+    n_alerts = sum(a["count"] for a in (summary.get("alerts") or {}).values())
+    cards.append(_card(str(n_alerts), "alerts", bad=n_alerts > 0))
+    cards.append(_card(str(summary.get("error_steps", 0)), "error steps", bad=summary.get("error_steps", 0) > 0))
+    cards.append(_card(str(summary.get("end_reason")).split(" (")[0], "end of run",
+                       bad=summary.get("end_reason") != "normal"))
+
+    sections = []
+    if summary.get("iteration"):
+        sections.append("<h2>Step time by phase</h2>" + _phase_table(summary)
+                        + "<p class='sub'>share: the phase's fraction of the total iteration time "
+                          "(data wait + step); percentiles over the steps with status ok, all ranks pooled.</p>")
+    else:
+        sections.append("<h2>Step time by phase</h2><p>No completed steps recorded.</p>")
+    sections.append('<h2>Timeline</h2><img class="plot" alt="step time stacked by phase, memory and counters '
+                    f'over the steps" src="data:image/png;base64,{png}">')
+    if summary.get("memory"):
+        sections.append("<h2>Memory</h2>" + _table(memory_rows(summary), left=(0, 4))
+                        + "<p class='sub'>start, peak and end: the largest across ranks; trend: the "
+                          "least-squares slope over the steps after the first "
+                          f"{_e(summary.get('warmup_steps'))} (flat when it moves less than 1% of the peak).</p>")
+    counters = counter_rows(summary)
+    if counters:
+        sections.append("<h2>Counters</h2>" + _table(counters))
+    if summary.get("alerts"):
+        sections.append("<h2>Alerts</h2>" + _table(alert_rows(summary), left=(0,), msg_col=3, cls={0: "alert-type"})
+                        + _alert_list(run))
+    else:
+        sections.append('<h2>Alerts</h2><p class="none">No alerts.</p>')
+    sections.append("<h2>Run</h2>" + _run_details(run))
+
+    generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<title>steptrace report: {_e(name)}</title><style>{_CSS}</style></head>\n<body>"
+        f"<h1>steptrace report: {_e(name)}</h1><p class=\"sub\">{_e(headline(summary))}</p>"
+        f"<div class=\"cards\">{''.join(cards)}</div>"
+        + "\n".join(sections)
+        + f"<footer>Generated by steptrace {_e(__version__)} on {generated}.</footer>"
+        f"<script>{_SCRIPT}</script></body></html>\n"
+    )
+
+
+def write_report(run: Any, output: "str | os.PathLike[str]", **kwargs: Any) -> str:
+    """Write the report of ``run`` to ``output``; returns the path written."""
+    text = render_report(run, **kwargs)
+    target = os.fspath(output)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+__all__ = ["render_report", "write_report", "MAX_ALERT_ROWS"]
