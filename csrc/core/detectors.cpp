@@ -115,7 +115,8 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   iteration_.push(iteration_ms);
   data_.push(data_ms);
   // Every phase seen so far gets a value each step (0 when it did not run).
-  std::vector<bool> present(names_.size(), false);
+  std::vector<bool>& present = present_;  // reused: no allocation per step
+  present.assign(names_.size(), false);
   for (std::uint16_t i = 0; i < r.phase_count; ++i) {
     const auto id = r.phase_ids[i];
     present[id] = true;

@@ -35,6 +35,7 @@ class SlowStepDetector {
   RollingMedian iteration_;
   RollingMedian data_;
   std::vector<std::unique_ptr<RollingMedian>> phases_;  // by phase id, created when first seen
+  std::vector<bool> present_;                            // scratch: phases in this step
   int level_ = 0;  // 0 normal, 1 regression, 2 stall (highest alert of this episode)
   std::int64_t episode_start_ = 0;
   int slow_streak_ = 0;  // consecutive steps over regression_threshold
