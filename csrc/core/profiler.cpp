@@ -197,6 +197,8 @@ class ProfilerImpl {
       if (auto rss = make_rss_source()) backends.memory_sources.push_back(std::move(rss));
     }
     memory_sources_ = std::move(backends.memory_sources);
+    source_samples_.resize(memory_sources_.size());
+    source_sampled_ns_.assign(memory_sources_.size(), INT64_MIN / 2);
     for (const auto& name : config_.phases) names_.intern(name);
     phase_start_ns_.fill(kUnset);
     slot_of_.fill(-1);
@@ -257,7 +259,14 @@ class ProfilerImpl {
     current_.step_ns = now - step_start_ns_;
     current_.host_ns = current_.step_ns;
     current_.failed = failed;
-    for (auto& source : memory_sources_) source->sample(current_.memory);
+    for (std::size_t i = 0; i < memory_sources_.size(); ++i) {
+      if (now - source_sampled_ns_[i] >= memory_sources_[i]->min_interval_ns()) {
+        source_samples_[i] = MemorySample{};
+        memory_sources_[i]->sample(source_samples_[i]);
+        source_sampled_ns_[i] = now;
+      }
+      merge(current_.memory, source_samples_[i]);
+    }
     merge(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
     if (on_device_) {
@@ -547,6 +556,8 @@ class ProfilerImpl {
   Config config_;
   std::unique_ptr<Clock> clock_;
   std::vector<std::unique_ptr<MemorySource>> memory_sources_;
+  std::vector<MemorySample> source_samples_;     // each source's last figures
+  std::vector<std::int64_t> source_sampled_ns_;  // and when they were taken
   PhaseNames names_;
   std::string log_path_;
   std::int64_t start_ns_ = 0;

@@ -34,9 +34,17 @@ StepRecord* JsonlWriter::begin_step_record() noexcept {
   StepRecord* slot = ring_.begin_push();
   if (slot != nullptr) return slot;
   waits_.fetch_add(1, std::memory_order_relaxed);
-  wake_.notify_one();
+  request_drain();
   while ((slot = ring_.begin_push()) == nullptr) std::this_thread::yield();
   return slot;
+}
+
+void JsonlWriter::request_drain() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    drain_requested_.store(true, std::memory_order_relaxed);
+  }
+  wake_.notify_one();
 }
 
 void JsonlWriter::push_line(std::string line) {
@@ -91,7 +99,11 @@ void JsonlWriter::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     // Woken early by a flush request, a full ring, or close; else once per interval.
-    wake_.wait_for(lock, flush_interval_, [&] { return stop_ || flush_requested_ > flush_done_; });
+    wake_.wait_for(lock, flush_interval_, [&] {
+      return stop_ || flush_requested_ > flush_done_ ||
+             drain_requested_.load(std::memory_order_relaxed);
+    });
+    drain_requested_.store(false, std::memory_order_relaxed);
     const std::uint64_t ticket = flush_requested_;
     lock.unlock();
     drain();

@@ -42,8 +42,14 @@ class JsonlWriter {
   /// Training thread: the slot to fill with the next step record. Never null: when the
   /// ring is full it wakes the writer and waits for a free slot (counted in waits()).
   StepRecord* begin_step_record() noexcept;
-  /// Training thread: hands the filled slot to the writer.
-  void commit_step_record() noexcept { ring_.commit_push(); }
+  /// Training thread: hands the filled slot to the writer; wakes it early when the ring
+  /// is half full, so that a burst of short steps does not fill it.
+  void commit_step_record() noexcept {
+    ring_.commit_push();
+    if (ring_.size() >= ring_.capacity() / 2 && !drain_requested_.load(std::memory_order_relaxed)) {
+      request_drain();
+    }
+  }
 
   /// Any thread: queues a complete JSON line (with its newline) after the records so far.
   void push_line(std::string line);
@@ -64,6 +70,8 @@ class JsonlWriter {
 
  private:
   void run();
+  // Wakes the writer to drain now (rare: under the lock, so the wake-up is not lost).
+  void request_drain() noexcept;
   // Moves everything queued into buf_ and writes it. Writer thread only.
   void drain();
   void write_buffer();
@@ -85,6 +93,7 @@ class JsonlWriter {
   std::uint64_t flush_done_ = 0;       // guarded by mu_
   bool stop_ = false;                  // guarded by mu_
   bool closed_ = false;                // guarded by mu_
+  std::atomic<bool> drain_requested_{false};
   std::atomic<std::int64_t> waits_{0};
   std::atomic<int> last_errno_{0};
   std::thread thread_;

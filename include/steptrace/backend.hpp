@@ -37,6 +37,8 @@ class STEPTRACE_API MemorySource {
   /// Short name recorded in run_start ("rss", "torch_cuda_allocator", ...).
   virtual const char* name() const noexcept = 0;
   virtual void sample(MemorySample& out) noexcept = 0;
+  /// Sample at most this often (steps in between repeat the last figures); 0: every step.
+  virtual std::int64_t min_interval_ns() const noexcept { return 0; }
 };
 
 /// Times work on a device with events recorded on a stream and resolved later, so that
@@ -78,8 +80,8 @@ STEPTRACE_API std::unique_ptr<DeviceTimer> make_cuda_timer(std::string* why_not)
 
 /// The steady host clock (CLOCK_MONOTONIC).
 STEPTRACE_API std::unique_ptr<Clock> make_host_clock();
-/// Resident set size of this process, read from /proc/self/statm; nullptr where that
-/// file cannot be read.
+/// Resident set size of this process, read from /proc/self/statm (at most once a
+/// millisecond: the read is a system call); nullptr where that file cannot be read.
 STEPTRACE_API std::unique_ptr<MemorySource> make_rss_source();
 
 }  // namespace steptrace

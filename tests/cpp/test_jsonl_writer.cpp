@@ -50,6 +50,20 @@ TEST(JsonlWriter, WritesEveryRecordInOrder) {
   EXPECT_EQ(records.back()["steps"], 5000);
 }
 
+TEST(JsonlWriter, AFullRingWakesTheWriterAtOnce) {
+  TempDir tmp;
+  const std::string path = tmp.str("log.jsonl");
+  PhaseNames names;
+  // A flush interval far longer than the test: only the producer's wake-ups can drain.
+  JsonlWriter w(open_file(path), "{\"kind\":\"run_start\"}\n", 0, names, 16,
+                std::chrono::milliseconds(60000));
+  const auto start = std::chrono::steady_clock::now();
+  push_steps(w, 0, 5000);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  w.close(RunEnd{"normal", {}, 1, 0.5, 0});
+  EXPECT_EQ(read_jsonl(path).size(), 5002u);
+}
+
 TEST(JsonlWriter, FlushMakesRecordsVisible) {
   TempDir tmp;
   const std::string path = tmp.str("log.jsonl");
