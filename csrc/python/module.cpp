@@ -14,6 +14,7 @@
 
 #include "steptrace/config.hpp"
 #include "steptrace/error.hpp"
+#include "steptrace/metrics.hpp"
 #include "steptrace/profiler.hpp"
 
 namespace py = pybind11;
@@ -301,4 +302,36 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("config", [](PyProfiler& p) { return p.core().config(); });
 
   m.def("version", &steptrace::version);
+  m.def(
+      "check_metric_set",
+      [](const std::string& chip, const std::string& mode,
+         const std::vector<std::string>& library_dirs) {
+        const steptrace::MetricSetReport r = steptrace::check_metric_set(chip, mode, library_dirs);
+        py::list metrics;
+        for (const auto& c : r.metrics) {
+          py::dict d;
+          d["counter"] = c.counter;
+          d["name"] = c.name;
+          d["required"] = c.required;
+          d["exists"] = c.exists;
+          d["selected"] = c.selected;
+          d["note"] = c.note;
+          metrics.append(d);
+        }
+        py::dict out;
+        out["chip"] = r.chip;
+        out["family"] = r.family;
+        out["mode"] = r.mode;
+        out["trigger"] = r.trigger;
+        out["passes"] = r.passes;
+        out["metrics"] = metrics;
+        out["cupti_library"] = r.cupti_library;
+        out["cupti_version"] = r.cupti_version;
+        out["error"] = r.error;
+        out["supported_chips"] = steptrace::supported_chips();
+        return out;
+      },
+      py::arg("chip"), py::arg("mode") = "auto",
+      py::arg("library_dirs") = std::vector<std::string>{},
+      "The CUPTI metric set for a chip, checked with CUPTI's host API (no GPU needed).");
 }

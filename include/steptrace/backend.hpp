@@ -80,8 +80,8 @@ STEPTRACE_API std::unique_ptr<DeviceTimer> make_cuda_timer(std::string* why_not)
 
 /// The steady host clock (CLOCK_MONOTONIC).
 STEPTRACE_API std::unique_ptr<Clock> make_host_clock();
-/// Resident set size of this process, read from /proc/self/statm (at most once a
-/// millisecond: the read is a system call); nullptr where that file cannot be read.
+/// Resident set size of this process, read from /proc/self/statm (at most every 10 ms:
+/// the read is a system call); nullptr where that file cannot be read.
 STEPTRACE_API std::unique_ptr<MemorySource> make_rss_source();
 
 }  // namespace steptrace

@@ -7,6 +7,7 @@
     steptrace plot RUN -o out.png [--rank R]           step time by phase, memory, counters
     steptrace export RUN --format chrome|csv -o FILE   Perfetto / chrome://tracing timeline, or CSV
     steptrace report RUN -o report.html                one self-contained HTML report
+    steptrace metrics --chip GH100 [--json]            the CUPTI counter set for a chip (no GPU needed)
 
 RUN is a ``rank<N>.jsonl`` file or a run folder (every rank). Every command takes
 ``--skip-bad`` (skip corrupt lines with a warning) and ``--no-progress``. Each subcommand
@@ -345,6 +346,71 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------- metrics
+
+
+def _add_metrics(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "metrics",
+        help="the CUPTI hardware-counter set steptrace uses on a chip, its passes, each metric checked",
+        description="Print the metric set steptrace asks CUPTI for on a GPU chip (silicon name, e.g. GH100 "
+                    "for H100/H200, GA100 for A100), whether each metric exists and how many passes the "
+                    "set needs, using CUPTI's profiler host API: no GPU is needed, only libcupti.",
+    )
+    p.add_argument("--chip", required=True, help="the chip name, as cuptiDeviceGetChipName reports it")
+    p.add_argument("--mode", default="auto", choices=("auto", "pm_sampling", "range_profiler"),
+                   help="the profiler mode (default: PM sampling where available)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=_cmd_metrics)
+
+
+def _cupti_dirs() -> list[str]:
+    """The nvidia/cuda_cupti/lib folder of an installed CUDA wheel (torch's), found without
+    importing torch."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_cupti")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [os.path.join(loc, "lib") for loc in spec.submodule_search_locations
+            if os.path.isdir(os.path.join(loc, "lib"))]
+
+
+def _cmd_metrics(args: argparse.Namespace) -> int:
+    from steptrace import _core
+
+    try:
+        report = _core.check_metric_set(args.chip, args.mode, _cupti_dirs())
+    except ValueError as exc:  # unknown chip or mode
+        raise _Usage(str(exc)) from None
+    if args.json:
+        _print_json(report)
+        return EXIT_OK if not report["error"] else EXIT_ERROR
+    head = f"chip {report['chip']} (table {report['family']}): {report['mode']}"
+    if report["trigger"]:
+        head += f", trigger {report['trigger']}"
+    passes = report["passes"]
+    head += f", {passes} pass{'es' if passes != 1 else ''}" if passes >= 0 else ", passes not computed"
+    print(head)
+    if report["cupti_library"]:
+        print(f"CUPTI {report['cupti_version']} from {report['cupti_library']}")
+    width = max((len(m["counter"]) for m in report["metrics"]), default=0)
+    for m in report["metrics"]:
+        mark = "+" if m["selected"] else " "
+        exists = "exists" if m["exists"] else "missing" if not m["note"] == "not checked" else "unchecked"
+        line = f"{mark} {m['counter']:<{width}}  {exists:<9} {m['name']}"
+        if m["note"] and not m["selected"] and m["note"] != "not checked":
+            line += f"  ({m['note']})"
+        print(line)
+    if report["error"]:
+        _error(report["error"])
+        return EXIT_ERROR
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -363,7 +429,8 @@ def _check_output(path: str, suffixes: Optional[tuple[str, ...]]) -> None:
         raise _Usage(f"{path}: is a directory")
 
 
-_COMMANDS: list[Callable[[Any], None]] = [_add_summary, _add_compare, _add_plot, _add_export, _add_report]
+_COMMANDS: list[Callable[[Any], None]] = [_add_summary, _add_compare, _add_plot, _add_export, _add_report,
+                                          _add_metrics]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,7 +29,8 @@ class RssSource final : public MemorySource {
   RssSource& operator=(const RssSource&) = delete;
 
   const char* name() const noexcept override { return "rss"; }
-  std::int64_t min_interval_ns() const noexcept override { return 1'000'000; }
+  // A cold read costs several microseconds; RSS moves slowly.
+  std::int64_t min_interval_ns() const noexcept override { return 10'000'000; }
 
   void sample(MemorySample& out) noexcept override {
     char buf[128];

@@ -1,0 +1,381 @@
+// Host-side cost of steptrace's C++ API, side by side with the alternatives, in one run.
+//
+//   BM_EmptyLoop                 the loop itself (subtracted in the summary)
+//   BM_SteadyClockPair           the hand-written alternative: two steady_clock::now() calls
+//   BM_PhaseById                 one Phase scope by PhaseId inside a running step (host clock)
+//   BM_PhaseByName/<name>        the same by name (interned-name lookup on every call)
+//   BM_Step5Phases/...           a whole step with forward, loss, backward, clip, optimizer,
+//                                including handing the record to the writer. The ring is
+//                                drained (flush, untimed) every kFlushEvery steps, so the
+//                                figure is the training thread's cost, never a wait on a full
+//                                ring (writer_waits, read back from run_end, says so).
+//   BM_WriterThroughput/...      step records per second the writer sustains end to end:
+//                                N steps pushed as fast as possible through the default
+//                                4096-slot ring, then close() (drain + run_end + fsync), all
+//                                inside the timed region (manual time). The training thread
+//                                waits whenever the ring is full, so this is the writer's
+//                                rate, not the training thread's.
+//   BM_RingFullStall/...         how long the one step that finds the ring full waits.
+//
+// Logs go to /tmp/steptrace-bench-<pid>/ (overwrite=true) and are removed at exit unless
+// --keep_logs is given. After the Google Benchmark table (console format only) a summary
+// prints per-op costs net of the empty loop, ratios and the budget check (< 1 us/phase).
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "steptrace/steptrace.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kFlushEvery = 1024;
+constexpr std::array<std::string_view, 5> kPhaseNames = {"forward", "loss", "backward", "clip",
+                                                         "optimizer"};
+
+fs::path bench_root() {
+  static const fs::path root =
+      fs::temp_directory_path() / ("steptrace-bench-" + std::to_string(::getpid()));
+  return root;
+}
+
+steptrace::Config make_config(const std::string& name, bool sample_rss = true) {
+  steptrace::Config c;
+  c.log_dir = (bench_root() / name).string();
+  c.overwrite = true;
+  c.run_id = "bench";
+  c.rank = 0;
+  c.world_size = 1;
+  c.sample_rss = sample_rss;
+  return c;
+}
+
+// writer_waits from the run_end line of a closed log (-1 when not found).
+std::int64_t writer_waits(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  const std::string key = "\"writer_waits\":";
+  const auto pos = last.find(key);
+  if (pos == std::string::npos) return -1;
+  return std::stoll(last.substr(pos + key.size()));
+}
+
+// ---- (a) baseline ----
+void BM_EmptyLoop(benchmark::State& state) {
+  std::int64_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(++i);
+  }
+}
+BENCHMARK(BM_EmptyLoop);
+
+// ---- (e) the hand-written alternative ----
+void BM_SteadyClockPair(benchmark::State& state) {
+  std::int64_t total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto t1 = std::chrono::steady_clock::now();
+    total += (t1 - t0).count();
+    benchmark::DoNotOptimize(total);
+  }
+}
+BENCHMARK(BM_SteadyClockPair);
+
+// ---- (b) one phase by id, inside a running step ----
+void BM_PhaseById(benchmark::State& state) {
+  steptrace::Profiler prof(make_config("phase_by_id"));
+  const steptrace::PhaseId id = prof.phase_id("forward");
+  {
+    auto step = prof.step();
+    for (auto _ : state) {
+      auto phase = step.phase(id);
+      benchmark::DoNotOptimize(phase);
+    }
+  }
+  prof.close();
+}
+BENCHMARK(BM_PhaseById);
+
+// ---- (c) one phase by name ----
+void BM_PhaseByName(benchmark::State& state, const char* name_cstr) {
+  steptrace::Profiler prof(make_config("phase_by_name"));
+  const std::string_view name(name_cstr);
+  {
+    auto step = prof.step();
+    for (auto _ : state) {
+      benchmark::DoNotOptimize(name.data());
+      auto phase = step.phase(name);
+      benchmark::DoNotOptimize(phase);
+    }
+  }
+  prof.close();
+}
+BENCHMARK_CAPTURE(BM_PhaseByName, forward, "forward");      // first interned name
+BENCHMARK_CAPTURE(BM_PhaseByName, optimizer, "optimizer");  // fifth interned name
+
+// ---- (d) a whole step with the five phases ----
+// Args: {by_name, sample_rss}
+void BM_Step5Phases(benchmark::State& state) {
+  const bool by_name = state.range(0) != 0;
+  const bool rss = state.range(1) != 0;
+  steptrace::Profiler prof(make_config("step5", rss));
+  std::array<steptrace::PhaseId, 5> ids{};
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
+  int since_flush = 0;
+  for (auto _ : state) {
+    {
+      auto step = prof.step();
+      if (by_name) {
+        { auto p = step.phase(kPhaseNames[0]); benchmark::DoNotOptimize(p); }
+        { auto p = step.phase(kPhaseNames[1]); benchmark::DoNotOptimize(p); }
+        { auto p = step.phase(kPhaseNames[2]); benchmark::DoNotOptimize(p); }
+        { auto p = step.phase(kPhaseNames[3]); benchmark::DoNotOptimize(p); }
+        { auto p = step.phase(kPhaseNames[4]); benchmark::DoNotOptimize(p); }
+      } else {
+        { auto p = step.phase(ids[0]); benchmark::DoNotOptimize(p); }
+        { auto p = step.phase(ids[1]); benchmark::DoNotOptimize(p); }
+        { auto p = step.phase(ids[2]); benchmark::DoNotOptimize(p); }
+        { auto p = step.phase(ids[3]); benchmark::DoNotOptimize(p); }
+        { auto p = step.phase(ids[4]); benchmark::DoNotOptimize(p); }
+      }
+    }
+    if (++since_flush == kFlushEvery) {
+      state.PauseTiming();
+      prof.flush();
+      since_flush = 0;
+      state.ResumeTiming();
+    }
+  }
+  prof.close();
+  state.counters["writer_waits"] = static_cast<double>(writer_waits(prof.log_path()));
+}
+BENCHMARK(BM_Step5Phases)
+    ->ArgNames({"by_name", "rss"})
+    ->Args({0, 0})
+    ->Args({0, 1})
+    ->Args({1, 1});
+
+// ---- (f) writer throughput ----
+// Args: {steps per run, phases per step, flush_interval_ms}. RSS sampling is off (its cost is
+// the training thread's, measured by BM_Step5Phases). flush_interval_ms=100 is the default a
+// user gets; flush_interval_ms=1 makes the writer wake every millisecond, which shows what
+// its serialization alone sustains.
+void BM_WriterThroughput(benchmark::State& state) {
+  const std::int64_t steps = state.range(0);
+  const int phases = static_cast<int>(state.range(1));
+  const int flush_ms = static_cast<int>(state.range(2));
+  std::int64_t waits = 0;
+  std::int64_t bytes = 0;
+  for (auto _ : state) {
+    steptrace::Config config = make_config("writer", /*sample_rss=*/false);
+    config.flush_interval_ms = flush_ms;
+    steptrace::Profiler prof(config);  // untimed: manual time below
+    std::array<steptrace::PhaseId, 5> ids{};
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t s = 0; s < steps; ++s) {
+      auto step = prof.step();
+      for (int p = 0; p < phases; ++p) {
+        auto scope = step.phase(ids[static_cast<std::size_t>(p)]);
+        benchmark::DoNotOptimize(scope);
+      }
+    }
+    prof.close();  // drains the ring, writes run_end, fsyncs
+    const auto t1 = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    waits += writer_waits(prof.log_path());
+    bytes += static_cast<std::int64_t>(fs::file_size(prof.log_path()));
+  }
+  state.SetItemsProcessed(state.iterations() * steps);
+  state.SetBytesProcessed(bytes);
+  state.counters["writer_waits_per_run"] =
+      benchmark::Counter(static_cast<double>(waits) / static_cast<double>(state.iterations()));
+}
+BENCHMARK(BM_WriterThroughput)
+    ->ArgNames({"steps", "phases", "flush_ms"})
+    ->Args({100000, 0, 100})
+    ->Args({100000, 5, 100})
+    ->Args({100000, 0, 1})
+    ->Args({100000, 5, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- (g) the step that finds the ring full ----
+// Fills the ring (queue_capacity steps, back to back, right after the profiler starts, so
+// the writer is asleep in its flush interval) and times the one step after: how long the
+// training thread waits for a slot. Arg: flush_interval_ms. If the writer were woken as
+// soon as the ring is full this would be the time to serialize a few records (us); a
+// figure close to flush_interval_ms means the training thread waited out the interval.
+void BM_RingFullStall(benchmark::State& state) {
+  const int flush_ms = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    steptrace::Config config = make_config("ring_full", /*sample_rss=*/false);
+    config.flush_interval_ms = flush_ms;
+    steptrace::Profiler prof(config);
+    for (int s = 0; s < config.queue_capacity; ++s) {
+      auto step = prof.step();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    { auto step = prof.step(); }
+    const auto t1 = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    state.PauseTiming();
+    prof.close();
+    state.ResumeTiming();
+  }
+}
+BENCHMARK(BM_RingFullStall)
+    ->ArgNames({"flush_ms"})
+    ->Arg(20)
+    ->Arg(100)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- summary ----
+
+// Console output as usual, plus the per-iteration real time of each run, for the summary.
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  explicit SummaryReporter(OutputOptions options) : ConsoleReporter(options) {}
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& run : runs) {
+      if (run.error_occurred) continue;
+      const bool aggregate = run.run_type == Run::RT_Aggregate;
+      if (aggregate && run.aggregate_name != "median") continue;
+      const std::string name = run.run_name.str();
+      if (!aggregate && medians_.count(name) != 0) continue;  // a median wins over a repetition
+      const double ns = run.GetAdjustedRealTime() *
+                        (1e9 / benchmark::GetTimeUnitMultiplier(run.time_unit));
+      if (aggregate) {
+        medians_[name] = ns;
+        ns_[name] = ns;
+      } else if (ns_.count(name) == 0) {
+        ns_[name] = ns;
+      }
+      if (run.counters.count("items_per_second") != 0) {
+        items_per_s_[name] = run.counters.at("items_per_second").value;
+      }
+    }
+  }
+
+  void PrintSummary() const {
+    auto get = [&](const std::string& n) {
+      const auto it = ns_.find(n);
+      return it == ns_.end() ? -1.0 : it->second;
+    };
+    const double empty = get("BM_EmptyLoop");
+    const double clock_pair = get("BM_SteadyClockPair");
+    std::printf("\n== steptrace C++ summary (real time per op, empty loop %.2f ns subtracted) ==\n",
+                empty < 0 ? 0.0 : empty);
+    auto net = [&](double v) { return v < 0 ? v : v - (empty < 0 ? 0.0 : empty); };
+    const double clock_net = net(clock_pair);
+    if (clock_pair >= 0) std::printf("  %-44s %9.1f ns\n", "steady_clock::now() x2 (alternative)", clock_net);
+    struct Row {
+      const char* label;
+      const char* name;
+      double per;  // ops per iteration (5 phases per step)
+    };
+    const Row rows[] = {
+        {"phase by id", "BM_PhaseById", 1},
+        {"phase by name (forward)", "BM_PhaseByName/forward", 1},
+        {"phase by name (optimizer)", "BM_PhaseByName/optimizer", 1},
+        {"step + 5 phases, by id, rss off", "BM_Step5Phases/by_name:0/rss:0", 1},
+        {"step + 5 phases, by id, rss on", "BM_Step5Phases/by_name:0/rss:1", 1},
+        {"step + 5 phases, by name, rss on (default)", "BM_Step5Phases/by_name:1/rss:1", 1},
+    };
+    bool all_pass = true;
+    for (const Row& row : rows) {
+      const double v = net(get(row.name));
+      if (v < 0) continue;
+      const bool is_phase = std::strncmp(row.name, "BM_Phase", 8) == 0;
+      std::printf("  %-44s %9.1f ns  %6.1fx the clock pair", row.label, v,
+                  clock_net > 0 ? v / clock_net : 0.0);
+      if (is_phase) {
+        const bool pass = v < 1000.0;
+        all_pass = all_pass && pass;
+        std::printf("  budget <1 us/phase: %s", pass ? "PASS" : "FAIL");
+      } else {
+        std::printf("  (%.1f ns per phase boundary pair incl. step share)", v / 5.0);
+      }
+      std::printf("\n");
+    }
+    for (const auto& [name, ips] : items_per_s_) {
+      if (name.rfind("BM_WriterThroughput", 0) == 0) {
+        std::printf("  writer throughput %-26s %9.3g records/s\n",
+                    name.substr(std::strlen("BM_WriterThroughput")).c_str(), ips);
+      }
+    }
+    for (const auto& [name, ns] : ns_) {
+      if (name.rfind("BM_RingFullStall", 0) == 0) {
+        std::printf("  step that finds the ring full %-20s %9.2f ms waited\n",
+                    name.substr(std::strlen("BM_RingFullStall")).c_str(), ns / 1e6);
+      }
+    }
+    std::printf("  C++ per-phase budget (< 1 us, host clock): %s\n", all_pass ? "PASS" : "FAIL");
+  }
+
+ private:
+  std::map<std::string, double> ns_;
+  std::map<std::string, double> medians_;
+  std::map<std::string, double> items_per_s_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool keep_logs = false;
+  bool console = true;
+  bool color = ::isatty(STDOUT_FILENO) != 0;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--keep_logs") == 0) {
+      keep_logs = true;
+      continue;
+    }
+    if (std::strncmp(argv[i], "--benchmark_format=", 19) == 0 &&
+        std::strcmp(argv[i] + 19, "console") != 0) {
+      console = false;
+    }
+    if (std::strncmp(argv[i], "--benchmark_color=", 18) == 0) {
+      const std::string v(argv[i] + 18);
+      color = v == "true" || v == "yes" || v == "1" || (v == "auto" && color);
+    }
+    args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  std::fprintf(stderr, "steptrace %s; logs in %s\n", steptrace::version(), bench_root().c_str());
+  if (console) {
+    SummaryReporter reporter(color ? benchmark::ConsoleReporter::OO_ColorTabular
+                                   : benchmark::ConsoleReporter::OO_Tabular);
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    reporter.PrintSummary();
+  } else {
+    benchmark::RunSpecifiedBenchmarks();
+  }
+  benchmark::Shutdown();
+  if (!keep_logs) {
+    std::error_code ec;
+    fs::remove_all(bench_root(), ec);
+  }
+  return 0;
+}

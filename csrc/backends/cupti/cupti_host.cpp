@@ -1,0 +1,366 @@
+// check_metric_set(): the metric table checked with CUPTI's profiler host API, which
+// needs no GPU and no driver. libcupti is dlopen'ed; the CUPTI headers only give the
+// parameter structs. Without the headers at build time this is a stub that says so.
+#include "cupti_host.hpp"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "metric_sets.hpp"
+#include "steptrace/error.hpp"
+#include "steptrace/metrics.hpp"
+
+#if STEPTRACE_HAVE_CUPTI_HEADERS
+#include <cupti_profiler_host.h>
+#include <cupti_result.h>
+#endif
+
+namespace steptrace {
+namespace detail::cupti {
+namespace {
+
+constexpr const char* kSonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
+
+int find_mapped(dl_phdr_info* info, size_t, void* data) {
+  const char* name = info->dlpi_name;
+  if (name == nullptr || name[0] == '\0') return 0;
+  const char* base = std::strrchr(name, '/');
+  base = base == nullptr ? name : base + 1;
+  if (std::strncmp(base, "libcupti.so", 11) != 0) return 0;
+  *static_cast<std::string*>(data) = name;
+  return 1;
+}
+
+std::string loaded_path(void* handle, const std::string& fallback) {
+  link_map* map = nullptr;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
+      map->l_name[0] != '\0') {
+    return map->l_name;
+  }
+  return fallback;
+}
+
+std::mutex g_mutex;
+Library g_library;
+bool g_loaded = false;
+
+}  // namespace
+
+std::vector<std::string> library_candidates(const std::vector<std::string>& extra_dirs) {
+  std::vector<std::string> out(std::begin(kSonames), std::end(kSonames));
+  std::vector<std::string> dirs = extra_dirs;
+  if (const char* home = std::getenv("CUDA_HOME"); home != nullptr && home[0] != '\0') {
+    for (const char* sub : {"/lib64", "/lib", "/extras/CUPTI/lib64"})
+      dirs.push_back(home + std::string(sub));
+  }
+  for (const char* d :
+       {"/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/local/cuda/extras/CUPTI/lib64"}) {
+    dirs.emplace_back(d);
+  }
+  for (const auto& d : dirs) {
+    for (const char* so : kSonames) out.push_back(d + "/" + so);
+  }
+  return out;
+}
+
+const Library* load_library(const std::vector<std::string>& extra_dirs, std::string* why) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_loaded) return &g_library;
+  void* handle = nullptr;
+  std::string path;
+  // 1. a copy already in the process (torch loads its own): by soname, then any mapped
+  //    file named libcupti.so* (a differently named copy from a wheel)
+  for (const char* so : kSonames) {
+    handle = dlopen(so, RTLD_NOW | RTLD_NOLOAD);
+    if (handle != nullptr) {
+      path = so;
+      break;
+    }
+  }
+  if (handle == nullptr) {
+    std::string mapped;
+    dl_iterate_phdr(find_mapped, &mapped);
+    if (!mapped.empty()) {
+      handle = dlopen(mapped.c_str(), RTLD_NOW | RTLD_NOLOAD);
+      path = mapped;
+    }
+  }
+  // 2. the loader's search path, then the toolkit folders and the caller's
+  if (handle == nullptr) {
+    for (const auto& c : library_candidates(extra_dirs)) {
+      handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle != nullptr) {
+        path = c;
+        break;
+      }
+    }
+  }
+  if (handle == nullptr) {
+    *why =
+        "libcupti could not be loaded (tried libcupti.so.13/.12 on the loader path, "
+        "$CUDA_HOME and /usr/local/cuda; install the CUDA toolkit's CUPTI or "
+        "nvidia-cuda-cupti)";
+    return nullptr;
+  }
+  g_library.handle = handle;
+  g_library.path = loaded_path(handle, path);
+  using GetVersion = int (*)(std::uint32_t*);
+  if (auto get = reinterpret_cast<GetVersion>(dlsym(handle, "cuptiGetVersion")); get != nullptr) {
+    std::uint32_t v = 0;
+    if (get(&v) == 0) g_library.version = static_cast<int>(v);
+  }
+  g_loaded = true;
+  return &g_library;
+}
+
+#if STEPTRACE_HAVE_CUPTI_HEADERS
+namespace {
+
+// The host-API entry points, resolved from the loaded library.
+struct HostApi {
+  decltype(&::cuptiProfilerHostInitialize) initialize = nullptr;
+  decltype(&::cuptiProfilerHostDeinitialize) deinitialize = nullptr;
+  decltype(&::cuptiProfilerHostGetMetricProperties) metric_properties = nullptr;
+  decltype(&::cuptiProfilerHostConfigAddMetrics) add_metrics = nullptr;
+  decltype(&::cuptiProfilerHostGetConfigImageSize) config_image_size = nullptr;
+  decltype(&::cuptiProfilerHostGetConfigImage) config_image = nullptr;
+  decltype(&::cuptiProfilerHostGetNumOfPasses) num_passes = nullptr;
+  decltype(&::cuptiGetResultString) result_string = nullptr;
+
+  bool load(void* lib, std::string* missing) {
+    bool ok = true;
+    auto resolve = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (fn == nullptr && ok) {
+        *missing = name;
+        ok = false;
+      }
+    };
+    resolve(initialize, "cuptiProfilerHostInitialize");
+    resolve(deinitialize, "cuptiProfilerHostDeinitialize");
+    resolve(metric_properties, "cuptiProfilerHostGetMetricProperties");
+    resolve(add_metrics, "cuptiProfilerHostConfigAddMetrics");
+    resolve(config_image_size, "cuptiProfilerHostGetConfigImageSize");
+    resolve(config_image, "cuptiProfilerHostGetConfigImage");
+    resolve(num_passes, "cuptiProfilerHostGetNumOfPasses");
+    result_string = reinterpret_cast<decltype(result_string)>(dlsym(lib, "cuptiGetResultString"));
+    return ok;
+  }
+
+  std::string error(CUptiResult r) const {
+    const char* s = nullptr;
+    if (result_string != nullptr && result_string(r, &s) == CUPTI_SUCCESS && s != nullptr) {
+      return fmt::format("{} ({})", s, static_cast<int>(r));
+    }
+    return fmt::format("CUPTI error {}", static_cast<int>(r));
+  }
+};
+
+// One host object (chip + profiler type, no counter availability image); deinitialized
+// on scope exit.
+class HostObject {
+ public:
+  HostObject(const HostApi& api, const std::string& chip, ProfilerMode mode) : api_(api) {
+    CUpti_Profiler_Host_Initialize_Params p{};
+    p.structSize = CUpti_Profiler_Host_Initialize_Params_STRUCT_SIZE;
+    p.profilerType = mode == ProfilerMode::kPmSampling ? CUPTI_PROFILER_TYPE_PM_SAMPLING
+                                                       : CUPTI_PROFILER_TYPE_RANGE_PROFILER;
+    p.pChipName = chip.c_str();
+    p.pCounterAvailabilityImage = nullptr;
+    status_ = api_.initialize(&p);
+    if (status_ == CUPTI_SUCCESS) object_ = p.pHostObject;
+  }
+  ~HostObject() {
+    if (object_ == nullptr) return;
+    CUpti_Profiler_Host_Deinitialize_Params p{};
+    p.structSize = CUpti_Profiler_Host_Deinitialize_Params_STRUCT_SIZE;
+    p.pHostObject = object_;
+    api_.deinitialize(&p);
+  }
+  HostObject(const HostObject&) = delete;
+  HostObject& operator=(const HostObject&) = delete;
+
+  CUptiResult status() const { return status_; }
+  CUpti_Profiler_Host_Object* get() const { return object_; }
+
+ private:
+  const HostApi& api_;
+  CUptiResult status_ = CUPTI_ERROR_UNKNOWN;
+  CUpti_Profiler_Host_Object* object_ = nullptr;
+};
+
+bool metric_exists(const HostApi& api, CUpti_Profiler_Host_Object* obj, const std::string& name) {
+  CUpti_Profiler_Host_GetMetricProperties_Params p{};
+  p.structSize = CUpti_Profiler_Host_GetMetricProperties_Params_STRUCT_SIZE;
+  p.pHostObject = obj;
+  p.pMetricName = name.c_str();
+  return api.metric_properties(&p) == CUPTI_SUCCESS;
+}
+
+int count_passes(const HostApi& api, const std::string& chip, ProfilerMode mode,
+                 const std::vector<std::string>& metrics, std::string* why) {
+  HostObject host(api, chip, mode);
+  if (host.status() != CUPTI_SUCCESS) {
+    *why = "cuptiProfilerHostInitialize: " + api.error(host.status());
+    return -1;
+  }
+  std::vector<const char*> names;
+  names.reserve(metrics.size());
+  for (const auto& m : metrics) names.push_back(m.c_str());
+  CUpti_Profiler_Host_ConfigAddMetrics_Params add{};
+  add.structSize = CUpti_Profiler_Host_ConfigAddMetrics_Params_STRUCT_SIZE;
+  add.pHostObject = host.get();
+  add.ppMetricNames = names.data();
+  add.numMetrics = names.size();
+  if (CUptiResult r = api.add_metrics(&add); r != CUPTI_SUCCESS) {
+    *why = "cuptiProfilerHostConfigAddMetrics: " + api.error(r);
+    return -1;
+  }
+  CUpti_Profiler_Host_GetConfigImageSize_Params size{};
+  size.structSize = CUpti_Profiler_Host_GetConfigImageSize_Params_STRUCT_SIZE;
+  size.pHostObject = host.get();
+  if (CUptiResult r = api.config_image_size(&size); r != CUPTI_SUCCESS) {
+    *why = "cuptiProfilerHostGetConfigImageSize: " + api.error(r);
+    return -1;
+  }
+  std::vector<std::uint8_t> image(size.configImageSize);
+  CUpti_Profiler_Host_GetConfigImage_Params img{};
+  img.structSize = CUpti_Profiler_Host_GetConfigImage_Params_STRUCT_SIZE;
+  img.pHostObject = host.get();
+  img.configImageSize = image.size();
+  img.pConfigImage = image.data();
+  if (CUptiResult r = api.config_image(&img); r != CUPTI_SUCCESS) {
+    *why = "cuptiProfilerHostGetConfigImage: " + api.error(r);
+    return -1;
+  }
+  CUpti_Profiler_Host_GetNumOfPasses_Params np{};
+  np.structSize = CUpti_Profiler_Host_GetNumOfPasses_Params_STRUCT_SIZE;
+  np.configImageSize = image.size();
+  np.pConfigImage = image.data();
+  if (CUptiResult r = api.num_passes(&np); r != CUPTI_SUCCESS) {
+    *why = "cuptiProfilerHostGetNumOfPasses: " + api.error(r);
+    return -1;
+  }
+  return static_cast<int>(np.numOfPasses);
+}
+
+// Fills `report` for one mode; false (with report->error) when the mode is unusable.
+bool check_mode(const HostApi& api, const ChipFamily& family, ProfilerMode mode,
+                MetricSetReport* report) {
+  report->mode = to_string(mode);
+  report->error.clear();
+  HostObject host(api, report->chip, mode);
+  if (host.status() != CUPTI_SUCCESS) {
+    report->error = fmt::format("CUPTI does not accept chip {} for {}: {}", report->chip,
+                                report->mode, api.error(host.status()));
+    report->metrics.clear();
+    return false;
+  }
+  MetricOracle oracle;
+  oracle.exists = [&](const std::string& name) { return metric_exists(api, host.get(), name); };
+  oracle.passes = [&](const std::vector<std::string>& metrics, std::string* why) {
+    return count_passes(api, report->chip, mode, metrics, why);
+  };
+  select_metric_set(counters_for(family, mode), oracle, report);
+  return report->error.empty();
+}
+
+}  // namespace
+#endif  // STEPTRACE_HAVE_CUPTI_HEADERS
+
+}  // namespace detail::cupti
+
+std::vector<std::string> supported_chips() {
+  std::vector<std::string> out;
+  for (const auto& f : detail::cupti::chip_families()) {
+    out.insert(out.end(), f.chips.begin(), f.chips.end());
+  }
+  return out;
+}
+
+MetricSetReport check_metric_set(const std::string& chip, const std::string& mode,
+                                 const std::vector<std::string>& library_dirs) {
+  using namespace detail::cupti;
+  const ChipFamily* family = find_family(chip);
+  if (family == nullptr && (chip.rfind("TU1", 0) == 0 || chip == "GV100" || chip == "GP100")) {
+    // Turing: the three required counters need 2 passes in either mode (CUPTI 13.0)
+    throw ConfigError(
+        fmt::format("chip \"{}\" is older than steptrace's counter support (Ampere and later: the "
+                    "tensor, DRAM and occupancy counters do not fit one pass on it); supported: {}",
+                    chip, fmt::join(supported_chips(), ", ")));
+  }
+  if (family == nullptr) {
+    throw ConfigError(fmt::format(
+        "unknown chip \"{}\" (chip names are silicon names as cuptiDeviceGetChipName reports "
+        "them, e.g. GH100 for H100/H200); supported: {}",
+        chip, fmt::join(supported_chips(), ", ")));
+  }
+  if (mode != "auto" && mode != "pm_sampling" && mode != "range_profiler") {
+    throw ConfigError(fmt::format(
+        "unknown profiler mode \"{}\" (use auto, pm_sampling or range_profiler)", mode));
+  }
+  const bool pm_ok = family->pm_sampling;
+  if (mode == "pm_sampling" && !pm_ok) {
+    throw ConfigError(fmt::format("chip {} has no PM sampling; use range_profiler", chip));
+  }
+  MetricSetReport report;
+  report.chip = chip;
+  report.family = family->name;
+  const ProfilerMode first = (mode == "range_profiler" || !pm_ok) ? ProfilerMode::kRangeProfiler
+                                                                  : ProfilerMode::kPmSampling;
+  report.mode = to_string(first);
+  if (first == ProfilerMode::kPmSampling) {
+    report.trigger = family->time_interval_trigger ? "gpu_time_interval" : "gpu_sysclk_interval";
+  }
+  // The table is listed even when CUPTI cannot check it.
+  for (const auto& spec : counters_for(*family, first)) {
+    for (const auto& name : spec.candidates) {
+      MetricCheck m;
+      m.counter = spec.counter;
+      m.name = name;
+      m.required = spec.required;
+      m.note = "not checked";
+      report.metrics.push_back(std::move(m));
+    }
+  }
+#if !STEPTRACE_HAVE_CUPTI_HEADERS
+  report.error = "built without CUPTI headers: metric sets cannot be checked";
+  return report;
+#else
+  std::string why;
+  const Library* lib = load_library(library_dirs, &why);
+  if (lib == nullptr) {
+    report.error = why;
+    return report;
+  }
+  report.cupti_library = lib->path;
+  report.cupti_version = lib->version;
+  HostApi api;
+  std::string missing;
+  if (!api.load(lib->handle, &missing)) {
+    report.error = fmt::format(
+        "CUPTI {} ({}) has no profiler host API ({} missing): CUPTI 12.6 or newer is needed",
+        lib->version, lib->path, missing);
+    return report;
+  }
+  if (check_mode(api, *family, first, &report)) return report;
+  if (mode == "auto" && first == ProfilerMode::kPmSampling) {
+    const std::string pm_error = report.error;
+    if (check_mode(api, *family, ProfilerMode::kRangeProfiler, &report)) {
+      report.trigger.clear();
+      return report;
+    }
+    report.error = pm_error + "; range profiler: " + report.error;
+  }
+  return report;
+#endif
+}
+
+}  // namespace steptrace
