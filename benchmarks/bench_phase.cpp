@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/fake/fake_device_timer.hpp"
 #include "steptrace/steptrace.hpp"
 
 namespace {
@@ -171,6 +172,39 @@ BENCHMARK(BM_Step5Phases)
     ->Args({0, 1})
     ->Args({1, 1});
 
+// ---- (g) the CUDA-event path's bookkeeping, on the fake device ----
+// A step with five phases recorded as device events (12 per step) on a device that
+// completes everything at once: the profiler's cost on the device path without the
+// driver's (cuEventRecord, measured on a GPU by tests/gpu/).
+void BM_Step5PhasesFakeDevice(benchmark::State& state) {
+  steptrace::Backends backends;
+  auto device = std::make_unique<steptrace::fake::FakeDeviceTimer>();
+  device->complete_all(/*from_now_on=*/true);
+  backends.device_timer = std::move(device);
+  steptrace::Profiler prof(make_config("step5_fake_device", false), {}, std::move(backends));
+  prof.set_stream(1);
+  std::array<steptrace::PhaseId, 5> ids{};
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
+  int since_flush = 0;
+  for (auto _ : state) {
+    {
+      auto step = prof.step();
+      for (const auto id : ids) {
+        auto p = step.phase(id);
+        benchmark::DoNotOptimize(p);
+      }
+    }
+    if (++since_flush == kFlushEvery) {
+      state.PauseTiming();
+      prof.flush();
+      since_flush = 0;
+      state.ResumeTiming();
+    }
+  }
+  prof.close();
+}
+BENCHMARK(BM_Step5PhasesFakeDevice);
+
 // ---- (f) writer throughput ----
 // Args: {steps per run, phases per step, flush_interval_ms}. RSS sampling is off (its cost is
 // the training thread's, measured by BM_Step5Phases). flush_interval_ms=100 is the default a
@@ -300,6 +334,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         {"step + 5 phases, by id, rss off", "BM_Step5Phases/by_name:0/rss:0", 1},
         {"step + 5 phases, by id, rss on", "BM_Step5Phases/by_name:0/rss:1", 1},
         {"step + 5 phases, by name, rss on (default)", "BM_Step5Phases/by_name:1/rss:1", 1},
+        {"step + 5 phases on the fake device (events)", "BM_Step5PhasesFakeDevice", 1},
     };
     bool all_pass = true;
     for (const Row& row : rows) {
