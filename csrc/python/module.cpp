@@ -68,10 +68,101 @@ struct StepScope {
   }
 };
 
-struct PhaseScope {
-  ProfilerPtr profiler;
+// The classes of steptrace.errors, set at import (each also a ValueError/RuntimeError).
+PyObject* g_config_error = nullptr;
+PyObject* g_usage_error = nullptr;
+PyObject* g_base_error = nullptr;
+
+// Sets the Python exception for a C++ one and returns nullptr (for raw C-API methods).
+PyObject* raise_python(const std::exception& e) {
+  PyObject* type = PyExc_RuntimeError;
+  if (dynamic_cast<const steptrace::ConfigError*>(&e) != nullptr) {
+    type = g_config_error;
+  } else if (dynamic_cast<const steptrace::UsageError*>(&e) != nullptr) {
+    type = g_usage_error;
+  } else if (dynamic_cast<const steptrace::Error*>(&e) != nullptr) {
+    type = g_base_error;
+  }
+  PyErr_SetString(type, e.what());
+  return nullptr;
+}
+
+// ---- the phase scope, as a plain C-API type ----
+// `with prof.phase("x"):` is the hottest Python path: two calls per phase. Methods of a
+// C type (METH_NOARGS / METH_FASTCALL) skip pybind11's dispatcher, whose cost grows a lot
+// when a training step has flushed the caches.
+struct RawPhaseScope {
+  PyObject_HEAD ProfilerPtr* profiler;  // owned; keeps the profiler alive as long as the scope
   PhaseId id;
 };
+
+void phase_scope_dealloc(PyObject* self) {
+  delete reinterpret_cast<RawPhaseScope*>(self)->profiler;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* phase_scope_enter(PyObject* self, PyObject* /*unused*/) {
+  auto* s = reinterpret_cast<RawPhaseScope*>(self);
+  try {
+    (*s->profiler)->begin_phase(s->id);
+  } catch (const std::exception& e) {
+    return raise_python(e);
+  }
+  Py_INCREF(self);
+  return self;
+}
+
+PyObject* phase_scope_exit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  auto* s = reinterpret_cast<RawPhaseScope*>(self);
+  const bool unwinding = nargs > 0 && args[0] != Py_None;
+  try {
+    (*s->profiler)->end_phase(s->id);
+  } catch (const std::exception& e) {
+    // The user's exception propagates unchanged; a misuse error must not replace it.
+    if (!unwinding) return raise_python(e);
+  }
+  Py_RETURN_FALSE;
+}
+
+PyObject* phase_scope_name(PyObject* self, void* /*unused*/) {
+  auto* s = reinterpret_cast<RawPhaseScope*>(self);
+  const std::string& name = (*s->profiler)->phase_name(s->id);
+  return PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+}
+
+PyMethodDef g_phase_scope_methods[] = {
+    {"__enter__", phase_scope_enter, METH_NOARGS, "Starts the phase."},
+    {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(phase_scope_exit)),
+     METH_FASTCALL, "Ends the phase; never swallows an exception."},
+    {nullptr, nullptr, 0, nullptr}};
+PyGetSetDef g_phase_scope_getset[] = {
+    {"name", phase_scope_name, nullptr, "The phase's name.", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+PyTypeObject g_phase_scope_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+void init_phase_scope_type(py::module_& m) {
+  PyTypeObject& t = g_phase_scope_type;
+  t.tp_name = "steptrace._core.PhaseScope";
+  t.tp_basicsize = sizeof(RawPhaseScope);
+  t.tp_flags = Py_TPFLAGS_DEFAULT;
+  t.tp_doc = "The reusable scope of one phase: `with prof.phase(\"forward\"): ...`";
+  t.tp_dealloc = phase_scope_dealloc;
+  t.tp_methods = g_phase_scope_methods;
+  t.tp_getset = g_phase_scope_getset;
+  if (PyType_Ready(&t) < 0) throw py::error_already_set();
+  Py_INCREF(&t);
+  m.attr("PhaseScope") = py::handle(reinterpret_cast<PyObject*>(&t));
+}
+
+py::object make_phase_scope(const ProfilerPtr& profiler, PhaseId id) {
+  RawPhaseScope* s = PyObject_New(RawPhaseScope, &g_phase_scope_type);
+  if (s == nullptr) throw py::error_already_set();
+  s->profiler = new ProfilerPtr(profiler);
+  s->id = id;
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
+}
+
+py::object make_step_scope(const StepScope& scope);
 
 // Wraps a Profiler with the Python-facing conveniences. Scopes share ownership of the
 // profiler, so a scope kept past the profiler object stays safe to call.
@@ -82,7 +173,8 @@ class PyProfiler {
     for (const auto& [k, v] : versions) info.versions.emplace_back(k, v);
     profiler_ = std::make_shared<steptrace::Profiler>(std::move(config), std::move(info));
     hooks_ = std::make_shared<StepHooks>();
-    step_scope_ = py::cast(StepScope{profiler_, hooks_});
+    step_ = StepScope{profiler_, hooks_};
+    step_scope_ = make_step_scope(step_);
   }
 
   py::object step() const { return step_scope_; }
@@ -100,7 +192,7 @@ class PyProfiler {
     if (utf8 == nullptr) throw py::error_already_set();
     const PhaseId id = profiler_->phase_id(std::string_view(utf8, static_cast<std::size_t>(size)));
     if (id >= by_id_.size()) by_id_.resize(id + 1);
-    if (!by_id_[id]) by_id_[id] = py::cast(PhaseScope{profiler_, id});
+    if (!by_id_[id]) by_id_[id] = make_phase_scope(profiler_, id);
     // Literals are interned, so a few entries serve a loop; names built per call (an
     // f-string) would grow the cache without bound, so it is capped.
     if (by_object_.size() < kMaxCachedObjects) {
@@ -112,17 +204,131 @@ class PyProfiler {
 
   steptrace::Profiler& core() { return *profiler_; }
   StepHooks& hooks() { return *hooks_; }
-  const StepScope& step_scope() { return step_scope_.cast<const StepScope&>(); }
+  const StepScope& step_scope() const { return step_; }
 
  private:
   static constexpr std::size_t kMaxCachedObjects = 4 * steptrace::kMaxPhases;
   ProfilerPtr profiler_;
   std::shared_ptr<StepHooks> hooks_;
+  StepScope step_;
   py::object step_scope_;
   std::vector<py::object> by_id_;
   std::vector<std::pair<PyObject*, py::object>> by_object_;
   std::vector<py::object> keys_;
 };
+
+// ---- the step scope, the same way (one enter and one exit per step) ----
+struct RawStepScope {
+  PyObject_HEAD StepScope* scope;  // owned
+};
+
+void step_scope_dealloc(PyObject* self) {
+  delete reinterpret_cast<RawStepScope*>(self)->scope;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* step_scope_enter(PyObject* self, PyObject* /*unused*/) {
+  try {
+    reinterpret_cast<RawStepScope*>(self)->scope->enter();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    return raise_python(e);
+  }
+  Py_INCREF(self);
+  return self;
+}
+
+PyObject* step_scope_exit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  try {
+    reinterpret_cast<RawStepScope*>(self)->scope->exit(/*failed=*/nargs > 0 && args[0] != Py_None);
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    return raise_python(e);
+  }
+  Py_RETURN_FALSE;  // never swallow the exception
+}
+
+PyMethodDef g_step_scope_methods[] = {
+    {"__enter__", step_scope_enter, METH_NOARGS, "Begins the step."},
+    {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(step_scope_exit)),
+     METH_FASTCALL, "Ends the step (status error when an exception is passing)."},
+    {nullptr, nullptr, 0, nullptr}};
+PyTypeObject g_step_scope_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+void init_step_scope_type(py::module_& m) {
+  PyTypeObject& t = g_step_scope_type;
+  t.tp_name = "steptrace._core.StepScope";
+  t.tp_basicsize = sizeof(RawStepScope);
+  t.tp_flags = Py_TPFLAGS_DEFAULT;
+  t.tp_doc = "The reusable scope of a step: `with prof.step(): ...`";
+  t.tp_dealloc = step_scope_dealloc;
+  t.tp_methods = g_step_scope_methods;
+  if (PyType_Ready(&t) < 0) throw py::error_already_set();
+  Py_INCREF(&t);
+  m.attr("StepScope") = py::handle(reinterpret_cast<PyObject*>(&t));
+}
+
+py::object make_step_scope(const StepScope& scope) {
+  RawStepScope* s = PyObject_New(RawStepScope, &g_step_scope_type);
+  if (s == nullptr) throw py::error_already_set();
+  s->scope = new StepScope(scope);
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
+}
+
+// ---- prof.phase, as a builtin function bound to its profiler (METH_O) ----
+struct RawPhaseTable {
+  PyObject_HEAD PyProfiler* profiler;
+  PyObject* owner;  // the Python Profiler object that owns *profiler
+};
+
+void phase_table_dealloc(PyObject* self) {
+  Py_XDECREF(reinterpret_cast<RawPhaseTable*>(self)->owner);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* phase_lookup(PyObject* self, PyObject* name) {
+  try {
+    return reinterpret_cast<RawPhaseTable*>(self)->profiler->phase(name).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    raise_python(e);
+  }
+  return nullptr;
+}
+
+PyMethodDef g_phase_lookup_def = {
+    "phase", phase_lookup, METH_O,
+    "The (reusable) scope of a phase: `with prof.phase(\"forward\"): ...`"};
+PyTypeObject g_phase_table_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+void init_phase_table_type() {
+  PyTypeObject& t = g_phase_table_type;
+  t.tp_name = "steptrace._core.PhaseTable";
+  t.tp_basicsize = sizeof(RawPhaseTable);
+  t.tp_flags = Py_TPFLAGS_DEFAULT;
+  t.tp_dealloc = phase_table_dealloc;
+  if (PyType_Ready(&t) < 0) throw py::error_already_set();
+}
+
+// `prof.phase` for Python: a builtin whose calls skip pybind11's dispatcher.
+py::object make_phase_function(py::object owner) {
+  RawPhaseTable* table = PyObject_New(RawPhaseTable, &g_phase_table_type);
+  if (table == nullptr) throw py::error_already_set();
+  table->profiler = &owner.cast<PyProfiler&>();
+  table->owner = owner.release().ptr();
+  PyObject* fn =
+      PyCFunction_NewEx(&g_phase_lookup_def, reinterpret_cast<PyObject*>(table), nullptr);
+  Py_DECREF(reinterpret_cast<PyObject*>(table));  // the function holds it now
+  if (fn == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
 
 steptrace::EndReason parse_reason(const std::string& reason) {
   if (reason == "normal") return steptrace::EndReason::kNormal;
@@ -139,24 +345,21 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "steptrace's C++ core (use the steptrace package, not this module)";
 
   // steptrace.errors defines the exception classes (each also a ValueError/RuntimeError).
-  static PyObject* config_error = nullptr;
-  static PyObject* usage_error = nullptr;
-  static PyObject* base_error = nullptr;
   {
     py::module_ errors = py::module_::import("steptrace.errors");
-    config_error = py::object(errors.attr("ConfigError")).release().ptr();
-    usage_error = py::object(errors.attr("UsageError")).release().ptr();
-    base_error = py::object(errors.attr("SteptraceError")).release().ptr();
+    g_config_error = py::object(errors.attr("ConfigError")).release().ptr();
+    g_usage_error = py::object(errors.attr("UsageError")).release().ptr();
+    g_base_error = py::object(errors.attr("SteptraceError")).release().ptr();
   }
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const steptrace::ConfigError& e) {
-      PyErr_SetString(config_error, e.what());
+      PyErr_SetString(g_config_error, e.what());
     } catch (const steptrace::UsageError& e) {
-      PyErr_SetString(usage_error, e.what());
+      PyErr_SetString(g_usage_error, e.what());
     } catch (const steptrace::Error& e) {
-      PyErr_SetString(base_error, e.what());
+      PyErr_SetString(g_base_error, e.what());
     }
   });
 
@@ -186,39 +389,9 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("memory_growth_pct", &steptrace::Config::memory_growth_pct)
       .def("validate", &steptrace::Config::validate);
 
-  py::class_<StepScope>(m, "StepScope")
-      .def("__enter__",
-           [](py::object self) {
-             self.cast<const StepScope&>().enter();
-             return self;
-           })
-      .def("__exit__", [](const StepScope& s, py::handle type, py::handle, py::handle) {
-        s.exit(/*failed=*/!type.is_none());
-        return false;  // never swallow the exception
-      });
-
-  py::class_<PhaseScope>(m, "PhaseScope")
-      .def("__enter__",
-           [](py::object self) {
-             auto& s = self.cast<PhaseScope&>();
-             s.profiler->begin_phase(s.id);
-             return self;
-           })
-      .def("__exit__",
-           [](PhaseScope& s, py::handle type, py::handle, py::handle) {
-             if (type.is_none()) {
-               s.profiler->end_phase(s.id);
-             } else {
-               // The user's exception propagates unchanged; a misuse error must not replace it.
-               try {
-                 s.profiler->end_phase(s.id);
-               } catch (const steptrace::UsageError&) {
-               }
-             }
-             return false;
-           })
-      .def_property_readonly("name",
-                             [](const PhaseScope& s) { return s.profiler->phase_name(s.id); });
+  init_step_scope_type(m);
+  init_phase_scope_type(m);
+  init_phase_table_type();
 
   py::class_<PyProfiler>(m, "Profiler")
       .def(py::init<steptrace::Config, const std::map<std::string, std::string>&>(),
@@ -226,6 +399,8 @@ PYBIND11_MODULE(_core, m) {
       .def("step", &PyProfiler::step, "The (reusable) step scope: `with prof.step(): ...`")
       .def("phase", &PyProfiler::phase, py::arg("name"),
            "The (reusable) scope of a phase: `with prof.phase(\"forward\"): ...`")
+      .def("phase_function", &make_phase_function,
+           "prof.phase as a builtin function (cheaper to call than the method)")
       .def("begin_step", [](PyProfiler& p) { p.step_scope().enter(); })
       .def(
           "end_step", [](PyProfiler& p, bool failed) { p.step_scope().exit(failed); },

@@ -205,7 +205,7 @@ class Profiler:
         # Bound C++ methods: calling them runs no Python code of ours.
         self.step = self._core.step
         """``with prof.step():`` times one step."""
-        self.phase = self._core.phase
+        self.phase = self._core.phase_function()
         """``with prof.phase("forward"):`` times one phase of the current step."""
         self.start_step = self._core.begin_step
         self.end_step = self._core.end_step
