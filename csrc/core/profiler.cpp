@@ -64,6 +64,12 @@ std::string default_run_id() {
     const char* v = std::getenv(var);
     if (v != nullptr && *v != '\0' && std::strcmp(v, "none") != 0) return v;
   }
+  // torchrun without a rendezvous id: every rank of one job shares the master address.
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  if (addr != nullptr && port != nullptr && std::getenv("WORLD_SIZE") != nullptr) {
+    return fmt::format("job-{}-{}", addr, port);
+  }
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&t, &tm);
