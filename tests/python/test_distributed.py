@@ -16,7 +16,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
 def test_two_ranks_write_one_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", "29731", str(EXAMPLE), str(tmp_path), "--steps", "30"],
+         "--standalone", str(EXAMPLE), str(tmp_path), "--steps", "30"],  # a free port
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == ["rank0.jsonl", "rank1.jsonl"]
