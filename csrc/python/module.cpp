@@ -6,6 +6,7 @@
 
 #include <tuple>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -87,6 +88,24 @@ PyObject* raise_python(const std::exception& e) {
   return nullptr;
 }
 
+// Readies one of the module's plain C-API types; `m` non-null also exports it by name.
+void ready_type(PyTypeObject& t, const char* name, Py_ssize_t size, const char* doc,
+                destructor dealloc, PyMethodDef* methods, PyGetSetDef* getset, py::module_* m) {
+  t.tp_name = name;
+  t.tp_basicsize = size;
+  t.tp_flags = Py_TPFLAGS_DEFAULT;
+  t.tp_doc = doc;
+  t.tp_dealloc = dealloc;
+  t.tp_methods = methods;
+  t.tp_getset = getset;
+  if (PyType_Ready(&t) < 0) throw py::error_already_set();
+  if (m != nullptr) {
+    Py_INCREF(&t);
+    const char* short_name = std::strrchr(name, '.') + 1;
+    m->attr(short_name) = py::handle(reinterpret_cast<PyObject*>(&t));
+  }
+}
+
 // ---- the phase scope, as a plain C-API type ----
 // `with prof.phase("x"):` is the hottest Python path: two calls per phase. Methods of a
 // C type (METH_NOARGS / METH_FASTCALL) skip pybind11's dispatcher, whose cost grows a lot
@@ -141,17 +160,9 @@ PyGetSetDef g_phase_scope_getset[] = {
 PyTypeObject g_phase_scope_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 void init_phase_scope_type(py::module_& m) {
-  PyTypeObject& t = g_phase_scope_type;
-  t.tp_name = "steptrace._core.PhaseScope";
-  t.tp_basicsize = sizeof(RawPhaseScope);
-  t.tp_flags = Py_TPFLAGS_DEFAULT;
-  t.tp_doc = "The reusable scope of one phase: `with prof.phase(\"forward\"): ...`";
-  t.tp_dealloc = phase_scope_dealloc;
-  t.tp_methods = g_phase_scope_methods;
-  t.tp_getset = g_phase_scope_getset;
-  if (PyType_Ready(&t) < 0) throw py::error_already_set();
-  Py_INCREF(&t);
-  m.attr("PhaseScope") = py::handle(reinterpret_cast<PyObject*>(&t));
+  ready_type(g_phase_scope_type, "steptrace._core.PhaseScope", sizeof(RawPhaseScope),
+             "The reusable scope of one phase: `with prof.phase(\"forward\"): ...`",
+             phase_scope_dealloc, g_phase_scope_methods, g_phase_scope_getset, &m);
 }
 
 py::object make_phase_scope(const ProfilerPtr& profiler, PhaseId id) {
@@ -260,16 +271,9 @@ PyMethodDef g_step_scope_methods[] = {
 PyTypeObject g_step_scope_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 void init_step_scope_type(py::module_& m) {
-  PyTypeObject& t = g_step_scope_type;
-  t.tp_name = "steptrace._core.StepScope";
-  t.tp_basicsize = sizeof(RawStepScope);
-  t.tp_flags = Py_TPFLAGS_DEFAULT;
-  t.tp_doc = "The reusable scope of a step: `with prof.step(): ...`";
-  t.tp_dealloc = step_scope_dealloc;
-  t.tp_methods = g_step_scope_methods;
-  if (PyType_Ready(&t) < 0) throw py::error_already_set();
-  Py_INCREF(&t);
-  m.attr("StepScope") = py::handle(reinterpret_cast<PyObject*>(&t));
+  ready_type(g_step_scope_type, "steptrace._core.StepScope", sizeof(RawStepScope),
+             "The reusable scope of a step: `with prof.step(): ...`", step_scope_dealloc,
+             g_step_scope_methods, nullptr, &m);
 }
 
 py::object make_step_scope(const StepScope& scope) {
@@ -309,12 +313,9 @@ PyMethodDef g_phase_lookup_def = {
 PyTypeObject g_phase_table_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 void init_phase_table_type() {
-  PyTypeObject& t = g_phase_table_type;
-  t.tp_name = "steptrace._core.PhaseTable";
-  t.tp_basicsize = sizeof(RawPhaseTable);
-  t.tp_flags = Py_TPFLAGS_DEFAULT;
-  t.tp_dealloc = phase_table_dealloc;
-  if (PyType_Ready(&t) < 0) throw py::error_already_set();
+  ready_type(g_phase_table_type, "steptrace._core.PhaseTable", sizeof(RawPhaseTable),
+             "The profiler behind a prof.phase function.", phase_table_dealloc, nullptr, nullptr,
+             nullptr);
 }
 
 // `prof.phase` for Python: a builtin whose calls skip pybind11's dispatcher.
