@@ -93,7 +93,7 @@ void ready_type(PyTypeObject& t, const char* name, Py_ssize_t size, const char* 
                 destructor dealloc, PyMethodDef* methods, PyGetSetDef* getset, py::module_* m) {
   t.tp_name = name;
   t.tp_basicsize = size;
-  t.tp_flags = Py_TPFLAGS_DEFAULT;
+  t.tp_flags |= Py_TPFLAGS_DEFAULT;
   t.tp_doc = doc;
   t.tp_dealloc = dealloc;
   t.tp_methods = methods;
@@ -214,6 +214,7 @@ class PyProfiler {
   }
 
   steptrace::Profiler& core() { return *profiler_; }
+  const ProfilerPtr& profiler() const { return profiler_; }
   StepHooks& hooks() { return *hooks_; }
   const StepScope& step_scope() const { return step_; }
 
@@ -281,6 +282,74 @@ py::object make_step_scope(const StepScope& scope) {
   if (s == nullptr) throw py::error_already_set();
   s->scope = new StepScope(scope);
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
+}
+
+// ---- prof.data(loader): the loader's iterator, each next() timed as data wait ----
+struct RawDataIterator {
+  PyObject_HEAD ProfilerPtr* profiler;  // owned
+  PyObject* inner;                      // the loader's iterator
+};
+
+int data_iterator_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(reinterpret_cast<RawDataIterator*>(self)->inner);
+  return 0;
+}
+
+int data_iterator_clear(PyObject* self) {
+  Py_CLEAR(reinterpret_cast<RawDataIterator*>(self)->inner);
+  return 0;
+}
+
+void data_iterator_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  data_iterator_clear(self);
+  delete reinterpret_cast<RawDataIterator*>(self)->profiler;
+  PyObject_GC_Del(self);
+}
+
+PyObject* data_iterator_next(PyObject* self) {
+  auto* it = reinterpret_cast<RawDataIterator*>(self);
+  if (it->inner == nullptr) return nullptr;
+  steptrace::Profiler& prof = **it->profiler;
+  try {
+    prof.begin_data();
+  } catch (const std::exception& e) {
+    return raise_python(e);
+  }
+  PyObject* item = PyIter_Next(it->inner);  // nullptr: exhausted, or the loader raised
+  try {
+    prof.end_data();  // the loader's exception, if any, stays set
+  } catch (const std::exception&) {
+  }
+  return item;
+}
+
+PyTypeObject g_data_iterator_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+void init_data_iterator_type() {
+  PyTypeObject& t = g_data_iterator_type;
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  t.tp_traverse = data_iterator_traverse;
+  t.tp_clear = data_iterator_clear;
+  t.tp_iter = PyObject_SelfIter;
+  t.tp_iternext = data_iterator_next;
+  ready_type(t, "steptrace._core.DataIterator", sizeof(RawDataIterator),
+             "Iterates a loader, timing each wait for the next item as the next step's data_ms.",
+             data_iterator_dealloc, nullptr, nullptr, nullptr);
+}
+
+py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable) {
+  PyObject* inner = PyObject_GetIter(iterable.ptr());
+  if (inner == nullptr) throw py::error_already_set();
+  RawDataIterator* it = PyObject_GC_New(RawDataIterator, &g_data_iterator_type);
+  if (it == nullptr) {
+    Py_DECREF(inner);
+    throw py::error_already_set();
+  }
+  it->profiler = new ProfilerPtr(profiler);
+  it->inner = inner;
+  PyObject_GC_Track(reinterpret_cast<PyObject*>(it));
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(it));
 }
 
 // ---- prof.phase, as a builtin function bound to its profiler (METH_O) ----
@@ -393,6 +462,7 @@ PYBIND11_MODULE(_core, m) {
   init_step_scope_type(m);
   init_phase_scope_type(m);
   init_phase_table_type();
+  init_data_iterator_type();
 
   py::class_<PyProfiler>(m, "Profiler")
       .def(py::init<steptrace::Config, const std::map<std::string, std::string>&>(),
@@ -400,6 +470,12 @@ PYBIND11_MODULE(_core, m) {
       .def("step", &PyProfiler::step, "The (reusable) step scope: `with prof.step(): ...`")
       .def("phase", &PyProfiler::phase, py::arg("name"),
            "The (reusable) scope of a phase: `with prof.phase(\"forward\"): ...`")
+      .def(
+          "data",
+          [](PyProfiler& p, py::handle iterable) {
+            return make_data_iterator(p.profiler(), iterable);
+          },
+          py::arg("iterable"), "Iterates `iterable`, timing each wait as the next step's data_ms")
       .def("phase_function", &make_phase_function,
            "prof.phase as a builtin function (cheaper to call than the method)")
       .def("begin_step", [](PyProfiler& p) { p.step_scope().enter(); })

@@ -231,21 +231,9 @@ class Profiler:
     # ---- the loader ----
     def data(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yields the items of ``iterable``, timing each wait for the next one as the next
-        step's ``data_ms``. Advance it between steps, not inside one."""
-        begin, end = self._core.begin_data, self._core.end_data
-        iterator = iter(iterable)
-        while True:
-            begin()
-            try:
-                item = next(iterator)
-            except StopIteration:
-                end()
-                return
-            except BaseException:
-                end()
-                raise
-            end()
-            yield item
+        step's ``data_ms``. Advance it between steps, not inside one. (The iterator is a
+        C type: no Python frame per item.)"""
+        return self._core.data(iterable)
 
     # ---- state ----
     @property

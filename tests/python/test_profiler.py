@@ -259,3 +259,20 @@ def test_step_hooks_feed_stream_and_memory(tmp_path, records_of):
     assert steps[0]["memory"]["allocated_bytes"] == 100
     assert steps[0]["memory"]["peak_bytes"] == 150
     assert steps[0]["memory"]["device_total_bytes"] == 4000
+
+
+def test_data_wrapper_passes_loader_errors_and_refuses_use_inside_a_step(tmp_path, records_of):
+    def loader():
+        yield from batches(2)
+        raise KeyError("worker died")
+
+    with steptrace.Profiler(tmp_path) as prof:
+        with pytest.raises(KeyError, match="worker died"):
+            train(prof, loader())
+        it = prof.data(batches(3))
+        with prof.step():
+            with pytest.raises(UsageError, match="inside step"):
+                next(it)
+        assert iter(it) is it
+    steps = [r for r in records_of(prof.log_path) if r["kind"] == "step"]
+    assert len(steps) == 3 and all(s["status"] == "ok" for s in steps)
