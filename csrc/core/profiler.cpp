@@ -185,6 +185,7 @@ class ProfilerImpl {
     config_.validate();
     resolve(config_);
     clock_ = backends.clock ? std::move(backends.clock) : make_host_clock();
+    stream_source_ = std::move(backends.stream_source);
     if (config_.clock != "host") {
       std::unique_ptr<DeviceTimer> timer = std::move(backends.device_timer);
       if (!timer) timer = make_cuda_timer(&device_unavailable_);
@@ -234,6 +235,12 @@ class ProfilerImpl {
     if (device_) {
       device_->poll(*writer_);
       report_device_failure();
+      std::uintptr_t stream = 0;
+      if (stream_source_ && stream_source_->current(&stream)) {
+        device_->set_stream(stream);
+      } else if (stream_source_) {
+        device_->clear_stream();
+      }
     }
     on_device_ = device_ && device_->usable();
     const std::int64_t now = clock_->now_ns();
@@ -591,6 +598,7 @@ class ProfilerImpl {
   std::atomic<std::int64_t> inflight_start_ns_{0};
   std::atomic<int> inflight_phase_{-1};
 
+  std::unique_ptr<StreamSource> stream_source_;
   std::unique_ptr<DeviceTiming> device_;
   std::string device_unavailable_;  // why device_ is null
   bool on_device_ = false;          // the step in progress records device events

@@ -53,6 +53,7 @@ Backends torch_backends() {
   if (auto torch_source = make_torch_memory_source()) {
     backends.memory_sources.push_back(std::move(torch_source));
   }
+  backends.stream_source = make_torch_stream_source();
   return backends;
 }
 

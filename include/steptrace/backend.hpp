@@ -73,6 +73,15 @@ class STEPTRACE_API DeviceTimer {
   virtual std::int64_t device_memory_bytes() const { return -1; }
 };
 
+/// The stream device events go on, asked at the start of every step (the framework's
+/// current stream; the LibTorch adapter's is c10's). Training thread; noexcept.
+class STEPTRACE_API StreamSource {
+ public:
+  virtual ~StreamSource() = default;
+  /// False when there is no device stream now (the step uses the host clock).
+  virtual bool current(std::uintptr_t* stream) noexcept = 0;
+};
+
 /// The CUDA event timer, through the driver API loaded at run time (libcuda.so.1, found
 /// via dlopen; entry points from cuGetProcAddress), so that one build runs with CUDA 12
 /// or 13 drivers and without any. nullptr when unavailable; `why_not` then says why.

@@ -42,7 +42,8 @@ struct RunInfo {
 struct Backends {
   std::unique_ptr<Clock> clock;                               // default: host clock
   std::vector<std::unique_ptr<MemorySource>> memory_sources;  // default: process RSS
-  std::unique_ptr<DeviceTimer> device_timer;  // default: CUDA events when clock != "host"
+  std::unique_ptr<DeviceTimer> device_timer;    // default: CUDA events when clock != "host"
+  std::unique_ptr<StreamSource> stream_source;  // default: none (set_stream decides)
 };
 
 /// What Profiler::wait_event returns: an alert or resolved record (JSON), or a request

@@ -15,7 +15,12 @@ namespace steptrace {
 /// has no usable CUDA device, since the CPU allocator keeps no statistics.
 STEPTRACE_API std::unique_ptr<MemorySource> make_torch_memory_source();
 
-/// Backends for a LibTorch trainer: the defaults plus the torch allocator when present.
+/// c10's current CUDA stream, asked every step; nullptr when torch has no usable CUDA
+/// device or this adapter was built without CUDA headers.
+STEPTRACE_API std::unique_ptr<StreamSource> make_torch_stream_source();
+
+/// Backends for a LibTorch trainer: the defaults plus the torch allocator and c10's
+/// current CUDA stream when present.
 STEPTRACE_API Backends torch_backends();
 
 }  // namespace steptrace

@@ -182,6 +182,46 @@ TEST(DeviceTiming, ADeviceThatDisappearsFallsBackToTheHostClock) {
   EXPECT_EQ(f.device->live_events(), 0);
 }
 
+// A stream source that hands out a given stream, or none.
+class ScriptedStreams final : public StreamSource {
+ public:
+  explicit ScriptedStreams(std::vector<std::uintptr_t>* script) : script_(script) {}
+  bool current(std::uintptr_t* stream) noexcept override {
+    if (script_->empty()) return false;
+    *stream = script_->front();
+    script_->erase(script_->begin());
+    return *stream != 0;
+  }
+
+ private:
+  std::vector<std::uintptr_t>* script_;
+};
+
+TEST(DeviceTiming, AStreamSourceIsAskedAtEveryStep) {
+  TempDir tmp;
+  std::vector<std::uintptr_t> script = {11, 12, 0};  // 0: no device stream for that step
+  Config config;
+  config.log_dir = tmp.str("run");
+  Backends backends;
+  auto d = std::make_unique<fake::FakeDeviceTimer>();
+  auto* device = d.get();
+  device->complete_all(true);
+  backends.device_timer = std::move(d);
+  backends.stream_source = std::make_unique<ScriptedStreams>(&script);
+  Profiler prof(config, RunInfo{}, std::move(backends));
+  std::vector<std::uintptr_t> seen;
+  for (int i = 0; i < 3; ++i) {
+    const int before = device->records;
+    { auto s = prof.step(); }
+    seen.push_back(device->records > before ? device->last_stream : 0);
+  }
+  EXPECT_EQ(seen, (std::vector<std::uintptr_t>{11, 12, 0}));
+  prof.close();
+  const auto steps = of_kind(read_jsonl(prof.log_path()), "step");
+  EXPECT_EQ(steps[1]["clock"], "cuda");
+  EXPECT_EQ(steps[2]["clock"], "host");
+}
+
 TEST(DeviceTiming, RunStartNamesTheTimerAndDevice) {
   TempDir tmp;
   DeviceFixture f(tmp);
