@@ -284,6 +284,20 @@ py::object make_step_scope(const StepScope& scope) {
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
 }
 
+// `prof.step` for Python: a builtin bound to the step scope that returns it.
+PyObject* return_self(PyObject* self, PyObject* /*unused*/) {
+  Py_INCREF(self);
+  return self;
+}
+PyMethodDef g_step_function_def = {"step", return_self, METH_NOARGS,
+                                   "The (reusable) step scope: `with prof.step(): ...`"};
+
+py::object make_step_function(const py::object& step_scope) {
+  PyObject* fn = PyCFunction_NewEx(&g_step_function_def, step_scope.ptr(), nullptr);
+  if (fn == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
+
 // ---- prof.data(loader): the loader's iterator, each next() timed as data wait ----
 struct RawDataIterator {
   PyObject_HEAD ProfilerPtr* profiler;  // owned
@@ -476,6 +490,9 @@ PYBIND11_MODULE(_core, m) {
             return make_data_iterator(p.profiler(), iterable);
           },
           py::arg("iterable"), "Iterates `iterable`, timing each wait as the next step's data_ms")
+      .def(
+          "step_function", [](PyProfiler& p) { return make_step_function(p.step()); },
+          "prof.step as a builtin function (cheaper to call than the method)")
       .def("phase_function", &make_phase_function,
            "prof.phase as a builtin function (cheaper to call than the method)")
       .def("begin_step", [](PyProfiler& p) { p.step_scope().enter(); })

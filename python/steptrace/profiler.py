@@ -203,7 +203,7 @@ class Profiler:
         self._core = _core.Profiler(config, _versions())
         self._signalled = False
         # Bound C++ methods: calling them runs no Python code of ours.
-        self.step = self._core.step
+        self.step = self._core.step_function()
         """``with prof.step():`` times one step."""
         self.phase = self._core.phase_function()
         """``with prof.phase("forward"):`` times one phase of the current step."""
