@@ -1,7 +1,9 @@
 #include "steptrace/profiler.hpp"
 
 #include <fcntl.h>
+#if defined(__GLIBC__)
 #include <malloc.h>
+#endif
 #include <unistd.h>
 
 #include <atomic>
@@ -444,11 +446,16 @@ class ProfilerImpl {
   // gives them, else the C heap's in-use bytes. RSS would not do: the heap rarely gives
   // memory back, so RSS rises where the high-water mark is crossed, not where a leak is.
   std::int64_t attribution_level() noexcept {
-    MemorySample s;
-    for (auto& source : memory_sources_) source->sample(s);
-    if (s.allocated_bytes >= 0) return s.allocated_bytes;
+    for (auto& source : memory_sources_) {
+      const std::int64_t live = source->live_bytes();
+      if (live >= 0) return live;
+    }
+#if defined(__GLIBC__)
     const struct mallinfo2 m = mallinfo2();
     return static_cast<std::int64_t>(m.uordblks + m.hblkhd);
+#else
+    return 0;  // no heap figure: every phase retains nothing
+#endif
   }
 
   void watchdog_loop() {

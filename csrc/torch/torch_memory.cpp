@@ -15,6 +15,16 @@ class TorchCudaAllocatorSource final : public MemorySource {
 
   const char* name() const noexcept override { return "torch_cuda_allocator"; }
 
+  std::int64_t live_bytes() noexcept override {
+    try {
+      const auto device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index();
+      constexpr auto kAll = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+      return allocator_->getDeviceStats(device).allocated_bytes[kAll].current;
+    } catch (...) {
+      return -1;
+    }
+  }
+
   void sample(MemorySample& out) noexcept override {
     try {
       const auto device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index();

@@ -39,6 +39,9 @@ class STEPTRACE_API MemorySource {
   virtual void sample(MemorySample& out) noexcept = 0;
   /// Sample at most this often (steps in between repeat the last figures); 0: every step.
   virtual std::int64_t min_interval_ns() const noexcept { return 0; }
+  /// Allocated bytes now, without side effects (sample() may reset a per-step peak), for
+  /// attributing memory growth to phases; -1 when this source has no such figure.
+  virtual std::int64_t live_bytes() noexcept { return -1; }
 };
 
 /// Times work on a device with events recorded on a stream and resolved later, so that

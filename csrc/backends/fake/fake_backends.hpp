@@ -33,6 +33,7 @@ class FakeMemorySource final : public MemorySource {
     out.allocated_bytes = allocated_bytes;
     out.rss_bytes = rss_bytes;
   }
+  std::int64_t live_bytes() noexcept override { return allocated_bytes; }
   std::int64_t allocated_bytes = 0;
   std::int64_t rss_bytes = 0;
   int samples = 0;
