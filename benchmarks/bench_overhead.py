@@ -135,37 +135,9 @@ def case_cuda_event_phase(n: int) -> int:
     return elapsed
 
 
-def make_step_case(prof: Profiler, chunk: int) -> Callable[[int], int]:
-    """Steps with the five phases; the ring is drained between chunks, untimed."""
-
-    def run(n: int) -> int:
-        elapsed = 0
-        left = n
-        while left > 0:
-            m = min(chunk, left)
-            t0 = pc()
-            for _ in range(m):
-                with prof.step():
-                    with prof.phase("forward"):
-                        pass
-                    with prof.phase("loss"):
-                        pass
-                    with prof.phase("backward"):
-                        pass
-                    with prof.phase("clip"):
-                        pass
-                    with prof.phase("optimizer"):
-                        pass
-            elapsed += pc() - t0
-            left -= m
-            prof.flush()
-        return elapsed
-
-    return run
-
-
-def make_full_step_case(prof: Profiler, chunk: int) -> Callable[[int], int]:
-    """Every CPU-side feature: the loader wrapper, a step, five phases (RSS sampled)."""
+def make_step_case(prof: Profiler, chunk: int, wrap_loader: bool = False) -> Callable[[int], int]:
+    """Steps with the five phases; the ring is drained between chunks, untimed. With
+    wrap_loader, every CPU-side feature: the steps iterate prof.data() over the items."""
     items = list(range(chunk))
 
     def run(n: int) -> int:
@@ -173,9 +145,9 @@ def make_full_step_case(prof: Profiler, chunk: int) -> Callable[[int], int]:
         left = n
         while left > 0:
             m = min(chunk, left)
-            batch = items[:m]
+            source = prof.data(items[:m]) if wrap_loader else range(m)
             t0 = pc()
-            for _ in prof.data(batch):
+            for _ in source:
                 with prof.step():
                     with prof.phase("forward"):
                         pass
@@ -665,7 +637,7 @@ def main() -> int:
                 "rf_phase": case_record_function_phase,
                 "st_step": make_step_case(prof_step, chunk),
                 "st_step_norss": make_step_case(prof_step_norss, chunk),
-                "st_full": make_full_step_case(prof_full, chunk),
+                "st_full": make_step_case(prof_full, chunk, wrap_loader=True),
                 "pc_step": case_perf_counter_step,
                 "rf_step": case_record_function_step,
                 "st_data": make_data_case(prof_data),
