@@ -64,6 +64,16 @@ steptrace::Config make_config(const std::string& name, bool sample_rss = true) {
   return c;
 }
 
+// Drains the ring every kFlushEvery steps, outside the timed region, so that a step
+// benchmark measures the training thread and never a full ring.
+void drain_now_and_then(steptrace::Profiler& prof, benchmark::State& state, int& since_flush) {
+  if (++since_flush != kFlushEvery) return;
+  state.PauseTiming();
+  prof.flush();
+  since_flush = 0;
+  state.ResumeTiming();
+}
+
 // writer_waits from the run_end line of a closed log (-1 when not found).
 std::int64_t writer_waits(const std::string& path) {
   std::ifstream in(path);
@@ -156,12 +166,7 @@ void BM_Step5Phases(benchmark::State& state) {
         { auto p = step.phase(ids[4]); benchmark::DoNotOptimize(p); }
       }
     }
-    if (++since_flush == kFlushEvery) {
-      state.PauseTiming();
-      prof.flush();
-      since_flush = 0;
-      state.ResumeTiming();
-    }
+    drain_now_and_then(prof, state, since_flush);
   }
   prof.close();
   state.counters["writer_waits"] = static_cast<double>(writer_waits(prof.log_path()));
@@ -194,12 +199,7 @@ void BM_Step5PhasesFakeDevice(benchmark::State& state) {
         benchmark::DoNotOptimize(p);
       }
     }
-    if (++since_flush == kFlushEvery) {
-      state.PauseTiming();
-      prof.flush();
-      since_flush = 0;
-      state.ResumeTiming();
-    }
+    drain_now_and_then(prof, state, since_flush);
   }
   prof.close();
 }
