@@ -481,9 +481,6 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyProfiler>(m, "Profiler")
       .def(py::init<steptrace::Config, const std::map<std::string, std::string>&>(),
            py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{})
-      .def("step", &PyProfiler::step, "The (reusable) step scope: `with prof.step(): ...`")
-      .def("phase", &PyProfiler::phase, py::arg("name"),
-           "The (reusable) scope of a phase: `with prof.phase(\"forward\"): ...`")
       .def(
           "data",
           [](PyProfiler& p, py::handle iterable) {
