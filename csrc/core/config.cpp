@@ -1,6 +1,7 @@
 #include "steptrace/config.hpp"
 
 #include <set>
+#include <utility>
 
 #include "check.hpp"
 #include "steptrace/error.hpp"
@@ -68,6 +69,31 @@ void Config::validate() const {
   STEPTRACE_CHECK(memory_growth_pct > 0.0 && memory_growth_pct < 1000.0, ConfigError,
                   "memory_growth_pct={} is out of range; allowed: above 0 and below 1000",
                   memory_growth_pct);
+  STEPTRACE_CHECK(kernel_activity == "auto" || kernel_activity == "off", ConfigError,
+                  "kernel_activity={:?} is unknown; allowed: \"auto\", \"off\"", kernel_activity);
+  STEPTRACE_CHECK(counters == "auto" || counters == "off", ConfigError,
+                  "counters={:?} is unknown; allowed: \"auto\", \"off\"", counters);
+  STEPTRACE_CHECK(counter_every >= 1 && counter_every <= 1000000, ConfigError,
+                  "counter_every={} is out of range; allowed: 1..1000000", counter_every);
+  STEPTRACE_CHECK(counter_burst >= 1 && counter_burst <= counter_every, ConfigError,
+                  "counter_burst={} is out of range; allowed: 1..counter_every ({})",
+                  counter_burst, counter_every);
+  STEPTRACE_CHECK(device_index >= -1, ConfigError,
+                  "device_index={} is invalid; use a CUDA device index >= 0 (or -1 for the "
+                  "current device)",
+                  device_index);
+  STEPTRACE_CHECK(top_kernels >= 0 && top_kernels <= 1000, ConfigError,
+                  "top_kernels={} is out of range; allowed: 0..1000", top_kernels);
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"tensor_core_min_pct", tensor_core_min_pct},
+        {"matmul_dominated_pct", matmul_dominated_pct},
+        {"occupancy_min_pct", occupancy_min_pct},
+        {"dram_bound_pct", dram_bound_pct},
+        {"comm_bound_pct", comm_bound_pct}}) {
+    STEPTRACE_CHECK(value > 0.0 && value <= 100.0, ConfigError,
+                    "{}={} is out of range; allowed: above 0 and at most 100 (a percentage)", name,
+                    value);
+  }
   STEPTRACE_CHECK(phases.size() <= kMaxPhases, ConfigError,
                   "phases lists {} names; at most {} distinct phases are allowed", phases.size(),
                   kMaxPhases);

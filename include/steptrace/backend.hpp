@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "steptrace/export.hpp"
 
@@ -84,6 +85,103 @@ class STEPTRACE_API StreamSource {
   /// False when there is no device stream now (the step uses the host clock).
   virtual bool current(std::uintptr_t* stream) noexcept = 0;
 };
+
+/// What a kernel's device time counts as in the step record (see `kernels` in the schema).
+enum class KernelWork : std::uint8_t {
+  kCompute,        // any kernel that is not communication
+  kMatmul,         // compute on the tensor-core path: gemm, convolution, attention
+  kCommunication,  // NCCL collectives and send/recv
+};
+
+/// One kernel execution, as a kernel-activity backend delivers it (some time after it ran).
+struct KernelRecord {
+  std::int64_t step = -1;      // the step it was launched in; -1: outside any step
+  std::int64_t start_ns = 0;   // device start and end, on the backend's clock (now_ns)
+  std::int64_t end_ns = 0;
+  std::uint32_t name_id = 0;   // KernelActivitySource::kernel_name(name_id)
+  KernelWork work = KernelWork::kCompute;
+};
+
+/// Kernel activity of the device (CUPTI activity records; a fake in tests): which
+/// kernels ran when, tagged with the step that launched them. Records arrive in batches,
+/// well after the kernels ran; nothing waits for them per step.
+class STEPTRACE_API KernelActivitySource {
+ public:
+  virtual ~KernelActivitySource() = default;
+  /// "cupti", "fake", ...
+  virtual const char* name() const noexcept = 0;
+  /// Now on the clock of the records' timestamps. Training thread; cheap.
+  virtual std::int64_t now_ns() noexcept = 0;
+  /// Training thread: device work launched from now until end_step belongs to `step`.
+  /// No allocation, no locks.
+  virtual void begin_step(std::int64_t step) noexcept = 0;
+  virtual void end_step(std::int64_t step) noexcept = 0;
+  /// Writer thread: appends the records delivered since the last call, and adds the
+  /// records the backend lost since then (full buffers) to *dropped.
+  virtual void take(std::vector<KernelRecord>& out, std::int64_t* dropped) = 0;
+  /// Deliveries completed so far. A delivery that starts after a kernel finished brings
+  /// its record: work done before this returned g is delivered once it returns g + 2.
+  virtual std::uint64_t deliveries() noexcept = 0;
+  /// The kernel's name (as the device reports it, possibly mangled). Writer thread.
+  virtual std::string kernel_name(std::uint32_t name_id) = 0;
+  /// Any thread: another tool (torch.profiler) takes over activity collection (true)
+  /// or has stopped (false). While yielding, the backend tags and collects nothing and
+  /// changes no CUPTI state, since the activity buffers and kinds are process-wide and
+  /// then belong to the other tool; after, it registers and enables its own again.
+  virtual void set_yielding(bool yielding) noexcept = 0;
+  /// At close, after the device has synchronized: delivers everything and stops.
+  virtual void finish() noexcept = 0;
+  /// "" while collecting; else why it stopped or is paused (one line).
+  virtual std::string status() const = 0;
+};
+
+/// The hardware counters of the step record, in the order of CounterSample::values.
+inline constexpr std::size_t kCounterCount = 4;
+inline constexpr const char* kCounterNames[kCounterCount] = {
+    "tensor_active_pct", "dram_throughput_pct", "sm_occupancy_pct", "sm_throughput_pct"};
+
+/// Counter values over an interval of device time; NaN where a counter was not measured.
+struct CounterSample {
+  std::int64_t step = -1;     // >= 0: measured over exactly this step (a range per step)
+  std::int64_t start_ns = 0;  // else aligned to steps by time, on the sampler's clock
+  std::int64_t end_ns = 0;
+  double values[kCounterCount] = {};
+};
+
+/// Hardware-counter sampling (CUPTI PM sampling or range profiler; a fake in tests).
+/// Samples are decoded on a background thread and handed over in batches.
+class STEPTRACE_API CounterSampler {
+ public:
+  virtual ~CounterSampler() = default;
+  /// "cupti_pm_sampling", "cupti_range_profiler", "fake", ...
+  virtual const char* name() const noexcept = 0;
+  /// Now on the clock of the samples' timestamps. Training thread; cheap.
+  virtual std::int64_t now_ns() noexcept = 0;
+  /// Training thread, at every step boundary: `sampled` says whether the profiler wants
+  /// counters for this step (the sampler may keep sampling a little longer, since the
+  /// device runs behind the host). No allocation, no locks.
+  virtual void begin_step(std::int64_t step, bool sampled) noexcept = 0;
+  virtual void end_step(std::int64_t step) noexcept = 0;
+  /// Writer thread: appends the samples decoded since the last call; adds the samples
+  /// lost since then to *dropped and sets *overflow when the hardware buffer overflowed.
+  virtual void take(std::vector<CounterSample>& out, std::int64_t* dropped, bool* overflow) = 0;
+  /// Deliveries completed so far (same contract as KernelActivitySource::deliveries).
+  virtual std::uint64_t deliveries() noexcept = 0;
+  /// The device metric behind each counter, "" where it is not measured (for run_start).
+  virtual std::string metric(std::size_t counter) const = 0;
+  /// At close, after the device has synchronized: decodes everything and stops.
+  virtual void finish() noexcept = 0;
+  /// "" while sampling; else why it stopped (one line).
+  virtual std::string status() const = 0;
+};
+
+/// Kernel activity through CUPTI, loaded at run time (the copy already in the process
+/// when there is one). nullptr when unavailable; `why_not` then says why in one line.
+STEPTRACE_API std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not);
+/// Hardware counters through CUPTI PM sampling on CUDA device `device_index` (-1: the
+/// current one), with the metric set chosen for its chip. nullptr when unavailable.
+STEPTRACE_API std::unique_ptr<CounterSampler> make_cupti_counter_sampler(int device_index,
+                                                                       std::string* why_not);
 
 /// The CUDA event timer, through the driver API loaded at run time (libcuda.so.1, found
 /// via dlopen; entry points from cuGetProcAddress), so that one build runs with CUDA 12

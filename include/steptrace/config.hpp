@@ -57,6 +57,29 @@ struct STEPTRACE_API Config {
   /// Memory growth: tolerated rise above the peak of the first steps after warmup, in %.
   double memory_growth_pct = 2.0;
 
+  /// Kernel activity (CUPTI activity records: compute / NCCL / idle time per step):
+  /// "auto" (on when steps are timed with CUDA events and CUPTI works) or "off".
+  std::string kernel_activity = "auto";
+  /// Hardware counters (CUPTI PM sampling: tensor-core, DRAM, occupancy): "auto" or "off".
+  std::string counters = "auto";
+  /// Steps with counters: counter_burst consecutive steps out of every counter_every
+  /// (1/1: every step; 10/1: every 10th; 100/10: a 10% duty cycle).
+  int counter_every = 10;
+  int counter_burst = 1;
+  /// CUDA device the counters sample; -1: the current device.
+  int device_index = -1;
+  /// Kernels listed by total time in run_end (0: none).
+  int top_kernels = 10;
+  /// Diagnoses on sampled steps after warmup: low_tensor_core below tensor_core_min_pct
+  /// where matmul kernels take at least matmul_dominated_pct of the kernel time;
+  /// memory_bound with occupancy below occupancy_min_pct and DRAM above dram_bound_pct;
+  /// comm_bound where NCCL kernels take more than comm_bound_pct of the step.
+  double tensor_core_min_pct = 60.0;
+  double matmul_dominated_pct = 50.0;
+  double occupancy_min_pct = 60.0;
+  double dram_bound_pct = 80.0;
+  double comm_bound_pct = 25.0;
+
   /// Throws ConfigError for the first bad value, naming it and what is allowed.
   void validate() const;
 };

@@ -44,6 +44,8 @@ struct Backends {
   std::vector<std::unique_ptr<MemorySource>> memory_sources;  // default: process RSS
   std::unique_ptr<DeviceTimer> device_timer;    // default: CUDA events when clock != "host"
   std::unique_ptr<StreamSource> stream_source;  // default: none (set_stream decides)
+  std::unique_ptr<KernelActivitySource> kernel_activity;  // default: CUPTI, on CUDA clocks
+  std::unique_ptr<CounterSampler> counter_sampler;        // default: CUPTI PM sampling
 };
 
 /// What Profiler::wait_event returns: an alert or resolved record (JSON), or a request

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "backends/cupti/sample_aggregation.hpp"
+#include "core/sample_aggregation.hpp"
 
-namespace steptrace::detail::cupti {
+namespace steptrace::detail {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -92,4 +92,4 @@ TEST(SampleAggregation, StepsInAnyOrderKeepTheirOrder) {
 }
 
 }  // namespace
-}  // namespace steptrace::detail::cupti
+}  // namespace steptrace::detail

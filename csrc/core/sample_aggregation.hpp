@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace steptrace::detail::cupti {
+namespace steptrace::detail {
 
 struct PmSample {
   std::int64_t start_ns = 0;
@@ -50,4 +50,4 @@ AggregationResult aggregate_samples(const std::vector<PmSample>& samples,
                                     const std::vector<StepWindow>& steps, std::size_t num_metrics,
                                     const DecodeLosses& losses = {});
 
-}  // namespace steptrace::detail::cupti
+}  // namespace steptrace::detail

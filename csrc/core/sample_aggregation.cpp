@@ -5,7 +5,7 @@
 #include <limits>
 #include <numeric>
 
-namespace steptrace::detail::cupti {
+namespace steptrace::detail {
 
 AggregationResult aggregate_samples(const std::vector<PmSample>& samples,
                                     const std::vector<StepWindow>& steps, std::size_t num_metrics,
@@ -72,4 +72,4 @@ AggregationResult aggregate_samples(const std::vector<PmSample>& samples,
   return out;
 }
 
-}  // namespace steptrace::detail::cupti
+}  // namespace steptrace::detail
