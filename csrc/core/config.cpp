@@ -76,8 +76,8 @@ void Config::validate() const {
   STEPTRACE_CHECK(counter_every >= 1 && counter_every <= 1000000, ConfigError,
                   "counter_every={} is out of range; allowed: 1..1000000", counter_every);
   STEPTRACE_CHECK(counter_burst >= 1 && counter_burst <= counter_every, ConfigError,
-                  "counter_burst={} is out of range; allowed: 1..counter_every ({})",
-                  counter_burst, counter_every);
+                  "counter_burst={} is out of range; allowed: 1..counter_every ({})", counter_burst,
+                  counter_every);
   STEPTRACE_CHECK(device_index >= -1, ConfigError,
                   "device_index={} is invalid; use a CUDA device index >= 0 (or -1 for the "
                   "current device)",

@@ -321,4 +321,105 @@ std::optional<AlertEvent> HangDetector::check(std::int64_t now_ns, std::int64_t 
   return a;
 }
 
+template <typename Make>
+void DeviceDiagnosisDetector::update(Episode& e, const char* type, bool condition,
+                                     const StepRecord& r, Make make, std::vector<AlertEvent>& out) {
+  if (condition) {
+    e.misses = 0;
+    if (e.hits++ == 0) e.hits_from = r.step;
+    if (!e.active && e.hits >= config_.regression_min_steps) {
+      AlertEvent a = make();
+      a.type = type;
+      a.step = r.step;
+      a.details["since_step"] = e.hits_from;
+      out.push_back(std::move(a));
+      e.active = true;
+      e.start = e.hits_from;
+    }
+    return;
+  }
+  e.hits = 0;
+  if (e.active && ++e.misses >= config_.regression_min_steps) {
+    AlertEvent done;
+    done.resolved = true;
+    done.type = type;
+    done.step = r.step;
+    done.first_step = e.start;
+    done.message = fmt::format("{} ended at step {} (from step {})", type, r.step, e.start);
+    out.push_back(std::move(done));
+    e = Episode{};
+  }
+}
+
+void DeviceDiagnosisDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out) {
+  if (r.failed || r.step < config_.warmup_steps) return;
+  const KernelStats& k = r.kernels;
+  const double tensor = r.counters.present ? r.counters.values[0] : NAN;
+  const double dram = r.counters.present ? r.counters.values[1] : NAN;
+  const double occupancy = r.counters.present ? r.counters.values[2] : NAN;
+
+  if (std::isfinite(tensor) && k.present && k.compute_ns > 0) {
+    const double matmul_pct =
+        100.0 * static_cast<double>(k.matmul_ns) / static_cast<double>(k.compute_ns);
+    const bool dominated = matmul_pct >= config_.matmul_dominated_pct;
+    update(
+        tensor_, "low_tensor_core", dominated && tensor < config_.tensor_core_min_pct, r,
+        [&] {
+          AlertEvent a;
+          a.value = tensor;
+          a.threshold = config_.tensor_core_min_pct;
+          a.message = fmt::format(
+              "tensor cores active {:.0f}% of the time on step {} while matmul kernels take "
+              "{:.0f}% of the compute time (expected at least {:.0f}%): run matmuls in "
+              "bf16/fp16 (torch.autocast) or TF32 "
+              "(torch.set_float32_matmul_precision(\"high\")), and keep matmul dimensions "
+              "multiples of 8",
+              tensor, r.step, matmul_pct, config_.tensor_core_min_pct);
+          a.details = {{"matmul_share_pct", matmul_pct}};
+          return a;
+        },
+        out);
+  }
+  if (std::isfinite(dram) && std::isfinite(occupancy)) {
+    update(
+        memory_, "memory_bound",
+        occupancy < config_.occupancy_min_pct && dram > config_.dram_bound_pct, r,
+        [&] {
+          AlertEvent a;
+          a.value = dram;
+          a.threshold = config_.dram_bound_pct;
+          a.message = fmt::format(
+              "step {} is memory-bound: DRAM throughput {:.0f}% of peak with SM occupancy "
+              "{:.0f}% (below {:.0f}%): fuse elementwise kernels (torch.compile), keep "
+              "activations in bf16, or raise the batch size",
+              r.step, dram, occupancy, config_.occupancy_min_pct);
+          a.details = {{"sm_occupancy_pct", occupancy}};
+          return a;
+        },
+        out);
+  }
+  if (k.present && r.step_ns > 0) {
+    const double nccl_pct = 100.0 * static_cast<double>(k.nccl_ns) / static_cast<double>(r.step_ns);
+    update(
+        comm_, "comm_bound", nccl_pct > config_.comm_bound_pct, r,
+        [&] {
+          AlertEvent a;
+          a.value = nccl_pct;
+          a.threshold = config_.comm_bound_pct;
+          a.message = fmt::format(
+              "NCCL kernels take {:.0f}% of step {} ({:.2f} ms of {:.2f} ms, {:.2f} ms not "
+              "overlapped by compute; above {:.0f}%): accumulate gradients over more "
+              "micro-batches per all-reduce, overlap communication with compute, or use a "
+              "faster interconnect",
+              nccl_pct, r.step, static_cast<double>(k.nccl_ns) / kNsPerMs,
+              static_cast<double>(r.step_ns) / kNsPerMs,
+              static_cast<double>(k.exposed_nccl_ns) / kNsPerMs, config_.comm_bound_pct);
+          a.details = {{"nccl_ms", static_cast<double>(k.nccl_ns) / kNsPerMs},
+                       {"exposed_nccl_ms", static_cast<double>(k.exposed_nccl_ns) / kNsPerMs}};
+          return a;
+        },
+        out);
+  }
+}
+
 }  // namespace steptrace::detail

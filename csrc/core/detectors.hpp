@@ -35,7 +35,7 @@ class SlowStepDetector {
   RollingMedian iteration_;
   RollingMedian data_;
   std::vector<std::unique_ptr<RollingMedian>> phases_;  // by phase id, created when first seen
-  std::vector<bool> present_;                            // scratch: phases in this step
+  std::vector<bool> present_;                           // scratch: phases in this step
   int level_ = 0;  // 0 normal, 1 regression, 2 stall (highest alert of this episode)
   std::int64_t episode_start_ = 0;
   int slow_streak_ = 0;  // consecutive steps over regression_threshold
@@ -79,6 +79,37 @@ class MemoryGrowthDetector {
   int attributed_steps_ = 0;
   int over_steps_ = 0;                // steps above the limit in this suspicion
   std::vector<double> phase_growth_;  // bytes by phase id, summed while attributing
+};
+
+/// Diagnoses from kernel activity and hardware counters, on the steps that have them
+/// (after warmup): low_tensor_core (tensor-core activity below tensor_core_min_pct where
+/// matmul kernels take at least matmul_dominated_pct of the compute time), memory_bound
+/// (occupancy below occupancy_min_pct with DRAM throughput above dram_bound_pct) and
+/// comm_bound (NCCL kernels over comm_bound_pct of the step). Each fires once
+/// regression_min_steps observed steps in a row meet it, once per episode, and resolves
+/// after as many observed steps in a row without it.
+class DeviceDiagnosisDetector {
+ public:
+  explicit DeviceDiagnosisDetector(const Config& config) : config_(config) {}
+  void observe(const StepRecord& r, std::vector<AlertEvent>& out);
+
+ private:
+  struct Episode {
+    bool active = false;
+    int hits = 0;    // consecutive observed steps meeting the condition
+    int misses = 0;  // consecutive observed steps not meeting it, while active
+    std::int64_t hits_from = 0;
+    std::int64_t start = 0;
+  };
+  // `alert` is built only when it fires (make returns it).
+  template <typename Make>
+  void update(Episode& e, const char* type, bool condition, const StepRecord& r, Make make,
+              std::vector<AlertEvent>& out);
+
+  const Config& config_;
+  Episode tensor_;
+  Episode memory_;
+  Episode comm_;
 };
 
 /// hang: a step in flight longer than hang_threshold x the median iteration (at least

@@ -23,6 +23,7 @@
 #include "alert.hpp"
 #include "check.hpp"
 #include "detectors.hpp"
+#include "device_activity.hpp"
 #include "device_timing.hpp"
 #include "record_json.hpp"
 #include "step_record.hpp"
@@ -145,12 +146,14 @@ class DetectionStage final : public StepObserver {
       : config_(config),
         alerts_(alerts),
         slow_(config, names),
-        memory_(config, names, host_memory_bytes()) {}
+        memory_(config, names, host_memory_bytes()),
+        device_(config) {}
 
   void on_step(const StepRecord& r, fmt::memory_buffer& out) override {
     events_.clear();
     slow_.observe(r, events_);
     memory_.observe(r, events_);
+    device_.observe(r, events_);
     for (const AlertEvent& e : events_) {
       const std::string line = alert_json_line(e, config_.rank, unix_now_ns());
       out.append(line.data(), line.data() + line.size());
@@ -173,6 +176,7 @@ class DetectionStage final : public StepObserver {
   AlertLog& alerts_;
   SlowStepDetector slow_;
   MemoryGrowthDetector memory_;
+  DeviceDiagnosisDetector device_;
   std::vector<AlertEvent> events_;
   std::atomic<double> median_ms_{0.0};
   std::atomic<bool> history_ok_{false};
@@ -206,6 +210,7 @@ class ProfilerImpl {
       if (auto rss = make_rss_source()) backends.memory_sources.push_back(std::move(rss));
     }
     memory_sources_ = std::move(backends.memory_sources);
+    setup_device_activity(backends);
     source_samples_.resize(memory_sources_.size());
     source_sampled_ns_.assign(memory_sources_.size(), INT64_MIN / 2);
     for (const auto& name : config_.phases) names_.intern(name);
@@ -219,7 +224,7 @@ class ProfilerImpl {
     writer_ = std::make_unique<JsonlWriter>(fd, run_start_json(info), config_.rank, names_,
                                             static_cast<std::size_t>(config_.queue_capacity),
                                             std::chrono::milliseconds(config_.flush_interval_ms),
-                                            detection_.get());
+                                            detection_.get(), device_stage_.get());
     if (config_.detect) watchdog_ = std::thread([this] { watchdog_loop(); });
   }
 
@@ -254,11 +259,23 @@ class ProfilerImpl {
     current_.memory = MemorySample{};
     current_.failed = false;
     current_.phase_memory = detection_ && detection_->wants_phase_memory();
+    current_.kernels = KernelStats{};
+    current_.counters = CounterStats{};
     if (current_.phase_memory) current_.memory_at_start = attribution_level();
     ended_phases_ = 0;
     step_start_ns_ = now;
     in_step_ = true;
     if (on_device_) device_->begin_step();
+    if (activity_) {
+      current_.activity_begin_ns = activity_->now_ns();
+      activity_->begin_step(current_.step);
+    }
+    if (sampler_) {
+      const bool sampled = current_.step % config_.counter_every < config_.counter_burst;
+      sampler_->begin_step(current_.step, sampled);
+      current_.counters_sampled = sampled;
+      current_.sampler_begin_ns = sampled ? sampler_->now_ns() : -1;
+    }
     inflight_start_ns_.store(now, std::memory_order_relaxed);
     inflight_step_.store(current_.step, std::memory_order_release);
   }
@@ -284,6 +301,14 @@ class ProfilerImpl {
     }
     merge(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
+    if (activity_) {
+      activity_->end_step(current_.step);
+      current_.activity_end_ns = activity_->now_ns();
+    }
+    if (sampler_) {
+      sampler_->end_step(current_.step);
+      if (current_.counters_sampled) current_.sampler_end_ns = sampler_->now_ns();
+    }
     if (on_device_) {
       device_->end_step(current_, *writer_);  // written once its events have completed
       report_device_failure();
@@ -354,6 +379,9 @@ class ProfilerImpl {
     if (device_) device_->clear_stream();
   }
   std::size_t steps_in_flight() const noexcept { return device_ ? device_->in_flight() : 0; }
+  void set_external_profiler(bool active) noexcept {
+    if (activity_) activity_->set_yielding(active);
+  }
 
   void close(EndReason reason, std::string_view error) {
     if (closed_) return;
@@ -421,6 +449,60 @@ class ProfilerImpl {
     }
     inflight_phase_.store(active_depth_ > 0 ? active_[active_depth_ - 1] : -1,
                           std::memory_order_relaxed);
+  }
+
+  // The kernel activity and counter backends: given ones are used as they are; the
+  // CUPTI ones only where steps are timed with CUDA events (there is a GPU and a driver).
+  void setup_device_activity(Backends& b) {
+    const std::string no_device =
+        "needs a CUDA device with CUDA event timing, which is unavailable (" + device_unavailable_ +
+        ")";
+    if (config_.kernel_activity == "off") {
+      activity_unavailable_ = "disabled by kernel_activity=\"off\"";
+    } else if (b.kernel_activity) {
+      activity_ = std::move(b.kernel_activity);
+    } else if (!device_) {
+      activity_unavailable_ = no_device;
+    } else {
+      activity_ = make_cupti_activity(&activity_unavailable_);
+    }
+    if (config_.counters == "off") {
+      counters_unavailable_ = "disabled by counters=\"off\"";
+    } else if (b.counter_sampler) {
+      sampler_ = std::move(b.counter_sampler);
+    } else if (!device_) {
+      counters_unavailable_ = no_device;
+    } else {
+      sampler_ = make_cupti_counter_sampler(config_.device_index, &counters_unavailable_);
+    }
+    if (activity_ || sampler_) {
+      device_stage_ =
+          std::make_unique<DeviceActivityStage>(config_, activity_.get(), sampler_.get());
+    }
+  }
+
+  // One of the device-activity entries of run_start's "backends".
+  static nlohmann::ordered_json optional_backend_json(const char* active_name,
+                                                      const std::string& unavailable) {
+    using nlohmann::ordered_json;
+    if (active_name != nullptr) {
+      return {{"active", {active_name}}, {"unavailable", ordered_json::object()}};
+    }
+    return {{"active", ordered_json::array()}, {"unavailable", {{"cupti", unavailable}}}};
+  }
+
+  nlohmann::ordered_json counters_json() const {
+    nlohmann::ordered_json j =
+        optional_backend_json(sampler_ ? sampler_->name() : nullptr, counters_unavailable_);
+    if (sampler_) {
+      nlohmann::ordered_json metrics = nlohmann::ordered_json::object();
+      for (std::size_t i = 0; i < kCounterCount; ++i) {
+        const std::string m = sampler_->metric(i);
+        if (!m.empty()) metrics[kCounterNames[i]] = m;
+      }
+      j["metrics"] = metrics;
+    }
+    return j;
   }
 
   // Once: the device timer failed, so say so in the log and carry on with the host clock.
@@ -565,10 +647,24 @@ class ProfilerImpl {
           {"hang_threshold", config_.hang_threshold},
           {"hang_min_s", config_.hang_min_s},
           {"hang_floor_s", config_.hang_floor_s},
-          {"memory_growth_pct", config_.memory_growth_pct}}},
+          {"memory_growth_pct", config_.memory_growth_pct},
+          {"kernel_activity", config_.kernel_activity},
+          {"counters", config_.counters},
+          {"counter_every", config_.counter_every},
+          {"counter_burst", config_.counter_burst},
+          {"device_index", config_.device_index},
+          {"top_kernels", config_.top_kernels},
+          {"tensor_core_min_pct", config_.tensor_core_min_pct},
+          {"matmul_dominated_pct", config_.matmul_dominated_pct},
+          {"occupancy_min_pct", config_.occupancy_min_pct},
+          {"dram_bound_pct", config_.dram_bound_pct},
+          {"comm_bound_pct", config_.comm_bound_pct}}},
         {"backends",
          {{"timer", timer_json()},
-          {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}}}},
+          {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}},
+          {"kernel_activity",
+           optional_backend_json(activity_ ? activity_->name() : nullptr, activity_unavailable_)},
+          {"counters", counters_json()}}},
     };
     return record.dump() + "\n";
   }
@@ -610,6 +706,14 @@ class ProfilerImpl {
   std::string device_unavailable_;  // why device_ is null
   bool on_device_ = false;          // the step in progress records device events
   bool device_failure_reported_ = false;
+
+  // Kernel activity and counters; the stage that joins them to the records runs on the
+  // writer thread (declared before writer_, so it outlives it).
+  std::unique_ptr<KernelActivitySource> activity_;
+  std::unique_ptr<CounterSampler> sampler_;
+  std::string activity_unavailable_;
+  std::string counters_unavailable_;
+  std::unique_ptr<DeviceActivityStage> device_stage_;
 
   AlertLog alerts_;
   std::unique_ptr<DetectionStage> detection_;
@@ -695,6 +799,7 @@ void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_mem
 void Profiler::set_stream(std::uintptr_t stream) noexcept { impl_->set_stream(stream); }
 void Profiler::clear_stream() noexcept { impl_->clear_stream(); }
 std::size_t Profiler::steps_in_flight() const noexcept { return impl_->steps_in_flight(); }
+void Profiler::set_external_profiler(bool active) noexcept { impl_->set_external_profiler(active); }
 bool Profiler::in_step() const noexcept { return impl_->in_step(); }
 std::int64_t Profiler::step_index() const noexcept { return impl_->step_index(); }
 void Profiler::flush() { impl_->flush(); }

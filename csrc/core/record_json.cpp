@@ -1,6 +1,7 @@
 #include "record_json.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
 #include "check.hpp"
@@ -32,6 +33,30 @@ void append_memory(fmt::memory_buffer& out, const MemorySample& m) {
   field("device_used_bytes", m.device_used_bytes);
   field("device_total_bytes", m.device_total_bytes);
   out.push_back('}');
+}
+
+void append_kernels(fmt::memory_buffer& out, const KernelStats& k) {
+  out.append(std::string_view(",\"kernels\":{\"compute_ms\":"));
+  append_ms(out, k.compute_ns);
+  out.append(std::string_view(",\"nccl_ms\":"));
+  append_ms(out, k.nccl_ns);
+  out.append(std::string_view(",\"exposed_nccl_ms\":"));
+  append_ms(out, k.exposed_nccl_ns);
+  out.append(std::string_view(",\"matmul_ms\":"));
+  append_ms(out, k.matmul_ns);
+  out.append(std::string_view(",\"idle_ms\":"));
+  append_ms(out, k.idle_ns);
+  fmt::format_to(std::back_inserter(out), ",\"count\":{}}}", k.count);
+}
+
+void append_counters(fmt::memory_buffer& out, const CounterStats& c) {
+  auto it = std::back_inserter(out);
+  out.append(std::string_view(",\"counters\":{"));
+  for (std::size_t i = 0; i < kCounterCount; ++i) {
+    if (!std::isfinite(c.values[i])) continue;
+    fmt::format_to(it, "\"{}\":{:.2f},", kCounterNames[i], c.values[i]);
+  }
+  fmt::format_to(it, "\"coverage_pct\":{:.1f}}}", c.coverage_pct);
 }
 
 template <typename Values>
@@ -125,6 +150,8 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   }
   out.append(std::string_view(",\"memory\":"));
   append_memory(out, r.memory);
+  if (r.kernels.present) append_kernels(out, r.kernels);
+  if (r.counters.present) append_counters(out, r.counters);
   out.append(std::string_view("}\n"));
 }
 
@@ -148,7 +175,12 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
     append_json_string(out, type);
     fmt::format_to(it, ":{}", count);
   }
-  out.append(std::string_view("},\"summary\":{\"step_ms_mean\":"));
+  out.append(std::string_view("},"));
+  if (!end.extra_fields.empty()) {
+    out.append(end.extra_fields);
+    out.push_back(',');
+  }
+  out.append(std::string_view("\"summary\":{\"step_ms_mean\":"));
   append_ms(out, totals.steps > 0 ? totals.step_ns_sum / totals.steps : 0);
   out.append(std::string_view(",\"step_ms_max\":"));
   append_ms(out, totals.step_ns_max);

@@ -34,6 +34,7 @@ struct RunEnd {
   double wall_s = 0;
   std::int64_t writer_waits = 0;
   std::map<std::string, std::int64_t> alerts;  // alerts fired, by type
+  std::string extra_fields;  // more members (`"key":value,...`), e.g. device activity totals
 };
 
 /// Appends `s` as a quoted JSON string.

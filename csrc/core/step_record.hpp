@@ -15,6 +15,27 @@
 
 namespace steptrace::detail {
 
+/// Device work of one step from the kernel activity records (see device_activity.hpp).
+struct KernelStats {
+  bool present = false;
+  std::int64_t compute_ns = 0;       // union of compute kernels' intervals (matmul included)
+  std::int64_t nccl_ns = 0;          // union of communication kernels' intervals
+  std::int64_t exposed_nccl_ns = 0;  // communication not overlapped by compute
+  std::int64_t matmul_ns = 0;        // union of gemm / convolution / attention kernels
+  std::int64_t busy_ns = 0;          // union of all kernels
+  std::int64_t idle_ns = 0;          // the step's device window minus busy
+  std::int64_t count = 0;
+  std::int64_t window_start_ns = 0;  // the step's device window, on the activity clock
+  std::int64_t window_end_ns = 0;
+};
+
+/// Hardware counters averaged over one step; NaN where not measured.
+struct CounterStats {
+  bool present = false;
+  double values[kCounterCount] = {};
+  double coverage_pct = 0;  // share of the step's window covered by samples
+};
+
 struct StepRecord {
   std::int64_t step = 0;
   std::int64_t start_unix_ns = 0;
@@ -36,6 +57,16 @@ struct StepRecord {
   std::int64_t memory_at_start = 0;
   std::array<std::int64_t, kMaxPhases> phase_memory_end{};
   std::array<std::uint8_t, kMaxPhases> phase_end_order{};
+  // Device activity: the step's host start and end on the activity backend's and the
+  // counter sampler's clocks (training thread), and what the writer thread fills in
+  // once the activity records and counter samples for the step have arrived.
+  std::int64_t activity_begin_ns = -1;
+  std::int64_t activity_end_ns = -1;
+  bool counters_sampled = false;
+  std::int64_t sampler_begin_ns = -1;
+  std::int64_t sampler_end_ns = -1;
+  KernelStats kernels;
+  CounterStats counters;
 };
 
 /// Bytes each phase added that were still allocated at the end of the step, by slot:

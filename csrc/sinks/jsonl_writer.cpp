@@ -12,12 +12,13 @@ constexpr std::size_t kWriteChunkBytes = 1 << 16;
 
 JsonlWriter::JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
                          std::size_t capacity, std::chrono::milliseconds flush_interval,
-                         StepObserver* observer)
+                         StepObserver* observer, StepCompleter* completer)
     : rank_(rank),
       names_(names),
       flush_interval_(flush_interval),
       fd_(fd),
       observer_(observer),
+      completer_(completer),
       ring_(capacity) {
   buf_.append(first_line.data(), first_line.data() + first_line.size());
   write_buffer();  // run_start reaches the file before the constructor returns
@@ -80,8 +81,13 @@ void JsonlWriter::close(const RunEnd& end) {
   }
   wake_.notify_one();
   thread_.join();
-  drain();
+  if (completer_ != nullptr) {
+    drain(/*force=*/false);
+    completer_->finish();  // the device has synchronized: what is left arrives now
+  }
+  drain(/*force=*/true);
   RunEnd final_end = end;
+  if (completer_ != nullptr) final_end.extra_fields = completer_->run_end_fields();
   final_end.writer_waits = waits();
   if (observer_ != nullptr) final_end.alerts = observer_->alert_counts();
   append_run_end_json(buf_, final_end, totals_, rank_, names_);
@@ -106,7 +112,7 @@ void JsonlWriter::run() {
     drain_requested_.store(false, std::memory_order_relaxed);
     const std::uint64_t ticket = flush_requested_;
     lock.unlock();
-    drain();
+    drain(/*force=*/ticket > flush_done_);  // flush(): write what waits, as it is
     lock.lock();
     if (ticket > flush_done_) {
       flush_done_ = ticket;
@@ -115,7 +121,7 @@ void JsonlWriter::run() {
   }
 }
 
-void JsonlWriter::drain() {
+void JsonlWriter::drain(bool force) {
   std::vector<std::string> lines;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -123,14 +129,28 @@ void JsonlWriter::drain() {
   }
   // Step records first: lines queued now (alerts) are about steps already handed over.
   while (const StepRecord* r = ring_.front()) {
-    totals_.add(*r);
-    append_step_json(buf_, *r, rank_, names_);
-    if (observer_ != nullptr) observer_->on_step(*r, buf_);
+    if (completer_ == nullptr) {
+      write_step(*r);
+    } else {
+      held_.push_back(*r);
+    }
     ring_.pop();
-    if (buf_.size() >= kWriteChunkBytes) write_buffer();
+  }
+  while (!held_.empty()) {
+    const bool must = force || held_.size() > ring_.capacity();  // memory stays bounded
+    if (!completer_->complete(held_.front(), must)) break;
+    write_step(held_.front());
+    held_.pop_front();
   }
   for (const std::string& line : lines) buf_.append(line.data(), line.data() + line.size());
   write_buffer();
+}
+
+void JsonlWriter::write_step(const StepRecord& r) {
+  totals_.add(r);
+  append_step_json(buf_, r, rank_, names_);
+  if (observer_ != nullptr) observer_->on_step(r, buf_);
+  if (buf_.size() >= kWriteChunkBytes) write_buffer();
 }
 
 void JsonlWriter::write_buffer() {

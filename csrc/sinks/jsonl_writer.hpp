@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -16,6 +17,7 @@
 #include "../core/record_json.hpp"
 #include "../core/spsc_ring.hpp"
 #include "../core/step_record.hpp"
+#include "step_completer.hpp"
 
 namespace steptrace::detail {
 
@@ -34,7 +36,7 @@ class JsonlWriter {
   /// newline) is the first thing written.
   JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
               std::size_t capacity, std::chrono::milliseconds flush_interval,
-              StepObserver* observer = nullptr);
+              StepObserver* observer = nullptr, StepCompleter* completer = nullptr);
   ~JsonlWriter();
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
@@ -72,8 +74,10 @@ class JsonlWriter {
   void run();
   // Wakes the writer to drain now (rare: under the lock, so the wake-up is not lost).
   void request_drain() noexcept;
-  // Moves everything queued into buf_ and writes it. Writer thread only.
-  void drain();
+  // Moves everything queued into buf_ and writes it; `force` completes the records that
+  // wait for device data with what is known. Writer thread only.
+  void drain(bool force);
+  void write_step(const StepRecord& r);
   void write_buffer();
 
   const int rank_;
@@ -81,6 +85,8 @@ class JsonlWriter {
   const std::chrono::milliseconds flush_interval_;
   int fd_;
   StepObserver* observer_;
+  StepCompleter* completer_;
+  std::deque<StepRecord> held_;  // records waiting for the completer, in step order
   SpscRing<StepRecord> ring_;
   fmt::memory_buffer buf_;
   RunTotals totals_;

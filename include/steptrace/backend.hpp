@@ -95,10 +95,10 @@ enum class KernelWork : std::uint8_t {
 
 /// One kernel execution, as a kernel-activity backend delivers it (some time after it ran).
 struct KernelRecord {
-  std::int64_t step = -1;      // the step it was launched in; -1: outside any step
-  std::int64_t start_ns = 0;   // device start and end, on the backend's clock (now_ns)
+  std::int64_t step = -1;     // the step it was launched in; -1: outside any step
+  std::int64_t start_ns = 0;  // device start and end, on the backend's clock (now_ns)
   std::int64_t end_ns = 0;
-  std::uint32_t name_id = 0;   // KernelActivitySource::kernel_name(name_id)
+  std::uint32_t name_id = 0;  // KernelActivitySource::kernel_name(name_id)
   KernelWork work = KernelWork::kCompute;
 };
 
@@ -181,7 +181,7 @@ STEPTRACE_API std::unique_ptr<KernelActivitySource> make_cupti_activity(std::str
 /// Hardware counters through CUPTI PM sampling on CUDA device `device_index` (-1: the
 /// current one), with the metric set chosen for its chip. nullptr when unavailable.
 STEPTRACE_API std::unique_ptr<CounterSampler> make_cupti_counter_sampler(int device_index,
-                                                                       std::string* why_not);
+                                                                         std::string* why_not);
 
 /// The CUDA event timer, through the driver API loaded at run time (libcuda.so.1, found
 /// via dlopen; entry points from cuGetProcAddress), so that one build runs with CUDA 12

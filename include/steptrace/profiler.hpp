@@ -132,6 +132,10 @@ class STEPTRACE_API Profiler {
   /// Without a stream, steps use the host clock.
   void set_stream(std::uintptr_t stream) noexcept;
   void clear_stream() noexcept;
+  /// Another profiler (torch.profiler / Kineto) starts (true) or stops (false) collecting
+  /// device activity: steptrace's kernel activity yields to it meanwhile (CUPTI's
+  /// activity buffers are process-wide). Any thread.
+  void set_external_profiler(bool active) noexcept;
   /// Steps ended whose device times are not known yet.
   std::size_t steps_in_flight() const noexcept;
 

@@ -67,9 +67,8 @@ const char* advice(int result) {
 }  // namespace
 
 std::string unavailable_reason(std::string_view call, int result, std::string_view result_text) {
-  const std::string code =
-      result_text.empty() ? fmt::format("error {}", result)
-                          : fmt::format("{} ({})", result_text, result);
+  const std::string code = result_text.empty() ? fmt::format("error {}", result)
+                                               : fmt::format("{} ({})", result_text, result);
   if (const char* a = advice(result)) return fmt::format("{}: {} failed with {}", a, call, code);
   return fmt::format("{} failed with {}", call, code);
 }

@@ -1,0 +1,87 @@
+// Kernel activity and hardware counters joined to the step records, on the writer
+// thread. The records of both arrive in batches, a delivery or two after the device ran
+// the work, so a step record waits here (in step order) until the deliveries that must
+// hold its data have happened, or at most kMaxHold, then gets its `kernels` and
+// `counters` and goes on to the detectors and the file.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../sinks/step_completer.hpp"
+#include "step_record.hpp"
+#include "steptrace/backend.hpp"
+#include "steptrace/config.hpp"
+
+namespace steptrace::detail {
+
+/// Per-step kernel figures from the step's kernels (any order). The step's device
+/// window starts at `not_before_ns` (the later of the step's host start and the end of
+/// the previous step's device work: the device cannot run the step earlier) or at its
+/// first kernel when that is earlier, and ends with its last kernel; idle is the part of
+/// the window no kernel covers. Unions, not sums: concurrent kernels count once.
+KernelStats kernel_stats(std::vector<KernelRecord>& kernels, std::int64_t not_before_ns);
+
+/// Completes step records with what the activity backend and the counter sampler
+/// delivered. Writer thread only (the backends are driven by the training thread).
+class DeviceActivityStage final : public StepCompleter {
+ public:
+  /// Either backend may be null. They outlive the stage.
+  DeviceActivityStage(const Config& config, KernelActivitySource* activity,
+                      CounterSampler* sampler);
+
+  /// Fills r.kernels / r.counters; false while their data may still come (the record
+  /// waits). `force`: fill with what is known now (close, flush, a full queue).
+  bool complete(StepRecord& r, bool force) override;
+  /// Close: the device has synchronized; the backends deliver what is left and stop.
+  void finish() noexcept override;
+  /// run_end's "device_activity": top kernels, record and sample counts, losses.
+  std::string run_end_fields() override;
+
+  /// Longest a step record waits for its device data.
+  static constexpr std::chrono::milliseconds kMaxHold{2000};
+
+ private:
+  void take_kernels();
+  void take_samples();
+  void fill_counters(StepRecord& r);
+
+  const Config& config_;
+  KernelActivitySource* activity_;
+  CounterSampler* sampler_;
+
+  // The record waiting now, and the deliveries when it arrived.
+  std::int64_t waiting_step_ = -1;
+  std::chrono::steady_clock::time_point waiting_since_;
+  std::uint64_t activity_at_arrival_ = 0;
+  std::uint64_t sampler_at_arrival_ = 0;
+
+  std::vector<KernelRecord> incoming_;
+  std::map<std::int64_t, std::vector<KernelRecord>> by_step_;  // steps not written yet
+  std::int64_t written_through_ = -1;                          // last step record completed
+  std::int64_t prev_device_end_ns_ = INT64_MIN;
+  struct KernelTotal {
+    std::int64_t ns = 0;
+    std::int64_t count = 0;
+    KernelWork work = KernelWork::kCompute;
+  };
+  std::map<std::uint32_t, KernelTotal> totals_;  // by kernel name id, for the top list
+  std::int64_t kernel_records_ = 0;
+  std::int64_t dropped_records_ = 0;
+  std::int64_t late_records_ = 0;     // arrived after their step record was written
+  std::int64_t outside_records_ = 0;  // launched outside any step
+
+  std::vector<CounterSample> incoming_samples_;
+  std::deque<CounterSample> samples_;  // decoded, not yet past the steps written
+  std::int64_t sample_count_ = 0;
+  std::int64_t dropped_samples_ = 0;
+  bool overflow_ = false;
+  std::int64_t sampled_steps_ = 0;
+  std::int64_t steps_with_counters_ = 0;
+};
+
+}  // namespace steptrace::detail
