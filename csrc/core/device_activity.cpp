@@ -99,8 +99,6 @@ bool DeviceActivityStage::complete(StepRecord& r, bool force) {
     r.kernels = kernel_stats(kernels, not_before);
     if (r.kernels.count > 0) {
       prev_device_end_ns_ = std::max(prev_device_end_ns_, r.kernels.window_end_ns);
-    } else if (!activity_->status().empty()) {
-      r.kernels.present = false;  // yielding to another tool: nothing is known
     }
   }
   by_step_.erase(by_step_.begin(), by_step_.upper_bound(r.step));

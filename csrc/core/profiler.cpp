@@ -266,7 +266,8 @@ class ProfilerImpl {
     step_start_ns_ = now;
     in_step_ = true;
     if (on_device_) device_->begin_step();
-    if (activity_) {
+    current_.activity_begin_ns = -1;  // no kernels for this step
+    if (activity_ && !activity_yielding_.load(std::memory_order_relaxed)) {
       current_.activity_begin_ns = activity_->now_ns();
       activity_->begin_step(current_.step);
     }
@@ -301,7 +302,7 @@ class ProfilerImpl {
     }
     merge(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
-    if (activity_) {
+    if (current_.activity_begin_ns >= 0) {
       activity_->end_step(current_.step);
       current_.activity_end_ns = activity_->now_ns();
     }
@@ -380,7 +381,9 @@ class ProfilerImpl {
   }
   std::size_t steps_in_flight() const noexcept { return device_ ? device_->in_flight() : 0; }
   void set_external_profiler(bool active) noexcept {
-    if (activity_) activity_->set_yielding(active);
+    if (!activity_) return;
+    activity_yielding_.store(active, std::memory_order_relaxed);
+    activity_->set_yielding(active);
   }
 
   void close(EndReason reason, std::string_view error) {
@@ -711,6 +714,7 @@ class ProfilerImpl {
   // writer thread (declared before writer_, so it outlives it).
   std::unique_ptr<KernelActivitySource> activity_;
   std::unique_ptr<CounterSampler> sampler_;
+  std::atomic<bool> activity_yielding_{false};  // another profiler has the activity records
   std::string activity_unavailable_;
   std::string counters_unavailable_;
   std::unique_ptr<DeviceActivityStage> device_stage_;

@@ -54,7 +54,8 @@ void append_counters(fmt::memory_buffer& out, const CounterStats& c) {
   out.append(std::string_view(",\"counters\":{"));
   for (std::size_t i = 0; i < kCounterCount; ++i) {
     if (!std::isfinite(c.values[i])) continue;
-    fmt::format_to(it, "\"{}\":{:.2f},", kCounterNames[i], c.values[i]);
+    // percentages of peak; rounding in the counters' evaluation can overshoot a little
+    fmt::format_to(it, "\"{}\":{:.2f},", kCounterNames[i], std::clamp(c.values[i], 0.0, 100.0));
   }
   fmt::format_to(it, "\"coverage_pct\":{:.1f}}}", c.coverage_pct);
 }

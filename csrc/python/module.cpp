@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../backends/fake/fake_device_activity.hpp"
 #include "steptrace/config.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/metrics.hpp"
@@ -179,10 +180,24 @@ py::object make_step_scope(const StepScope& scope);
 // profiler, so a scope kept past the profiler object stays safe to call.
 class PyProfiler {
  public:
-  PyProfiler(steptrace::Config config, const std::map<std::string, std::string>& versions) {
+  PyProfiler(steptrace::Config config, const std::map<std::string, std::string>& versions,
+             bool fake_device) {
     steptrace::RunInfo info;
     for (const auto& [k, v] : versions) info.versions.emplace_back(k, v);
-    profiler_ = std::make_shared<steptrace::Profiler>(std::move(config), std::move(info));
+    steptrace::Backends backends;
+    if (fake_device) {  // tests: the device-activity path with fakes on the host clock
+      auto activity = std::make_unique<steptrace::fake::FakeKernelActivity>();
+      auto sampler = std::make_unique<steptrace::fake::FakeCounterSampler>();
+      for (auto* clock : {&activity->clock_ns, &sampler->clock_ns}) *clock = -1;
+      activity->delivery.auto_deliver = true;
+      sampler->delivery.auto_deliver = true;
+      fake_activity_ = activity.get();
+      fake_sampler_ = sampler.get();
+      backends.kernel_activity = std::move(activity);
+      backends.counter_sampler = std::move(sampler);
+    }
+    profiler_ = std::make_shared<steptrace::Profiler>(std::move(config), std::move(info),
+                                                      std::move(backends));
     hooks_ = std::make_shared<StepHooks>();
     step_ = StepScope{profiler_, hooks_};
     step_scope_ = make_step_scope(step_);
@@ -216,6 +231,32 @@ class PyProfiler {
   steptrace::Profiler& core() { return *profiler_; }
   const ProfilerPtr& profiler() const { return profiler_; }
   StepHooks& hooks() { return *hooks_; }
+
+  // Fake device work of the step in progress: kernels back to back from now, and one
+  // counter sample over them.
+  void fake_device_work(const std::vector<std::tuple<std::string, std::string, double>>& kernels,
+                        const std::vector<double>& counters) {
+    if (fake_activity_ == nullptr) {
+      throw py::value_error("fake_device_work needs a Profiler made with fake_device=True");
+    }
+    const std::int64_t start = fake_activity_->now_ns();
+    std::int64_t t = start;
+    for (const auto& [name, work, ms] : kernels) {
+      steptrace::KernelWork w = steptrace::KernelWork::kCompute;
+      if (work == "matmul") {
+        w = steptrace::KernelWork::kMatmul;
+      } else if (work == "nccl") {
+        w = steptrace::KernelWork::kCommunication;
+      } else if (work != "compute") {
+        throw py::value_error("kernel work \"" + work +
+                              "\" is unknown; use \"compute\", \"matmul\" or \"nccl\"");
+      }
+      const auto ns = static_cast<std::int64_t>(ms * 1e6);
+      fake_activity_->add_kernel(name, w, t, t + ns);
+      t += ns;
+    }
+    if (!counters.empty()) fake_sampler_->add_sample(start, std::max(t, start + 1), counters);
+  }
   const StepScope& step_scope() const { return step_; }
 
  private:
@@ -224,6 +265,8 @@ class PyProfiler {
   std::shared_ptr<StepHooks> hooks_;
   StepScope step_;
   py::object step_scope_;
+  steptrace::fake::FakeKernelActivity* fake_activity_ = nullptr;  // owned by the profiler
+  steptrace::fake::FakeCounterSampler* fake_sampler_ = nullptr;
   std::vector<py::object> by_id_;
   std::vector<std::pair<PyObject*, py::object>> by_object_;
   std::vector<py::object> keys_;
@@ -471,6 +514,17 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("hang_min_s", &steptrace::Config::hang_min_s)
       .def_readwrite("hang_floor_s", &steptrace::Config::hang_floor_s)
       .def_readwrite("memory_growth_pct", &steptrace::Config::memory_growth_pct)
+      .def_readwrite("kernel_activity", &steptrace::Config::kernel_activity)
+      .def_readwrite("counters", &steptrace::Config::counters)
+      .def_readwrite("counter_every", &steptrace::Config::counter_every)
+      .def_readwrite("counter_burst", &steptrace::Config::counter_burst)
+      .def_readwrite("device_index", &steptrace::Config::device_index)
+      .def_readwrite("top_kernels", &steptrace::Config::top_kernels)
+      .def_readwrite("tensor_core_min_pct", &steptrace::Config::tensor_core_min_pct)
+      .def_readwrite("matmul_dominated_pct", &steptrace::Config::matmul_dominated_pct)
+      .def_readwrite("occupancy_min_pct", &steptrace::Config::occupancy_min_pct)
+      .def_readwrite("dram_bound_pct", &steptrace::Config::dram_bound_pct)
+      .def_readwrite("comm_bound_pct", &steptrace::Config::comm_bound_pct)
       .def("validate", &steptrace::Config::validate);
 
   init_step_scope_type(m);
@@ -479,8 +533,14 @@ PYBIND11_MODULE(_core, m) {
   init_data_iterator_type();
 
   py::class_<PyProfiler>(m, "Profiler")
-      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&>(),
-           py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{})
+      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool>(),
+           py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{},
+           py::arg("fake_device") = false)
+      .def("fake_device_work", &PyProfiler::fake_device_work, py::arg("kernels"),
+           py::arg("counters") = std::vector<double>{},
+           "Tests: kernels (name, work, ms) and counter values for the step in progress")
+      .def("set_external_profiler",
+           [](PyProfiler& p, bool active) { p.core().set_external_profiler(active); })
       .def(
           "data",
           [](PyProfiler& p, py::handle iterable) {

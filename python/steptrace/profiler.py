@@ -144,6 +144,56 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
     return begin, (end if memory else None)
 
 
+# torch.profiler (Kineto) and steptrace's kernel activity share CUPTI's process-wide
+# activity buffers: while a torch profiler is prepared or recording, steptrace's yields.
+_torch_profilers_active = 0
+_torch_profiler_hooked = False
+
+
+def _set_external_profiler(active: bool) -> None:
+    for prof in list(_live):
+        if not prof.closed:
+            prof._core.set_external_profiler(active)
+
+
+def _hook_torch_profiler(torch: Any) -> None:
+    """Wraps torch.autograd.profiler.profile (behind torch.profiler.profile too) so that
+    steptrace yields before Kineto sets up CUPTI and resumes after it has torn down."""
+    global _torch_profiler_hooked
+    if _torch_profiler_hooked:
+        return
+    profile = getattr(getattr(torch, "autograd", None), "profiler", None)
+    profile = getattr(profile, "profile", None)
+    prepare = getattr(profile, "_prepare_trace", None)
+    exit_ = getattr(profile, "__exit__", None)
+    if prepare is None or exit_ is None:  # another torch layout: no coexistence hooks
+        return
+
+    def _prepare_trace(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _torch_profilers_active
+        if not getattr(self, "_steptrace_yielded", False):
+            self._steptrace_yielded = True
+            _torch_profilers_active += 1
+            if _torch_profilers_active == 1:
+                _set_external_profiler(True)
+        return prepare(self, *args, **kwargs)
+
+    def __exit__(self: Any, *args: Any) -> Any:
+        global _torch_profilers_active
+        try:
+            return exit_(self, *args)
+        finally:
+            if getattr(self, "_steptrace_yielded", False):
+                self._steptrace_yielded = False
+                _torch_profilers_active -= 1
+                if _torch_profilers_active == 0:
+                    _set_external_profiler(False)
+
+    profile._prepare_trace = _prepare_trace
+    profile.__exit__ = __exit__
+    _torch_profiler_hooked = True
+
+
 def _thread_stacks() -> str:
     """The Python stack of every thread but the calling one (for hang alerts)."""
     names = {t.ident: t.name for t in threading.enumerate()}
@@ -198,9 +248,14 @@ class Profiler:
     Not thread-safe: one training thread drives steps and phases.
     """
 
-    def __init__(self, log_dir: "str | os.PathLike[str]", **options: Any) -> None:
+    def __init__(self, log_dir: "str | os.PathLike[str]", _fake_device: bool = False, **options: Any) -> None:
         config, python_options = build_config(log_dir, options)
-        self._core = _core.Profiler(config, _versions())
+        torch = sys.modules.get("torch")  # never import torch ourselves: the user's loop did
+        cuda = torch is not None and config.clock != "host" and torch.cuda.is_available()
+        if cuda and config.device_index < 0 and torch.cuda.is_initialized():
+            config.device_index = torch.cuda.current_device()  # what the counters sample
+        # _fake_device (tests): fake kernel activity and counters, fed by _core.fake_device_work
+        self._core = _core.Profiler(config, _versions(), _fake_device)
         self._signalled = False
         # Bound C++ methods: calling them runs no Python code of ours.
         self.step = self._core.step_function()
@@ -214,10 +269,13 @@ class Profiler:
         self.set_step_memory = self._core.set_step_memory
         self.set_stream = self._core.set_stream
         """Record device events on this stream (an int: ``torch.cuda.Stream.cuda_stream``)."""
-        torch = sys.modules.get("torch")  # never import torch ourselves: the user's loop did
-        if config.clock != "host" and torch is not None and torch.cuda.is_available():
+        if cuda:
             self._core.set_step_hooks(*_cuda_step_hooks(torch, python_options["cuda_memory"]))
         _live.add(self)
+        if torch is not None:
+            _hook_torch_profiler(torch)
+            if _torch_profilers_active > 0:  # one is running already: start yielded
+                self._core.set_external_profiler(True)
         self._alert_thread: Optional[threading.Thread] = None
         if config.detect:
             self._core.subscribe_events()

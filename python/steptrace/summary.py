@@ -377,6 +377,9 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None) -> dict[s
     else:
         end_reason = ", ".join(f"rank {r} {why}" for r, why in end_reasons.items())
 
+    top_kernels = _top_kernels(table.run_ends)
+    device_backends = _device_backends(table.run_starts)
+
     clocks = [c for c in table.clocks if c != "?"] or list(table.clocks)
     if not clocks:
         clock = None
@@ -404,12 +407,70 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None) -> dict[s
         "counters": averages.get("counters", {}),
         "kernels": averages.get("kernels", {}),
         "telemetry": averages.get("telemetry", {}),
+        "top_kernels": top_kernels,
+        "device_backends": device_backends,
         "alerts": alerts,
         "alert_first": alert_first,
         "end_reason": end_reason,
         "end_reasons": end_reasons,
         "warmup_steps": warmup,
     }
+
+
+def _top_kernels(run_ends: Sequence[dict[str, Any]], limit: int = 10) -> list[dict[str, Any]]:
+    """The kernels with the most device time over all ranks, from run_end's device_activity."""
+    merged: dict[str, dict[str, Any]] = {}
+    for e in run_ends:
+        kernels = (e.get("device_activity") or {}).get("kernels") or {}
+        for k in kernels.get("top") or []:
+            name = k.get("name")
+            if not isinstance(name, str) or not _is_num(k.get("total_ms")):
+                continue
+            m = merged.setdefault(name, {"name": name, "work": k.get("work", "compute"), "total_ms": 0.0, "count": 0})
+            m["total_ms"] += float(k["total_ms"])
+            m["count"] += int(k.get("count") or 0)
+    top = sorted(merged.values(), key=lambda k: -k["total_ms"])[:limit]
+    total = sum(k["total_ms"] for k in merged.values())
+    for k in top:
+        k["share_pct"] = 100.0 * k["total_ms"] / total if total > 0 else 0.0
+    return top
+
+
+def _device_backends(run_starts: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """What collected kernel activity and counters ("cupti", ...) or why nothing did,
+    from the first run_start that says."""
+    out: dict[str, str] = {}
+    for rs in run_starts:
+        backends = rs.get("backends") or {}
+        for key in ("kernel_activity", "counters"):
+            entry = backends.get(key)
+            if key in out or not isinstance(entry, dict):
+                continue
+            active = entry.get("active") or []
+            reasons = entry.get("unavailable") or {}
+            out[key] = ", ".join(map(str, active)) if active else "unavailable: " + "; ".join(map(str, reasons.values()))
+    return out
+
+
+def top_kernel_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """The top kernels by device time (header first; empty when none were recorded)."""
+    top = summary.get("top_kernels") or []
+    if not top:
+        return []
+    rows = [["kernel", "work", "total ms", "calls", "share"]]
+    for k in top:
+        name = k["name"] if len(k["name"]) <= 80 else k["name"][:77] + "..."
+        rows.append([name, str(k["work"]), _ms(k["total_ms"]), str(k["count"]), _pct(k["share_pct"])])
+    return rows
+
+
+def device_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per device backend, shown when one of them collected anything."""
+    backends = summary.get("device_backends") or {}
+    if not any(not v.startswith("unavailable") for v in backends.values()):
+        return []
+    labels = {"kernel_activity": "kernel activity", "counters": "counters"}
+    return [f"{labels[k]}: {v}" for k, v in backends.items()]
 
 
 # --------------------------------------------------------------------------- text
@@ -556,6 +617,14 @@ def format_summary(summary: dict[str, Any]) -> str:
     if counters:
         lines.append("")
         lines += _table(counters)
+    top = top_kernel_rows(summary)
+    if top:
+        lines.append("")
+        lines += _table(top, left=(0, 1))
+    device = device_lines(summary)
+    if device:
+        lines.append("")
+        lines += device
 
     lines.append("")
     if summary.get("alerts"):
@@ -594,6 +663,11 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
     counters = counter_rows(summary)
     if counters:
         console.print(table(counters))
+    top = top_kernel_rows(summary)
+    if top:
+        console.print(table(top, left=(0, 1)))
+    for line in device_lines(summary):
+        console.print(line)
     if summary.get("alerts"):
         console.print(table(alert_rows(summary), left=(0, 3), first_style="red"))
     else:

@@ -58,6 +58,28 @@ TEST(Config, RejectsBadValuesNamingThem) {
   expect_rejected([](Config& c) { c.phases = {"data"}; }, "reserved");
 }
 
+TEST(Config, DeviceActivityOptionsAreChecked) {
+  const Config d;
+  EXPECT_DOUBLE_EQ(d.tensor_core_min_pct, 60);  // DESIGN.md's diagnosis thresholds
+  EXPECT_DOUBLE_EQ(d.occupancy_min_pct, 60);
+  EXPECT_DOUBLE_EQ(d.dram_bound_pct, 80);
+  EXPECT_DOUBLE_EQ(d.comm_bound_pct, 25);
+  expect_rejected([](Config& c) { c.kernel_activity = "on"; }, "kernel_activity=\"on\"");
+  expect_rejected([](Config& c) { c.counters = "always"; }, "counters=\"always\"");
+  expect_rejected([](Config& c) { c.counter_every = 0; }, "counter_every=0");
+  expect_rejected(
+      [](Config& c) {
+        c.counter_every = 4;
+        c.counter_burst = 5;
+      },
+      "counter_burst=5 is out of range; allowed: 1..counter_every (4)");
+  expect_rejected([](Config& c) { c.device_index = -2; }, "device_index=-2");
+  expect_rejected([](Config& c) { c.top_kernels = -1; }, "top_kernels=-1");
+  expect_rejected([](Config& c) { c.comm_bound_pct = 0; }, "comm_bound_pct=0");
+  expect_rejected([](Config& c) { c.dram_bound_pct = 120; }, "dram_bound_pct=120");
+  expect_rejected([](Config& c) { c.tensor_core_min_pct = NAN; }, "tensor_core_min_pct=nan");
+}
+
 TEST(Config, NaNThresholdIsRejected) {
   expect_rejected([](Config& c) { c.regression_threshold = std::nan(""); }, "regression_threshold");
 }

@@ -20,10 +20,7 @@ constexpr std::int64_t kMs = 1'000'000;
 
 struct DeviceFixture {
   explicit DeviceFixture(const TempDir& tmp, int max_inflight = 8) {
-    Config config;
-    config.log_dir = tmp.str("run");
-    config.rank = 0;
-    config.world_size = 1;
+    Config config = testing::run_config(tmp);
     config.max_inflight_steps = max_inflight;
     Backends backends;
     auto c = std::make_unique<fake::FakeClock>();

@@ -24,11 +24,8 @@ constexpr std::int64_t kMs = 1'000'000;
 // A profiler on a fake clock and a fake memory source, both still reachable by the test.
 struct Fixture {
   explicit Fixture(const TempDir& tmp, const std::function<void(Config&)>& tweak = {}) {
-    Config config;
+    Config config = testing::run_config(tmp);
     if (tweak) tweak(config);
-    config.log_dir = tmp.str("run");
-    config.rank = 0;
-    config.world_size = 1;
     Backends backends;
     auto c = std::make_unique<fake::FakeClock>();
     clock = c.get();

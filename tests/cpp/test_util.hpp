@@ -6,9 +6,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "steptrace/config.hpp"
 
 namespace steptrace::testing {
 
@@ -52,6 +55,23 @@ inline std::vector<nlohmann::json> of_kind(const std::vector<nlohmann::json>& re
     if (r.at("kind") == kind) out.push_back(r);
   }
   return out;
+}
+
+/// A config that writes to <tmp>/run as rank 0 of 1.
+inline Config run_config(const TempDir& tmp) {
+  Config c;
+  c.log_dir = tmp.str("run");
+  c.rank = 0;
+  c.world_size = 1;
+  return c;
+}
+
+/// Moves a (fake) backend into its Backends slot; the test keeps driving it by pointer.
+template <typename T, typename Slot>
+T* install(std::unique_ptr<T> backend, Slot& slot) {
+  T* raw = backend.get();
+  slot = std::move(backend);
+  return raw;
 }
 
 }  // namespace steptrace::testing
