@@ -16,6 +16,13 @@
 //                                waits whenever the ring is full, so this is the writer's
 //                                rate, not the training thread's.
 //   BM_RingFullStall/...         how long the one step that finds the ring full waits.
+//   BM_Step5PhasesFakeActivity   a step with kernel activity and counter sampling on (fake
+//                                backends): the training thread's share of that bookkeeping.
+//   BM_KernelStats/<n>           the writer thread's per-step kernel figures (unions, idle)
+//                                for n kernels, against BM_KernelDurationSum/<n>, a plain sum.
+//   BM_CounterAlignment/<n>      the writer thread's join of n counter samples to one step
+//                                (DeviceActivityStage), per sample, against
+//                                BM_AggregateSamples/<n> (the averaging alone).
 //
 // Logs go to /tmp/steptrace-bench-<pid>/ (overwrite=true) and are removed at exit unless
 // --keep_logs is given. After the Google Benchmark table (console format only) a summary
@@ -23,6 +30,7 @@
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -36,7 +44,10 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/fake/fake_device_activity.hpp"
 #include "backends/fake/fake_device_timer.hpp"
+#include "core/device_activity.hpp"
+#include "core/sample_aggregation.hpp"
 #include "steptrace/steptrace.hpp"
 
 namespace {
@@ -205,6 +216,116 @@ void BM_Step5PhasesFakeDevice(benchmark::State& state) {
 }
 BENCHMARK(BM_Step5PhasesFakeDevice);
 
+// ---- (h) kernel activity and counters on, training thread ----
+void BM_Step5PhasesFakeActivity(benchmark::State& state) {
+  steptrace::Backends backends;
+  auto activity = std::make_unique<steptrace::fake::FakeKernelActivity>();
+  auto sampler = std::make_unique<steptrace::fake::FakeCounterSampler>();
+  activity->delivery.auto_deliver = true;
+  sampler->delivery.auto_deliver = true;
+  backends.kernel_activity = std::move(activity);
+  backends.counter_sampler = std::move(sampler);
+  steptrace::Config config = make_config("step5_fake_activity", false);
+  config.counter_every = 1;
+  steptrace::Profiler prof(config, {}, std::move(backends));
+  std::array<steptrace::PhaseId, 5> ids{};
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
+  int since_flush = 0;
+  for (auto _ : state) {
+    {
+      auto step = prof.step();
+      for (const auto id : ids) {
+        auto p = step.phase(id);
+        benchmark::DoNotOptimize(p);
+      }
+    }
+    drain_now_and_then(prof, state, since_flush);
+  }
+  prof.close();
+}
+BENCHMARK(BM_Step5PhasesFakeActivity);
+
+// ---- (i) per-step kernel figures on the writer thread ----
+std::vector<steptrace::KernelRecord> kernels_of_a_step(std::int64_t n) {
+  std::vector<steptrace::KernelRecord> ks;
+  for (std::int64_t i = 0; i < n; ++i) {
+    steptrace::KernelRecord k;
+    k.step = 0;
+    k.start_ns = i * 1000 + (i % 3) * 200;  // some overlap, some gaps
+    k.end_ns = k.start_ns + 900;
+    k.work = i % 5 == 0 ? steptrace::KernelWork::kCommunication
+                        : (i % 2 == 0 ? steptrace::KernelWork::kMatmul
+                                      : steptrace::KernelWork::kCompute);
+    ks.push_back(k);
+  }
+  std::reverse(ks.begin(), ks.end());  // delivered out of order
+  return ks;
+}
+
+void BM_KernelStats(benchmark::State& state) {
+  const auto base = kernels_of_a_step(state.range(0));
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto ks = base;
+    state.ResumeTiming();
+    auto stats = steptrace::detail::kernel_stats(ks, 0);
+    benchmark::DoNotOptimize(stats);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_KernelStats)->Arg(16)->Arg(256)->Arg(4096);
+
+void BM_KernelDurationSum(benchmark::State& state) {
+  const auto ks = kernels_of_a_step(state.range(0));
+  for (auto _ : state) {
+    std::int64_t total = 0;
+    for (const auto& k : ks) total += k.end_ns - k.start_ns;
+    benchmark::DoNotOptimize(total);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_KernelDurationSum)->Arg(16)->Arg(256)->Arg(4096);
+
+// ---- (j) counter samples joined to a step on the writer thread ----
+void BM_CounterAlignment(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  steptrace::Config config;
+  steptrace::fake::FakeCounterSampler sampler;
+  steptrace::detail::DeviceActivityStage stage(config, nullptr, &sampler);
+  std::int64_t step = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const std::int64_t t0 = step * n * 1000;
+    for (std::int64_t i = 0; i < n; ++i) {
+      sampler.add_sample(t0 + i * 1000, t0 + (i + 1) * 1000, {40, 60, 70, 50});
+    }
+    sampler.delivery.deliver();
+    steptrace::detail::StepRecord r;
+    r.step = step++;
+    r.counters_sampled = true;
+    r.sampler_begin_ns = t0;
+    r.sampler_end_ns = t0 + n * 1000;
+    state.ResumeTiming();
+    stage.complete(r, /*force=*/true);
+    benchmark::DoNotOptimize(r.counters);
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_CounterAlignment)->Arg(10)->Arg(100)->Arg(1000);
+
+void BM_AggregateSamples(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  std::vector<steptrace::detail::PmSample> samples;
+  for (std::int64_t i = 0; i < n; ++i) samples.push_back({i * 1000, (i + 1) * 1000, {40, 60, 70, 50}});
+  const std::vector<steptrace::detail::StepWindow> window = {{0, 0, n * 1000}};
+  for (auto _ : state) {
+    auto r = steptrace::detail::aggregate_samples(samples, window, steptrace::kCounterCount);
+    benchmark::DoNotOptimize(r);
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_AggregateSamples)->Arg(10)->Arg(100)->Arg(1000);
+
 // ---- (f) writer throughput ----
 // Args: {steps per run, phases per step, flush_interval_ms}. RSS sampling is off (its cost is
 // the training thread's, measured by BM_Step5Phases). flush_interval_ms=100 is the default a
@@ -335,6 +456,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         {"step + 5 phases, by id, rss on", "BM_Step5Phases/by_name:0/rss:1", 1},
         {"step + 5 phases, by name, rss on (default)", "BM_Step5Phases/by_name:1/rss:1", 1},
         {"step + 5 phases on the fake device (events)", "BM_Step5PhasesFakeDevice", 1},
+        {"step + 5 phases, kernel activity + counters", "BM_Step5PhasesFakeActivity", 1},
     };
     bool all_pass = true;
     for (const Row& row : rows) {
@@ -362,6 +484,31 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       if (name.rfind("BM_RingFullStall", 0) == 0) {
         std::printf("  step that finds the ring full %-20s %9.2f ms waited\n",
                     name.substr(std::strlen("BM_RingFullStall")).c_str(), ns / 1e6);
+      }
+    }
+    const double plain = net(get("BM_Step5Phases/by_name:0/rss:0"));
+    const double with_activity = net(get("BM_Step5PhasesFakeActivity"));
+    if (plain > 0 && with_activity > 0) {
+      std::printf("  kernel activity + counters add %.1f ns per step on the training thread "
+                  "(fake backends; %.2fx the plain step)\n",
+                  with_activity - plain, with_activity / plain);
+    }
+    for (const char* n : {"16", "256", "4096"}) {
+      const double ours = get(std::string("BM_KernelStats/") + n);
+      const double sum = get(std::string("BM_KernelDurationSum/") + n);
+      if (ours > 0 && sum > 0) {
+        std::printf("  per-step kernel figures, %4s kernels: %7.1f ns per kernel (%.1fx a plain "
+                    "duration sum)\n",
+                    n, ours / std::stod(n), ours / sum);
+      }
+    }
+    for (const char* n : {"10", "100", "1000"}) {
+      const double ours = get(std::string("BM_CounterAlignment/") + n);
+      const double agg = get(std::string("BM_AggregateSamples/") + n);
+      if (ours > 0 && agg > 0) {
+        std::printf("  counter samples joined to a step, %4s samples: %7.1f ns per sample "
+                    "(%.1fx the averaging alone)\n",
+                    n, ours / std::stod(n), ours / agg);
       }
     }
     std::printf("  C++ per-phase budget (< 1 us, host clock): %s\n", all_pass ? "PASS" : "FAIL");
