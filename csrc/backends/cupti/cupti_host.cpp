@@ -11,16 +11,12 @@
 #include <mutex>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "metric_sets.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/metrics.hpp"
 
-#if STEPTRACE_HAVE_CUPTI_HEADERS
-#include <cupti_profiler_host.h>
-#include <cupti_result.h>
-#endif
+#include "profiler_host.hpp"
 
 namespace steptrace {
 namespace detail::cupti {
@@ -121,135 +117,150 @@ const Library* load_library(const std::vector<std::string>& extra_dirs, std::str
 }
 
 #if STEPTRACE_HAVE_CUPTI_HEADERS
-namespace {
 
-// The host-API entry points, resolved from the loaded library.
-struct HostApi {
-  decltype(&::cuptiProfilerHostInitialize) initialize = nullptr;
-  decltype(&::cuptiProfilerHostDeinitialize) deinitialize = nullptr;
-  decltype(&::cuptiProfilerHostGetMetricProperties) metric_properties = nullptr;
-  decltype(&::cuptiProfilerHostConfigAddMetrics) add_metrics = nullptr;
-  decltype(&::cuptiProfilerHostGetConfigImageSize) config_image_size = nullptr;
-  decltype(&::cuptiProfilerHostGetConfigImage) config_image = nullptr;
-  decltype(&::cuptiProfilerHostGetNumOfPasses) num_passes = nullptr;
-  decltype(&::cuptiGetResultString) result_string = nullptr;
-
-  bool load(void* lib, std::string* missing) {
-    bool ok = true;
-    auto resolve = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (fn == nullptr && ok) {
-        *missing = name;
-        ok = false;
-      }
-    };
-    resolve(initialize, "cuptiProfilerHostInitialize");
-    resolve(deinitialize, "cuptiProfilerHostDeinitialize");
-    resolve(metric_properties, "cuptiProfilerHostGetMetricProperties");
-    resolve(add_metrics, "cuptiProfilerHostConfigAddMetrics");
-    resolve(config_image_size, "cuptiProfilerHostGetConfigImageSize");
-    resolve(config_image, "cuptiProfilerHostGetConfigImage");
-    resolve(num_passes, "cuptiProfilerHostGetNumOfPasses");
-    result_string = reinterpret_cast<decltype(result_string)>(dlsym(lib, "cuptiGetResultString"));
-    return ok;
-  }
-
-  std::string error(CUptiResult r) const {
-    const char* s = nullptr;
-    if (result_string != nullptr && result_string(r, &s) == CUPTI_SUCCESS && s != nullptr) {
-      return fmt::format("{} ({})", s, static_cast<int>(r));
+bool HostApi::load(void* lib, std::string* missing) {
+  bool ok = true;
+  auto resolve = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (fn == nullptr && ok) {
+      *missing = name;
+      ok = false;
     }
-    return fmt::format("CUPTI error {}", static_cast<int>(r));
-  }
-};
+  };
+  resolve(initialize, "cuptiProfilerHostInitialize");
+  resolve(deinitialize, "cuptiProfilerHostDeinitialize");
+  resolve(metric_properties, "cuptiProfilerHostGetMetricProperties");
+  resolve(add_metrics, "cuptiProfilerHostConfigAddMetrics");
+  resolve(config_image_size, "cuptiProfilerHostGetConfigImageSize");
+  resolve(config_image, "cuptiProfilerHostGetConfigImage");
+  resolve(num_passes, "cuptiProfilerHostGetNumOfPasses");
+  resolve(evaluate, "cuptiProfilerHostEvaluateToGpuValues");
+  result_string = reinterpret_cast<decltype(result_string)>(dlsym(lib, "cuptiGetResultString"));
+  return ok;
+}
 
-// One host object (chip + profiler type, no counter availability image); deinitialized
-// on scope exit.
-class HostObject {
- public:
-  HostObject(const HostApi& api, const std::string& chip, ProfilerMode mode) : api_(api) {
-    CUpti_Profiler_Host_Initialize_Params p{};
-    p.structSize = CUpti_Profiler_Host_Initialize_Params_STRUCT_SIZE;
-    p.profilerType = mode == ProfilerMode::kPmSampling ? CUPTI_PROFILER_TYPE_PM_SAMPLING
-                                                       : CUPTI_PROFILER_TYPE_RANGE_PROFILER;
-    p.pChipName = chip.c_str();
-    p.pCounterAvailabilityImage = nullptr;
-    status_ = api_.initialize(&p);
-    if (status_ == CUPTI_SUCCESS) object_ = p.pHostObject;
-  }
-  ~HostObject() {
-    if (object_ == nullptr) return;
-    CUpti_Profiler_Host_Deinitialize_Params p{};
-    p.structSize = CUpti_Profiler_Host_Deinitialize_Params_STRUCT_SIZE;
-    p.pHostObject = object_;
-    api_.deinitialize(&p);
-  }
-  HostObject(const HostObject&) = delete;
-  HostObject& operator=(const HostObject&) = delete;
+std::string HostApi::result_text(CUptiResult r) const {
+  const char* s = nullptr;
+  if (result_string != nullptr && result_string(r, &s) == CUPTI_SUCCESS && s != nullptr) return s;
+  return {};
+}
 
-  CUptiResult status() const { return status_; }
-  CUpti_Profiler_Host_Object* get() const { return object_; }
+std::string HostApi::error(CUptiResult r) const {
+  const std::string text = result_text(r);
+  if (!text.empty()) return fmt::format("{} ({})", text, static_cast<int>(r));
+  return fmt::format("CUPTI error {}", static_cast<int>(r));
+}
 
- private:
-  const HostApi& api_;
-  CUptiResult status_ = CUPTI_ERROR_UNKNOWN;
-  CUpti_Profiler_Host_Object* object_ = nullptr;
-};
+HostObject::HostObject(const HostApi& api, const std::string& chip, ProfilerMode mode,
+                       const std::uint8_t* counter_availability)
+    : api_(api) {
+  CUpti_Profiler_Host_Initialize_Params p{};
+  p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_Initialize_Params, pHostObject);
+  p.profilerType = mode == ProfilerMode::kPmSampling ? CUPTI_PROFILER_TYPE_PM_SAMPLING
+                                                     : CUPTI_PROFILER_TYPE_RANGE_PROFILER;
+  p.pChipName = chip.c_str();
+  p.pCounterAvailabilityImage = counter_availability;
+  status_ = api_.initialize(&p);
+  if (status_ == CUPTI_SUCCESS) object_ = p.pHostObject;
+}
+
+HostObject::~HostObject() {
+  if (object_ == nullptr) return;
+  CUpti_Profiler_Host_Deinitialize_Params p{};
+  p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_Deinitialize_Params, pHostObject);
+  p.pHostObject = object_;
+  api_.deinitialize(&p);
+}
 
 bool metric_exists(const HostApi& api, CUpti_Profiler_Host_Object* obj, const std::string& name) {
   CUpti_Profiler_Host_GetMetricProperties_Params p{};
-  p.structSize = CUpti_Profiler_Host_GetMetricProperties_Params_STRUCT_SIZE;
+  p.structSize =
+      STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_GetMetricProperties_Params, metricType);
   p.pHostObject = obj;
   p.pMetricName = name.c_str();
   return api.metric_properties(&p) == CUPTI_SUCCESS;
 }
 
-int count_passes(const HostApi& api, const std::string& chip, ProfilerMode mode,
-                 const std::vector<std::string>& metrics, std::string* why) {
-  HostObject host(api, chip, mode);
-  if (host.status() != CUPTI_SUCCESS) {
-    *why = "cuptiProfilerHostInitialize: " + api.error(host.status());
-    return -1;
-  }
+bool make_config_image(const HostApi& api, CUpti_Profiler_Host_Object* obj,
+                       const std::vector<std::string>& metrics, std::vector<std::uint8_t>* image,
+                       std::string* why) {
   std::vector<const char*> names;
   names.reserve(metrics.size());
   for (const auto& m : metrics) names.push_back(m.c_str());
   CUpti_Profiler_Host_ConfigAddMetrics_Params add{};
-  add.structSize = CUpti_Profiler_Host_ConfigAddMetrics_Params_STRUCT_SIZE;
-  add.pHostObject = host.get();
+  add.structSize =
+      STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_ConfigAddMetrics_Params, numMetrics);
+  add.pHostObject = obj;
   add.ppMetricNames = names.data();
   add.numMetrics = names.size();
   if (CUptiResult r = api.add_metrics(&add); r != CUPTI_SUCCESS) {
     *why = "cuptiProfilerHostConfigAddMetrics: " + api.error(r);
-    return -1;
+    return false;
   }
   CUpti_Profiler_Host_GetConfigImageSize_Params size{};
-  size.structSize = CUpti_Profiler_Host_GetConfigImageSize_Params_STRUCT_SIZE;
-  size.pHostObject = host.get();
+  size.structSize =
+      STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_GetConfigImageSize_Params, configImageSize);
+  size.pHostObject = obj;
   if (CUptiResult r = api.config_image_size(&size); r != CUPTI_SUCCESS) {
     *why = "cuptiProfilerHostGetConfigImageSize: " + api.error(r);
-    return -1;
+    return false;
   }
-  std::vector<std::uint8_t> image(size.configImageSize);
+  image->assign(size.configImageSize, 0);
   CUpti_Profiler_Host_GetConfigImage_Params img{};
-  img.structSize = CUpti_Profiler_Host_GetConfigImage_Params_STRUCT_SIZE;
-  img.pHostObject = host.get();
-  img.configImageSize = image.size();
-  img.pConfigImage = image.data();
+  img.structSize =
+      STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_GetConfigImage_Params, pConfigImage);
+  img.pHostObject = obj;
+  img.configImageSize = image->size();
+  img.pConfigImage = image->data();
   if (CUptiResult r = api.config_image(&img); r != CUPTI_SUCCESS) {
     *why = "cuptiProfilerHostGetConfigImage: " + api.error(r);
-    return -1;
+    return false;
   }
+  return true;
+}
+
+int config_image_passes(const HostApi& api, const std::vector<std::uint8_t>& image,
+                        std::string* why) {
   CUpti_Profiler_Host_GetNumOfPasses_Params np{};
-  np.structSize = CUpti_Profiler_Host_GetNumOfPasses_Params_STRUCT_SIZE;
+  np.structSize =
+      STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_GetNumOfPasses_Params, numOfPasses);
   np.configImageSize = image.size();
-  np.pConfigImage = image.data();
+  np.pConfigImage = const_cast<std::uint8_t*>(image.data());  // CUPTI only reads it
   if (CUptiResult r = api.num_passes(&np); r != CUPTI_SUCCESS) {
     *why = "cuptiProfilerHostGetNumOfPasses: " + api.error(r);
     return -1;
   }
   return static_cast<int>(np.numOfPasses);
 }
+
+int count_passes(const HostApi& api, const std::string& chip, ProfilerMode mode,
+                 const std::vector<std::string>& metrics, std::string* why,
+                 const std::uint8_t* counter_availability) {
+  // a fresh host object per set: ConfigAddMetrics accumulates
+  HostObject host(api, chip, mode, counter_availability);
+  if (host.status() != CUPTI_SUCCESS) {
+    *why = "cuptiProfilerHostInitialize: " + api.error(host.status());
+    return -1;
+  }
+  std::vector<std::uint8_t> image;
+  if (!make_config_image(api, host.get(), metrics, &image, why)) return -1;
+  return config_image_passes(api, image, why);
+}
+
+MetricOracle host_oracle(const HostApi& api, const HostObject& host, const std::string& chip,
+                         ProfilerMode mode, const std::uint8_t* counter_availability) {
+  MetricOracle oracle;
+  oracle.exists = [&api, &host](const std::string& name) {
+    return metric_exists(api, host.get(), name);
+  };
+  oracle.passes = [&api, &chip, mode, counter_availability](const std::vector<std::string>& metrics,
+                                                            std::string* why) {
+    return count_passes(api, chip, mode, metrics, why, counter_availability);
+  };
+  return oracle;
+}
+
+namespace {
 
 // Fills `report` for one mode; false (with report->error) when the mode is unusable.
 bool check_mode(const HostApi& api, const ChipFamily& family, ProfilerMode mode,
@@ -263,12 +274,8 @@ bool check_mode(const HostApi& api, const ChipFamily& family, ProfilerMode mode,
     report->metrics.clear();
     return false;
   }
-  MetricOracle oracle;
-  oracle.exists = [&](const std::string& name) { return metric_exists(api, host.get(), name); };
-  oracle.passes = [&](const std::vector<std::string>& metrics, std::string* why) {
-    return count_passes(api, report->chip, mode, metrics, why);
-  };
-  select_metric_set(counters_for(family, mode), oracle, report);
+  select_metric_set(counters_for(family, mode), host_oracle(api, host, report->chip, mode, nullptr),
+                    report);
   return report->error.empty();
 }
 
@@ -289,19 +296,7 @@ MetricSetReport check_metric_set(const std::string& chip, const std::string& mod
                                  const std::vector<std::string>& library_dirs) {
   using namespace detail::cupti;
   const ChipFamily* family = find_family(chip);
-  if (family == nullptr && (chip.rfind("TU1", 0) == 0 || chip == "GV100" || chip == "GP100")) {
-    // Turing: the three required counters need 2 passes in either mode (CUPTI 13.0)
-    throw ConfigError(
-        fmt::format("chip \"{}\" is older than steptrace's counter support (Ampere and later: the "
-                    "tensor, DRAM and occupancy counters do not fit one pass on it); supported: {}",
-                    chip, fmt::join(supported_chips(), ", ")));
-  }
-  if (family == nullptr) {
-    throw ConfigError(fmt::format(
-        "unknown chip \"{}\" (chip names are silicon names as cuptiDeviceGetChipName reports "
-        "them, e.g. GH100 for H100/H200); supported: {}",
-        chip, fmt::join(supported_chips(), ", ")));
-  }
+  if (family == nullptr) throw ConfigError(unsupported_chip_reason(chip));
   if (mode != "auto" && mode != "pm_sampling" && mode != "range_profiler") {
     throw ConfigError(fmt::format(
         "unknown profiler mode \"{}\" (use auto, pm_sampling or range_profiler)", mode));

@@ -1,12 +1,666 @@
-// Hardware counters through CUPTI PM sampling (placeholder until the backend lands).
+// Hardware counters through CUPTI PM sampling (CUDA 12.6+): the device samples its
+// performance monitors every ~1 ms into a hardware buffer while a sampled step runs; a
+// decode thread turns the buffer into CounterSamples every 25 ms. libcupti is dlopen'ed
+// (the copy already in the process when there is one); the CUPTI headers give only the
+// parameter structs. Without them at build time this is a stub that says so.
 #include "steptrace/backend.hpp"
+
+#if STEPTRACE_HAVE_CUPTI_HEADERS
+
+#include <cupti_pmsampling.h>
+#include <cupti_profiler_target.h>
+#include <cupti_target.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "cupti_errors.hpp"
+#include "cupti_host.hpp"
+#include "metric_sets.hpp"
+#include "pm_sampling_logic.hpp"
+#include "profiler_host.hpp"
+
+namespace steptrace {
+namespace {
+
+using namespace detail::cupti;
+
+// Raw records per 1 ms sample are small; 64 MiB of device buffer covers far more than
+// the decode period (25 ms), even if decoding falls behind by seconds.
+constexpr std::size_t kHardwareBufferBytes = std::size_t{64} << 20;
+constexpr std::uint64_t kIntervalNs = 1'000'000;  // GPU_TIME_INTERVAL: 1 ms
+// GPU_SYSCLK_INTERVAL (GA100) counts sys clock cycles; at a ~1 GHz sysclk this is ~1 ms.
+// The sysclk frequency varies: the samples carry their own start/end times.
+constexpr std::uint64_t kIntervalSysclkCycles = 1'000'000;
+// Samples the counter data image holds per decode call; a full image is evaluated,
+// reset and decoded into again within the same pass.
+constexpr std::uint32_t kSamplesPerImage = 256;
+constexpr int kMaxImagesPerPass = 64;
+constexpr auto kDecodePeriod = std::chrono::milliseconds(25);
+// Decoded samples waiting for take(); beyond this (a writer that stopped taking) they
+// are dropped and counted.
+constexpr std::size_t kMaxPending = std::size_t{1} << 16;
+
+// CUPTI entry points beyond the host API, resolved from the loaded library.
+struct PmApi {
+  decltype(&::cuptiProfilerInitialize) profiler_initialize = nullptr;
+  decltype(&::cuptiProfilerDeInitialize) profiler_deinitialize = nullptr;
+  decltype(&::cuptiDeviceGetChipName) chip_name = nullptr;
+  CUptiResult (*get_timestamp)(std::uint64_t*) = nullptr;  // cupti_activity.h's signature
+  decltype(&::cuptiPmSamplingGetCounterAvailability) counter_availability = nullptr;
+  decltype(&::cuptiPmSamplingEnable) enable = nullptr;
+  decltype(&::cuptiPmSamplingDisable) disable = nullptr;
+  decltype(&::cuptiPmSamplingSetConfig) set_config = nullptr;
+  decltype(&::cuptiPmSamplingStart) start = nullptr;
+  decltype(&::cuptiPmSamplingStop) stop = nullptr;
+  decltype(&::cuptiPmSamplingDecodeData) decode = nullptr;
+  decltype(&::cuptiPmSamplingGetCounterDataSize) counter_data_size = nullptr;
+  decltype(&::cuptiPmSamplingCounterDataImageInitialize) counter_data_initialize = nullptr;
+  decltype(&::cuptiPmSamplingGetCounterDataInfo) counter_data_info = nullptr;
+  decltype(&::cuptiPmSamplingCounterDataGetSampleInfo) sample_info = nullptr;
+
+  // False with the first missing name; `pm_missing` tells whether it was a PM sampling
+  // entry point (a CUPTI older than 12.6) rather than a basic one.
+  bool load(void* lib, std::string* missing, bool* pm_missing) {
+    bool ok = true;
+    auto resolve = [&](auto& fn, const char* name, bool pm) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (fn == nullptr && ok) {
+        *missing = name;
+        *pm_missing = pm;
+        ok = false;
+      }
+    };
+    resolve(profiler_initialize, "cuptiProfilerInitialize", false);
+    resolve(profiler_deinitialize, "cuptiProfilerDeInitialize", false);
+    resolve(chip_name, "cuptiDeviceGetChipName", false);
+    resolve(get_timestamp, "cuptiGetTimestamp", false);
+    resolve(counter_availability, "cuptiPmSamplingGetCounterAvailability", true);
+    resolve(enable, "cuptiPmSamplingEnable", true);
+    resolve(disable, "cuptiPmSamplingDisable", true);
+    resolve(set_config, "cuptiPmSamplingSetConfig", true);
+    resolve(start, "cuptiPmSamplingStart", true);
+    resolve(stop, "cuptiPmSamplingStop", true);
+    resolve(decode, "cuptiPmSamplingDecodeData", true);
+    resolve(counter_data_size, "cuptiPmSamplingGetCounterDataSize", true);
+    resolve(counter_data_initialize, "cuptiPmSamplingCounterDataImageInitialize", true);
+    resolve(counter_data_info, "cuptiPmSamplingGetCounterDataInfo", true);
+    resolve(sample_info, "cuptiPmSamplingCounterDataGetSampleInfo", true);
+    return ok;
+  }
+};
+
+// The CUDA device to sample and how it was chosen (for reasons and status).
+struct Device {
+  int index = 0;
+  std::string how;
+
+  std::string describe() const { return fmt::format("device {} ({})", index, how); }
+};
+
+Device choose_device(int requested) {
+  if (requested >= 0) return {requested, "as configured"};
+  // Only a driver the process already loaded can have a current context; loading one
+  // here would not create it.
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib != nullptr) {
+    using CtxGetDevice = int (*)(int*);
+    auto get = reinterpret_cast<CtxGetDevice>(dlsym(lib, "cuCtxGetDevice"));
+    int dev = -1;
+    const bool ok = get != nullptr && get(&dev) == 0 && dev >= 0;
+    dlclose(lib);  // drops only the reference RTLD_NOLOAD added
+    if (ok) return {dev, "the current CUDA context's"};
+  }
+  return {0, "no current CUDA context: the first device"};
+}
+
+// Calls that can fail after setup, named in status().
+enum class Call : int { kNone = 0, kStart, kStop, kDecode, kCounterDataInfo };
+const char* call_name(Call c) {
+  switch (c) {
+    case Call::kStart:
+      return "cuptiPmSamplingStart";
+    case Call::kStop:
+      return "cuptiPmSamplingStop";
+    case Call::kDecode:
+      return "cuptiPmSamplingDecodeData";
+    case Call::kCounterDataInfo:
+      return "cuptiPmSamplingGetCounterDataInfo";
+    case Call::kNone:
+      break;
+  }
+  return "";
+}
+
+class CuptiPmSampler final : public CounterSampler {
+ public:
+  CuptiPmSampler(const PmApi& api, const HostApi& host_api, Device device)
+      : api_(api), host_api_(host_api), device_(std::move(device)) {}
+
+  ~CuptiPmSampler() override { finish(); }
+  CuptiPmSampler(const CuptiPmSampler&) = delete;
+  CuptiPmSampler& operator=(const CuptiPmSampler&) = delete;
+
+  // Everything up to a configured, stopped PM sampling session and a running decode
+  // thread; false with `why` (one line) after undoing what was set up.
+  bool setup(std::string* why) {
+    if (!setup_session(why)) {
+      teardown();
+      *why += "; " + device_.describe();
+      return false;
+    }
+    decoder_ = std::thread([this] { decode_loop(); });
+    return true;
+  }
+
+  const char* name() const noexcept override { return "cupti_pm_sampling"; }
+
+  std::int64_t now_ns() noexcept override {
+    // cuptiGetTimestamp: ns, the clock of CUPTI's activity records. Whether PM samples'
+    // start/end timestamps are on the same clock is not documented (the API reference
+    // says only "start/end time of the sample"): unverified without a GPU.
+    std::uint64_t ts = 0;
+    api_.get_timestamp(&ts);
+    return static_cast<std::int64_t>(ts);
+  }
+
+  void begin_step(std::int64_t step, bool sampled) noexcept override {
+    if (finished_.load(std::memory_order_relaxed)) return;
+    const bool run = schedule_.begin_step(step, sampled);
+    if (run == requested_) return;
+    requested_ = run;
+    handoff_.request(run, Apply{this});
+  }
+
+  void end_step(std::int64_t /*step*/) noexcept override {}
+
+  void take(std::vector<CounterSample>& out, std::int64_t* dropped, bool* overflow) override {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    out.insert(out.end(), pending_.begin(), pending_.end());
+    pending_.clear();
+    if (dropped != nullptr) *dropped += dropped_;
+    dropped_ = 0;
+    if (overflow_ && overflow != nullptr) *overflow = true;
+    overflow_ = false;
+  }
+
+  std::uint64_t deliveries() noexcept override {
+    return deliveries_.load(std::memory_order_acquire);
+  }
+
+  std::string metric(std::size_t counter) const override {
+    return counter < kCounterCount ? map_.metric_of[counter] : std::string();
+  }
+
+  void finish() noexcept override {
+    std::lock_guard<std::mutex> lock(finish_mutex_);
+    if (finished_.exchange(true)) return;
+    // The stop is applied now, or by the decode thread when it leaves the object.
+    handoff_.request(false, Apply{this});
+    {
+      std::lock_guard<std::mutex> wake(wake_mutex_);
+      stop_decoder_ = true;
+    }
+    wake_.notify_all();
+    if (decoder_.joinable()) decoder_.join();
+    decode_pass();  // what the device recorded up to the stop
+    teardown();
+  }
+
+  std::string status() const override {
+    const auto call = static_cast<Call>(failed_call_.load(std::memory_order_acquire));
+    if (call != Call::kNone) {
+      const auto result = static_cast<CUptiResult>(failed_result_.load());
+      return unavailable_reason(call_name(call), result, host_api_.result_text(result)) + "; " +
+             device_.describe();
+    }
+    if (finished_.load()) return "finished (close); " + device_.describe() + ", " + chip_;
+    return {};
+  }
+
+ private:
+  // StartStopHandoff's callback: runs with the PM sampling object held.
+  struct Apply {
+    CuptiPmSampler* self;
+    bool operator()(bool run) const noexcept { return self->apply(run); }
+  };
+
+  bool setup_session(std::string* why) {
+    CUpti_Profiler_Initialize_Params init{};
+    init.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Initialize_Params, pPriv);
+    if (CUptiResult r = api_.profiler_initialize(&init); r != CUPTI_SUCCESS) {
+      *why = reason("cuptiProfilerInitialize", r);
+      return false;
+    }
+    profiler_initialized_ = true;
+
+    CUpti_Device_GetChipName_Params chip{};
+    chip.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Device_GetChipName_Params, pChipName);
+    chip.deviceIndex = static_cast<std::size_t>(device_.index);
+    if (CUptiResult r = api_.chip_name(&chip); r != CUPTI_SUCCESS || chip.pChipName == nullptr) {
+      *why = reason("cuptiDeviceGetChipName", r);
+      return false;
+    }
+    chip_ = chip.pChipName;
+    const ChipFamily* family = find_family(chip_);
+    if (family == nullptr) {
+      *why = unsupported_chip_reason(chip_);
+      return false;
+    }
+    if (!family->pm_sampling) {
+      *why = fmt::format("chip {} has no PM sampling", chip_);
+      return false;
+    }
+
+    // The device's availability image lets the host API leave out counters this device
+    // cannot collect now (MIG, a counter held elsewhere).
+    CUpti_PmSampling_GetCounterAvailability_Params avail{};
+    avail.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_GetCounterAvailability_Params,
+                                                   pCounterAvailabilityImage);
+    avail.deviceIndex = chip.deviceIndex;
+    if (CUptiResult r = api_.counter_availability(&avail); r != CUPTI_SUCCESS) {
+      *why = reason("cuptiPmSamplingGetCounterAvailability", r);
+      return false;
+    }
+    availability_.assign(avail.counterAvailabilityImageSize, 0);
+    avail.pCounterAvailabilityImage = availability_.data();
+    if (CUptiResult r = api_.counter_availability(&avail); r != CUPTI_SUCCESS) {
+      *why = reason("cuptiPmSamplingGetCounterAvailability", r);
+      return false;
+    }
+
+    host_ = std::make_unique<HostObject>(host_api_, chip_, ProfilerMode::kPmSampling,
+                                         availability_.data());
+    if (host_->status() != CUPTI_SUCCESS) {
+      *why = reason("cuptiProfilerHostInitialize", host_->status());
+      return false;
+    }
+    MetricSetReport report;
+    report.chip = chip_;
+    report.family = family->name;
+    report.mode = to_string(ProfilerMode::kPmSampling);
+    select_metric_set(
+        counters_for(*family, ProfilerMode::kPmSampling),
+        host_oracle(host_api_, *host_, chip_, ProfilerMode::kPmSampling, availability_.data()),
+        &report);
+    if (!report.error.empty()) {
+      *why =
+          fmt::format("no usable one-pass PM sampling metric set on {}: {}", chip_, report.error);
+      return false;
+    }
+    map_ = map_counters(report);
+    for (const auto& m : map_.metrics) metric_names_.push_back(m.c_str());
+    evaluated_.assign(map_.metrics.size(), 0.0);
+    // host_ keeps these metrics: EvaluateToGpuValues later reads the same host object.
+    if (!make_config_image(host_api_, host_->get(), map_.metrics, &config_, why)) return false;
+    const int passes = config_image_passes(host_api_, config_, why);
+    if (passes != 1) {
+      if (passes > 1) {
+        *why = fmt::format("the PM sampling config needs {} passes on {}, not 1", passes, chip_);
+      }
+      return false;
+    }
+
+    CUpti_PmSampling_Enable_Params enable{};
+    enable.structSize =
+        STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Enable_Params, pPmSamplingObject);
+    enable.deviceIndex = chip.deviceIndex;
+    if (CUptiResult r = api_.enable(&enable); r != CUPTI_SUCCESS) {
+      *why = reason("cuptiPmSamplingEnable", r);
+      return false;
+    }
+    pm_ = enable.pPmSamplingObject;
+
+    CUpti_PmSampling_SetConfig_Params config{};
+    config.structSize =
+        STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_SetConfig_Params, hwBufferAppendMode);
+    config.pPmSamplingObject = pm_;
+    config.configSize = config_.size();
+    config.pConfig = config_.data();
+    config.hardwareBufferSize = kHardwareBufferBytes;
+    if (family->time_interval_trigger) {
+      config.triggerMode = CUPTI_PM_SAMPLING_TRIGGER_MODE_GPU_TIME_INTERVAL;
+      config.samplingInterval = kIntervalNs;
+    } else {
+      config.triggerMode = CUPTI_PM_SAMPLING_TRIGGER_MODE_GPU_SYSCLK_INTERVAL;
+      config.samplingInterval = kIntervalSysclkCycles;
+    }
+    // Keep the oldest records: an overflow is then reported (DecodeData) instead of
+    // silently overwriting samples.
+    config.hwBufferAppendMode = CUPTI_PM_SAMPLING_HARDWARE_BUFFER_APPEND_MODE_KEEP_OLDEST;
+    if (CUptiResult r = api_.set_config(&config); r != CUPTI_SUCCESS) {
+      *why = reason("cuptiPmSamplingSetConfig", r);
+      return false;
+    }
+
+    CUpti_PmSampling_GetCounterDataSize_Params size{};
+    size.structSize =
+        STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_GetCounterDataSize_Params, counterDataSize);
+    size.pPmSamplingObject = pm_;
+    size.pMetricNames = metric_names_.data();
+    size.numMetrics = metric_names_.size();
+    size.maxSamples = kSamplesPerImage;
+    if (CUptiResult r = api_.counter_data_size(&size); r != CUPTI_SUCCESS) {
+      *why = reason("cuptiPmSamplingGetCounterDataSize", r);
+      return false;
+    }
+    counter_data_.assign(size.counterDataSize, 0);
+    CUpti_PmSampling_CounterDataImage_Initialize_Params image{};
+    image.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(
+        CUpti_PmSampling_CounterDataImage_Initialize_Params, pCounterData);
+    image.pPmSamplingObject = pm_;
+    image.counterDataSize = counter_data_.size();
+    image.pCounterData = counter_data_.data();
+    if (CUptiResult r = api_.counter_data_initialize(&image); r != CUPTI_SUCCESS) {
+      *why = reason("cuptiPmSamplingCounterDataImageInitialize", r);
+      return false;
+    }
+    // An evaluated image is reset to this copy of the freshly initialized one before the
+    // next decode, so that decoding starts at sample 0 again (NVIDIA's sample and XLA
+    // re-initialize or restore the image the same way).
+    counter_data_initialized_ = counter_data_;
+    times_.reserve(kSamplesPerImage);
+    return true;
+  }
+
+  std::string reason(const char* call, CUptiResult r) const {
+    return unavailable_reason(call, static_cast<int>(r), host_api_.result_text(r));
+  }
+
+  // Undoes setup in reverse order; safe after a partial setup. Decode thread joined.
+  void teardown() noexcept {
+    if (pm_ != nullptr) {
+      CUpti_PmSampling_Disable_Params p{};
+      p.structSize =
+          STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Disable_Params, pPmSamplingObject);
+      p.pPmSamplingObject = pm_;
+      api_.disable(&p);
+      pm_ = nullptr;
+    }
+    host_.reset();
+    if (profiler_initialized_) {
+      // Never cuptiFinalize: torch.profiler may be using CUPTI in this process.
+      CUpti_Profiler_DeInitialize_Params p{};
+      p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_DeInitialize_Params, pPriv);
+      api_.profiler_deinitialize(&p);
+      profiler_initialized_ = false;
+    }
+  }
+
+  void fail(Call call, CUptiResult r) noexcept {
+    int none = static_cast<int>(Call::kNone);
+    if (failed_call_.compare_exchange_strong(none, static_cast<int>(call))) {
+      failed_result_.store(static_cast<int>(r));
+    }
+  }
+  bool failed() const noexcept {
+    return failed_call_.load(std::memory_order_acquire) != static_cast<int>(Call::kNone);
+  }
+
+  // With the object held: starts or stops; returns whether sampling runs afterwards.
+  bool apply(bool run) noexcept {
+    if (pm_ == nullptr) return false;
+    if (run) {
+      if (failed()) return false;  // counters taken by another tool: do not keep trying
+      CUpti_PmSampling_Start_Params p{};
+      p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Start_Params, pPmSamplingObject);
+      p.pPmSamplingObject = pm_;
+      const CUptiResult r = api_.start(&p);
+      if (r != CUPTI_SUCCESS) {
+        fail(Call::kStart, r);
+        return false;
+      }
+      has_records_ = true;
+      return true;
+    }
+    CUpti_PmSampling_Stop_Params p{};
+    p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Stop_Params, pPmSamplingObject);
+    p.pPmSamplingObject = pm_;
+    if (const CUptiResult r = api_.stop(&p); r != CUPTI_SUCCESS) fail(Call::kStop, r);
+    return false;
+  }
+
+  void decode_loop() {
+    std::unique_lock<std::mutex> lock(wake_mutex_);
+    while (!stop_decoder_) {
+      wake_.wait_for(lock, kDecodePeriod, [this] { return stop_decoder_; });
+      if (stop_decoder_) break;
+      lock.unlock();
+      decode_pass();
+      lock.lock();
+    }
+  }
+
+  // One delivery: decodes the hardware buffer until it is empty (or the pass bound),
+  // hands the samples to take(), and counts the delivery even when there was nothing.
+  void decode_pass() noexcept {
+    std::vector<CounterSample> batch;
+    std::int64_t lost = 0;
+    bool overflow = false;
+    try {
+      for (int round = 0; round < kMaxImagesPerPass; ++round) {
+        std::size_t completed = 0;
+        bool image_full = false;
+        handoff_.lock();
+        if (pm_ == nullptr || !has_records_) {
+          handoff_.unlock(Apply{this});
+          break;
+        }
+        decode_image(&completed, &image_full, &overflow);
+        // Sample times need the PM sampling object: read them while holding it. times_
+        // has room for a full image (setup), so nothing here allocates or throws.
+        completed = std::min<std::size_t>(completed, kSamplesPerImage);
+        times_.resize(completed);
+        for (std::size_t i = 0; i < completed; ++i) {
+          CUpti_PmSampling_CounterData_GetSampleInfo_Params p{};
+          p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(
+              CUpti_PmSampling_CounterData_GetSampleInfo_Params, endTimestamp);
+          p.pPmSamplingObject = pm_;
+          p.pCounterDataImage = counter_data_.data();
+          p.counterDataImageSize = counter_data_.size();
+          p.sampleIndex = i;
+          if (api_.sample_info(&p) == CUPTI_SUCCESS) {
+            times_[i] = {static_cast<std::int64_t>(p.startTimestamp),
+                         static_cast<std::int64_t>(p.endTimestamp)};
+          } else {
+            times_[i] = {-1, -1};
+          }
+        }
+        handoff_.unlock(Apply{this});
+        // Evaluation reads only the image and the host object: the training thread may
+        // start or stop sampling meanwhile.
+        for (std::size_t i = 0; i < completed; ++i) {
+          if (times_[i].first < 0 || !evaluate(i)) {
+            ++lost;
+            continue;
+          }
+          CounterSample s;
+          s.step = -1;
+          s.start_ns = times_[i].first;
+          s.end_ns = times_[i].second;
+          map_.to_values(evaluated_.data(), s.values);
+          batch.push_back(s);
+        }
+        // An image with no completed sample is decoded into again as it is, like XLA's
+        // decoder does: it may hold the first part of a sample.
+        if (completed > 0 || image_full) reset_image();
+        if (!image_full) break;
+      }
+    } catch (...) {
+      lost += 1;  // out of memory for the batch: the samples of this pass are lost
+    }
+    publish(batch, lost, overflow);
+    deliveries_.fetch_add(1, std::memory_order_acq_rel);
+  }
+
+  // With the object held: one DecodeData into the (reset) image.
+  void decode_image(std::size_t* completed, bool* image_full, bool* overflow) noexcept {
+    CUpti_PmSampling_DecodeData_Params p{};
+    p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_DecodeData_Params, overflow);
+    p.pPmSamplingObject = pm_;
+    p.pCounterDataImage = counter_data_.data();
+    p.counterDataImageSize = counter_data_.size();
+    const CUptiResult r = api_.decode(&p);
+    if (r == CUPTI_ERROR_OUT_OF_MEMORY) {
+      // The hardware buffer overflowed (KEEP_OLDEST): the session must be restarted,
+      // and what the image holds is incomplete.
+      *overflow = true;
+      if (handoff_.running()) {
+        apply(false);
+        handoff_.set_running(apply(true));
+      } else {
+        has_records_ = false;
+      }
+      reset_image();
+      return;
+    }
+    if (r != CUPTI_SUCCESS) {
+      fail(Call::kDecode, r);
+      if (handoff_.running()) handoff_.set_running(apply(false));
+      has_records_ = false;
+      return;
+    }
+    if (p.overflow != 0) *overflow = true;
+    *image_full = p.decodeStopReason == CUPTI_PM_SAMPLING_DECODE_STOP_REASON_COUNTER_DATA_FULL;
+    // Stopped and drained: nothing to decode until the next start.
+    if (p.decodeStopReason == CUPTI_PM_SAMPLING_DECODE_STOP_REASON_END_OF_RECORDS &&
+        !handoff_.running()) {
+      has_records_ = false;
+    }
+    CUpti_PmSampling_GetCounterDataInfo_Params info{};
+    info.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_GetCounterDataInfo_Params,
+                                                  numCompletedSamples);
+    info.pCounterDataImage = counter_data_.data();
+    info.counterDataImageSize = counter_data_.size();
+    if (const CUptiResult ri = api_.counter_data_info(&info); ri != CUPTI_SUCCESS) {
+      fail(Call::kCounterDataInfo, ri);
+      if (handoff_.running()) handoff_.set_running(apply(false));
+      has_records_ = false;
+      return;
+    }
+    // Only completed samples are read; a sample still open at the end of the buffer
+    // is completed by a later decode (unverified without a GPU).
+    *completed = info.numCompletedSamples;
+  }
+
+  void reset_image() noexcept {
+    std::memcpy(counter_data_.data(), counter_data_initialized_.data(), counter_data_.size());
+  }
+
+  bool evaluate(std::size_t sample) noexcept {
+    CUpti_Profiler_Host_EvaluateToGpuValues_Params p{};
+    p.structSize =
+        STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_EvaluateToGpuValues_Params, pMetricValues);
+    p.pHostObject = host_->get();
+    p.pCounterDataImage = counter_data_.data();
+    p.counterDataImageSize = counter_data_.size();
+    p.rangeIndex = sample;
+    p.ppMetricNames = metric_names_.data();
+    p.numMetrics = metric_names_.size();
+    p.pMetricValues = evaluated_.data();
+    return host_api_.evaluate(&p) == CUPTI_SUCCESS;
+  }
+
+  void publish(const std::vector<CounterSample>& batch, std::int64_t lost, bool overflow) {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    const std::size_t room = kMaxPending > pending_.size() ? kMaxPending - pending_.size() : 0;
+    const std::size_t n = std::min(room, batch.size());
+    pending_.insert(pending_.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(n));
+    dropped_ += lost + static_cast<std::int64_t>(batch.size() - n);
+    overflow_ = overflow_ || overflow;
+  }
+
+  PmApi api_;
+  HostApi host_api_;  // before host_: HostObject refers to it
+  Device device_;
+  std::string chip_;
+  std::vector<std::uint8_t> availability_;  // outlives host_, which was initialized with it
+  std::unique_ptr<HostObject> host_;
+  std::vector<std::uint8_t> config_;
+  CounterMap map_;
+  std::vector<const char*> metric_names_;  // into map_.metrics
+  bool profiler_initialized_ = false;
+  CUpti_PmSampling_Object* pm_ = nullptr;
+
+  // decode thread (and finish, after joining it)
+  std::vector<std::uint8_t> counter_data_;
+  std::vector<std::uint8_t> counter_data_initialized_;
+  std::vector<double> evaluated_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> times_;
+
+  // training thread
+  SamplingSchedule schedule_;
+  bool requested_ = false;
+
+  StartStopHandoff handoff_;
+  bool has_records_ = false;  // guarded by handoff_: started since the last full drain
+
+  std::thread decoder_;
+  std::mutex wake_mutex_;
+  std::condition_variable wake_;
+  bool stop_decoder_ = false;
+
+  std::mutex pending_mutex_;
+  std::vector<CounterSample> pending_;
+  std::int64_t dropped_ = 0;
+  bool overflow_ = false;
+
+  std::atomic<std::uint64_t> deliveries_{0};
+  std::atomic<int> failed_call_{static_cast<int>(Call::kNone)};
+  std::atomic<int> failed_result_{0};
+  std::mutex finish_mutex_;
+  std::atomic<bool> finished_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<CounterSampler> make_cupti_counter_sampler(int device_index, std::string* why_not) {
+  std::string why;
+  auto unavailable = [&](std::string reason) -> std::unique_ptr<CounterSampler> {
+    if (why_not != nullptr) *why_not = std::move(reason);
+    return nullptr;
+  };
+  const Library* lib = load_library({}, &why);
+  if (lib == nullptr) return unavailable(why);
+  PmApi api;
+  std::string missing;
+  bool pm_missing = false;
+  if (!api.load(lib->handle, &missing, &pm_missing)) {
+    return unavailable(pm_missing ? too_old_reason("PM sampling", lib->version, "12.6") + " (" +
+                                        missing + " missing in " + lib->path + ")"
+                                  : fmt::format("CUPTI at {} has no {}", lib->path, missing));
+  }
+  HostApi host_api;
+  if (!host_api.load(lib->handle, &missing)) {
+    return unavailable(too_old_reason("the profiler host API", lib->version, "12.6") + " (" +
+                       missing + " missing in " + lib->path + ")");
+  }
+  auto sampler = std::make_unique<CuptiPmSampler>(api, host_api, choose_device(device_index));
+  if (!sampler->setup(&why)) return unavailable(why);
+  return sampler;
+}
+
+}  // namespace steptrace
+
+#else  // !STEPTRACE_HAVE_CUPTI_HEADERS
 
 namespace steptrace {
 
 std::unique_ptr<CounterSampler> make_cupti_counter_sampler(int /*device_index*/,
                                                            std::string* why_not) {
-  *why_not = "the CUPTI PM sampling backend is not built yet";
+  if (why_not != nullptr) *why_not = "built without CUPTI headers: PM sampling is unavailable";
   return nullptr;
 }
 
 }  // namespace steptrace
+
+#endif  // STEPTRACE_HAVE_CUPTI_HEADERS

@@ -1,6 +1,7 @@
 #include "metric_sets.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace steptrace::detail::cupti {
 namespace {
@@ -51,6 +52,20 @@ const ChipFamily* find_family(std::string_view chip) {
     }
   }
   return nullptr;
+}
+
+std::string unsupported_chip_reason(std::string_view chip) {
+  if (chip.rfind("TU1", 0) == 0 || chip == "GV100" || chip == "GP100") {
+    // Turing: the three required counters need 2 passes in either mode (CUPTI 13.0)
+    return fmt::format(
+        "chip \"{}\" is older than steptrace's counter support (Ampere and later: the tensor, "
+        "DRAM and occupancy counters do not fit one pass on it); supported: {}",
+        chip, fmt::join(supported_chips(), ", "));
+  }
+  return fmt::format(
+      "unknown chip \"{}\" (chip names are silicon names as cuptiDeviceGetChipName reports "
+      "them, e.g. GH100 for H100/H200); supported: {}",
+      chip, fmt::join(supported_chips(), ", "));
 }
 
 std::vector<CounterSpec> counters_for(const ChipFamily& family, ProfilerMode mode) {

@@ -38,6 +38,10 @@ const std::vector<ChipFamily>& chip_families();
 /// The family of a chip name (exact silicon name, e.g. "GH100"); nullptr when unknown.
 const ChipFamily* find_family(std::string_view chip);
 
+/// Why a chip without a family is unsupported (older than Ampere, or unknown), naming the
+/// chips that are; one line, quoting `chip`.
+std::string unsupported_chip_reason(std::string_view chip);
+
 /// The counters asked for on `family` in `mode`, required ones first.
 std::vector<CounterSpec> counters_for(const ChipFamily& family, ProfilerMode mode);
 

@@ -1,0 +1,133 @@
+// The pure parts of the CUPTI PM sampler, kept out of the CUPTI calls so that they are
+// tested on any machine: when sampling runs, which metric feeds which counter, and the
+// hand-off that serializes start/stop (training thread) with decoding (decode thread).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "steptrace/backend.hpp"
+#include "steptrace/metrics.hpp"
+
+namespace steptrace::detail::cupti {
+
+/// Whether PM sampling should run, from the steps the profiler wants sampled: it starts
+/// with the first sampled step and stops at the first step more than kTrailingSteps after
+/// the last sampled one, because the device runs a step or two behind the host. Training
+/// thread only; no allocation.
+class SamplingSchedule {
+ public:
+  static constexpr std::int64_t kTrailingSteps = 2;
+
+  /// At the start of `step`; returns whether sampling should be running from now on.
+  bool begin_step(std::int64_t step, bool sampled) noexcept {
+    if (sampled) {
+      last_sampled_ = step;
+      running_ = true;
+    } else if (running_ && step > last_sampled_ + kTrailingSteps) {
+      running_ = false;
+    }
+    return running_;
+  }
+  bool running() const noexcept { return running_; }
+
+ private:
+  bool running_ = false;
+  std::int64_t last_sampled_ = 0;
+};
+
+/// The selected metrics that feed the step record's counters (kCounterNames), in the
+/// order they are configured and evaluated. Selected metrics that feed no counter (the
+/// cycle normalisers, PCIe, NVLink) are left out: a subset of a one-pass set is one pass,
+/// and every metric configured costs decode time.
+struct CounterMap {
+  std::vector<std::string> metrics;                    // to configure and evaluate
+  std::vector<std::size_t> counter;                    // per metric: its index in kCounterNames
+  std::array<std::string, kCounterCount> metric_of{};  // per counter: its metric, "" if none
+
+  /// counter values from `evaluated` (one value per metric, in `metrics` order); NaN for
+  /// the counters no metric feeds.
+  void to_values(const double* evaluated, double (&values)[kCounterCount]) const noexcept {
+    for (double& v : values) v = std::numeric_limits<double>::quiet_NaN();
+    for (std::size_t i = 0; i < counter.size(); ++i) values[counter[i]] = evaluated[i];
+  }
+};
+
+/// Maps the selected metrics of `report` to counters by their MetricCheck::counter name.
+inline CounterMap map_counters(const MetricSetReport& report) {
+  CounterMap map;
+  for (const auto& m : report.metrics) {
+    if (!m.selected) continue;
+    for (std::size_t c = 0; c < kCounterCount; ++c) {
+      if (m.counter != kCounterNames[c] || !map.metric_of[c].empty()) continue;
+      map.metrics.push_back(m.name);
+      map.counter.push_back(c);
+      map.metric_of[c] = m.name;
+    }
+  }
+  return map;
+}
+
+/// Serializes the calls on one PM sampling object between the training thread, which
+/// must never wait, and background threads (decode, finish), which may. The training
+/// thread states whether it wants sampling running (request); whoever is inside the
+/// object applies the latest wish when it leaves, so a request made while the decode
+/// thread is decoding takes effect as soon as that decode call returns. An atomic flag
+/// and a loop, no mutex: the training thread does no blocking and no allocation.
+///
+/// `Apply` is called as apply(bool run) with the object held, and returns the state the
+/// object is in afterwards (it returns !run when the call failed: the request is then not
+/// retried until it changes).
+class StartStopHandoff {
+ public:
+  /// Any thread: wants sampling running (true) or stopped (false). Never waits.
+  template <class Apply>
+  void request(bool run, Apply&& apply) noexcept {
+    want_.store(run, std::memory_order_release);
+    settle(apply);
+  }
+
+  /// Background threads: takes the object, waiting for the training thread to leave it.
+  void lock() noexcept {
+    while (busy_.exchange(true, std::memory_order_acquire)) std::this_thread::yield();
+  }
+  /// Leaves the object, then applies any request made meanwhile.
+  template <class Apply>
+  void unlock(Apply&& apply) noexcept {
+    busy_.store(false, std::memory_order_release);
+    settle(apply);
+  }
+
+  /// Whether sampling runs; read with the object held (lock) or from inside apply.
+  bool running() const noexcept { return running_; }
+  /// With the object held: the holder changed the state itself (a restart that failed).
+  void set_running(bool running) noexcept { running_ = running; }
+  /// The latest wish (any thread).
+  bool wanted() const noexcept { return want_.load(std::memory_order_acquire); }
+
+ private:
+  template <class Apply>
+  void settle(Apply& apply) noexcept {
+    for (;;) {
+      if (busy_.exchange(true, std::memory_order_acquire)) return;  // the holder applies it
+      const bool want = want_.load(std::memory_order_acquire);
+      if (want != running_) running_ = apply(want);
+      busy_.store(false, std::memory_order_release);
+      // a wish made while we held the object found it busy and left it to us
+      if (want_.load(std::memory_order_acquire) == want) return;
+    }
+  }
+
+  std::atomic<bool> busy_{false};
+  std::atomic<bool> want_{false};
+  bool running_ = false;  // guarded by busy_
+};
+
+}  // namespace steptrace::detail::cupti

@@ -1,0 +1,89 @@
+// CUPTI's profiler host API (metric existence, config images, pass counts, evaluation),
+// shared by the metric-set check (cupti_host.cpp) and the PM sampler. Only for files built
+// with the CUPTI headers (STEPTRACE_HAVE_CUPTI_HEADERS); the entry points come from the
+// dlopen'ed libcupti.
+#pragma once
+
+#if STEPTRACE_HAVE_CUPTI_HEADERS
+
+#include <cupti_profiler_host.h>
+#include <cupti_result.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "metric_sets.hpp"
+
+// structSize up to and including `last`, the last field CUPTI 12.6 (the oldest CUPTI
+// steptrace supports) defines: a newer header that appends fields then still talks to an
+// older libcupti. The 12.8 and 13.0 headers have the same layouts.
+#define STEPTRACE_CUPTI_STRUCT_SIZE(type, last) CUPTI_PROFILER_STRUCT_SIZE(type, last)
+
+namespace steptrace::detail::cupti {
+
+/// The host-API entry points, resolved from the loaded library.
+struct HostApi {
+  decltype(&::cuptiProfilerHostInitialize) initialize = nullptr;
+  decltype(&::cuptiProfilerHostDeinitialize) deinitialize = nullptr;
+  decltype(&::cuptiProfilerHostGetMetricProperties) metric_properties = nullptr;
+  decltype(&::cuptiProfilerHostConfigAddMetrics) add_metrics = nullptr;
+  decltype(&::cuptiProfilerHostGetConfigImageSize) config_image_size = nullptr;
+  decltype(&::cuptiProfilerHostGetConfigImage) config_image = nullptr;
+  decltype(&::cuptiProfilerHostGetNumOfPasses) num_passes = nullptr;
+  decltype(&::cuptiProfilerHostEvaluateToGpuValues) evaluate = nullptr;
+  decltype(&::cuptiGetResultString) result_string = nullptr;
+
+  /// Resolves every entry point; false with the first missing name in `missing`.
+  bool load(void* lib, std::string* missing);
+  /// "CUPTI_ERROR_UNKNOWN (999)" and the like.
+  std::string error(CUptiResult r) const;
+  /// CUPTI's name for `r`, "" when unknown (for unavailable_reason).
+  std::string result_text(CUptiResult r) const;
+};
+
+/// One host object (chip + profiler type, optionally a device's counter availability
+/// image, which must outlive it); deinitialized on destruction.
+class HostObject {
+ public:
+  HostObject(const HostApi& api, const std::string& chip, ProfilerMode mode,
+             const std::uint8_t* counter_availability = nullptr);
+  ~HostObject();
+  HostObject(const HostObject&) = delete;
+  HostObject& operator=(const HostObject&) = delete;
+
+  CUptiResult status() const { return status_; }
+  CUpti_Profiler_Host_Object* get() const { return object_; }
+
+ private:
+  const HostApi& api_;
+  CUptiResult status_ = CUPTI_ERROR_UNKNOWN;
+  CUpti_Profiler_Host_Object* object_ = nullptr;
+};
+
+bool metric_exists(const HostApi& api, CUpti_Profiler_Host_Object* obj, const std::string& name);
+
+/// Adds `metrics` to `obj` (once per host object: CUPTI accumulates them) and writes its
+/// config image; false with `why` (the failing call and CUPTI's error).
+bool make_config_image(const HostApi& api, CUpti_Profiler_Host_Object* obj,
+                       const std::vector<std::string>& metrics, std::vector<std::uint8_t>* image,
+                       std::string* why);
+
+/// Passes a config image needs; -1 with `why` on failure.
+int config_image_passes(const HostApi& api, const std::vector<std::uint8_t>& image,
+                        std::string* why);
+
+/// Passes `metrics` need together, on a fresh host object; -1 with `why` when CUPTI refuses.
+int count_passes(const HostApi& api, const std::string& chip, ProfilerMode mode,
+                 const std::vector<std::string>& metrics, std::string* why,
+                 const std::uint8_t* counter_availability = nullptr);
+
+/// select_metric_set's oracle backed by CUPTI: existence from `host`, passes from fresh host
+/// objects for the same chip, mode and availability image. Captures its arguments by
+/// reference: they must outlive the oracle.
+MetricOracle host_oracle(const HostApi& api, const HostObject& host, const std::string& chip,
+                         ProfilerMode mode, const std::uint8_t* counter_availability);
+
+}  // namespace steptrace::detail::cupti
+
+#endif  // STEPTRACE_HAVE_CUPTI_HEADERS
