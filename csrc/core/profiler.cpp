@@ -210,7 +210,7 @@ class ProfilerImpl {
       if (auto rss = make_rss_source()) backends.memory_sources.push_back(std::move(rss));
     }
     memory_sources_ = std::move(backends.memory_sources);
-    setup_device_activity(backends);
+    setup_device_activity(backends, info.external_profiler_active);
     source_samples_.resize(memory_sources_.size());
     source_sampled_ns_.assign(memory_sources_.size(), INT64_MIN / 2);
     for (const auto& name : config_.phases) names_.intern(name);
@@ -456,7 +456,7 @@ class ProfilerImpl {
 
   // The kernel activity and counter backends: given ones are used as they are; the
   // CUPTI ones only where steps are timed with CUDA events (there is a GPU and a driver).
-  void setup_device_activity(Backends& b) {
+  void setup_device_activity(Backends& b, bool external_profiler) {
     const std::string no_device =
         "needs a CUDA device with CUDA event timing, which is unavailable (" + device_unavailable_ +
         ")";
@@ -467,7 +467,7 @@ class ProfilerImpl {
     } else if (!device_) {
       activity_unavailable_ = no_device;
     } else {
-      activity_ = make_cupti_activity(&activity_unavailable_);
+      activity_ = make_cupti_activity(&activity_unavailable_, external_profiler);
     }
     if (config_.counters == "off") {
       counters_unavailable_ = "disabled by counters=\"off\"";
@@ -477,6 +477,10 @@ class ProfilerImpl {
       counters_unavailable_ = no_device;
     } else {
       sampler_ = make_cupti_counter_sampler(config_.device_index, &counters_unavailable_);
+    }
+    if (activity_ && external_profiler) {
+      activity_yielding_.store(true, std::memory_order_relaxed);
+      activity_->set_yielding(true);
     }
     if (activity_ || sampler_) {
       device_stage_ =

@@ -181,9 +181,10 @@ py::object make_step_scope(const StepScope& scope);
 class PyProfiler {
  public:
   PyProfiler(steptrace::Config config, const std::map<std::string, std::string>& versions,
-             bool fake_device) {
+             bool fake_device, bool external_profiler) {
     steptrace::RunInfo info;
     for (const auto& [k, v] : versions) info.versions.emplace_back(k, v);
+    info.external_profiler_active = external_profiler;
     steptrace::Backends backends;
     if (fake_device) {  // tests: the device-activity path with fakes on the host clock
       auto activity = std::make_unique<steptrace::fake::FakeKernelActivity>();
@@ -533,9 +534,9 @@ PYBIND11_MODULE(_core, m) {
   init_data_iterator_type();
 
   py::class_<PyProfiler>(m, "Profiler")
-      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool>(),
+      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool, bool>(),
            py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{},
-           py::arg("fake_device") = false)
+           py::arg("fake_device") = false, py::arg("external_profiler") = false)
       .def("fake_device_work", &PyProfiler::fake_device_work, py::arg("kernels"),
            py::arg("counters") = std::vector<double>{},
            "Tests: kernels (name, work, ms) and counter values for the step in progress")

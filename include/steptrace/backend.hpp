@@ -177,7 +177,10 @@ class STEPTRACE_API CounterSampler {
 
 /// Kernel activity through CUPTI, loaded at run time (the copy already in the process
 /// when there is one). nullptr when unavailable; `why_not` then says why in one line.
-STEPTRACE_API std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not);
+/// `yielding`: another tool (torch.profiler) owns CUPTI's activity buffers now; nothing
+/// is registered or enabled until set_yielding(false).
+STEPTRACE_API std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not,
+                                                                        bool yielding = false);
 /// Hardware counters through CUPTI PM sampling on CUDA device `device_index` (-1: the
 /// current one), with the metric set chosen for its chip. nullptr when unavailable.
 STEPTRACE_API std::unique_ptr<CounterSampler> make_cupti_counter_sampler(int device_index,

@@ -36,6 +36,9 @@ enum class EndReason { kNormal, kException, kSignal, kExit };
 struct RunInfo {
   /// Extra entries of run_start's "versions" (e.g. {"python", "3.11.7"}, {"torch", "2.9.1"}).
   std::vector<std::pair<std::string, std::string>> versions;
+  /// Another profiler (torch.profiler) collects device activity as the run starts:
+  /// kernel activity starts yielded (see Profiler::set_external_profiler).
+  bool external_profiler_active = false;
 };
 
 /// Backends the profiler uses; a null member means the default one.

@@ -148,6 +148,7 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
 # activity buffers: while a torch profiler is prepared or recording, steptrace's yields.
 _torch_profilers_active = 0
 _torch_profiler_hooked = False
+_unhooked_profiler_running = False  # one started before the hooks: its exit resumes us
 
 
 def _set_external_profiler(active: bool) -> None:
@@ -179,19 +180,35 @@ def _hook_torch_profiler(torch: Any) -> None:
         return prepare(self, *args, **kwargs)
 
     def __exit__(self: Any, *args: Any) -> Any:
-        global _torch_profilers_active
+        global _torch_profilers_active, _unhooked_profiler_running
         try:
             return exit_(self, *args)
         finally:
-            if getattr(self, "_steptrace_yielded", False):
+            ours = getattr(self, "_steptrace_yielded", False)
+            if ours:
                 self._steptrace_yielded = False
                 _torch_profilers_active -= 1
-                if _torch_profilers_active == 0:
-                    _set_external_profiler(False)
+            if (ours or _unhooked_profiler_running) and _torch_profilers_active == 0:
+                _unhooked_profiler_running = False
+                _set_external_profiler(False)
 
     profile._prepare_trace = _prepare_trace
     profile.__exit__ = __exit__
     _torch_profiler_hooked = True
+
+
+def _torch_profiler_running(torch: Any) -> bool:
+    """Hooks torch's profiler, and says whether one is running (one started before the
+    hooks were installed is seen by torch's own flag, and resumes us when it exits)."""
+    global _unhooked_profiler_running
+    if torch is None:
+        return False
+    _hook_torch_profiler(torch)
+    if _torch_profilers_active > 0:
+        return True
+    flag = getattr(getattr(getattr(torch, "autograd", None), "profiler", None), "_is_profiler_enabled", False)
+    _unhooked_profiler_running = _unhooked_profiler_running or flag is True
+    return _unhooked_profiler_running
 
 
 def _thread_stacks() -> str:
@@ -255,7 +272,8 @@ class Profiler:
         if cuda and config.device_index < 0 and torch.cuda.is_initialized():
             config.device_index = torch.cuda.current_device()  # what the counters sample
         # _fake_device (tests): fake kernel activity and counters, fed by _core.fake_device_work
-        self._core = _core.Profiler(config, _versions(), _fake_device)
+        # a torch profiler already running owns CUPTI's activity buffers: start yielded
+        self._core = _core.Profiler(config, _versions(), _fake_device, _torch_profiler_running(torch))
         self._signalled = False
         # Bound C++ methods: calling them runs no Python code of ours.
         self.step = self._core.step_function()
@@ -272,10 +290,6 @@ class Profiler:
         if cuda:
             self._core.set_step_hooks(*_cuda_step_hooks(torch, python_options["cuda_memory"]))
         _live.add(self)
-        if torch is not None:
-            _hook_torch_profiler(torch)
-            if _torch_profilers_active > 0:  # one is running already: start yielded
-                self._core.set_external_profiler(True)
         self._alert_thread: Optional[threading.Thread] = None
         if config.detect:
             self._core.subscribe_events()

@@ -236,8 +236,29 @@ TEST_F(CuptiActivityFake, OneSourcePerProcess) {
   std::string why;
   EXPECT_EQ(make_cupti_activity(&why), nullptr);
   EXPECT_NE(why.find("one at a time"), std::string::npos) << why;
-  first.reset();
-  EXPECT_NE(make(), nullptr);
+  first->finish();  // a closed profiler's source no longer holds the buffers
+  auto second = make();
+  EXPECT_NE(second, nullptr);
+}
+
+TEST_F(CuptiActivityFake, StartedWhileAnotherToolRunsItTouchesNothingUntilThatEnds) {
+  const int registrations = fake_cupti_registrations();
+  std::string why;
+  auto source = make_cupti_activity(&why, /*yielding=*/true);
+  ASSERT_NE(source, nullptr) << why;
+  EXPECT_EQ(fake_cupti_registrations(), registrations);  // the other tool's callbacks stay
+  EXPECT_FALSE(fake_cupti_kind_enabled(kKindConcurrentKernel));
+  EXPECT_EQ(source->status(), "yielding to torch.profiler");
+  source->begin_step(0);
+  source->end_step(0);
+  EXPECT_EQ(fake_cupti_pushes(), 0);
+  source->set_yielding(false);
+  EXPECT_GT(fake_cupti_registrations(), registrations);
+  EXPECT_TRUE(fake_cupti_kind_enabled(kKindConcurrentKernel));
+  source->begin_step(1);
+  source->end_step(1);
+  EXPECT_EQ(fake_cupti_pushes(), 1);
+  EXPECT_EQ(source->status(), "");
 }
 
 TEST_F(CuptiActivityFake, NothingIsPushedAfterFinish) {

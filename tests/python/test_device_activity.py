@@ -109,6 +109,22 @@ def test_kernel_activity_yields_while_torch_profiler_runs_and_both_keep_working(
     assert any("addmm" in e.key for e in tp.key_averages())  # torch.profiler's trace is intact
 
 
+def test_started_inside_a_running_torch_profiler_it_waits_for_it_to_end(tmp_path, records_of):
+    net = model()
+    x, y = batches(1)[0]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
+        prof = steptrace.Profiler(tmp_path / "run", _fake_device=True)
+        with prof.step():
+            net(x).sum().backward()
+            prof._core.fake_device_work([(GEMM, "matmul", 1.0)], [])
+    with prof.step():
+        prof._core.fake_device_work([(GEMM, "matmul", 1.0)], [])
+    prof.close()
+    steps = [r for r in records_of(tmp_path / "run") if r["kind"] == "step"]
+    assert ["kernels" in s for s in steps] == [False, True]
+    assert len(tp.key_averages()) > 0
+
+
 def test_cpu_only_run_says_why_kernel_activity_and_counters_are_off(tmp_path, records_of):
     with steptrace.Profiler(tmp_path / "run") as prof:
         fake = prof._core

@@ -180,10 +180,16 @@ class CuptiActivity final : public KernelActivitySource {
   CuptiActivity& operator=(CuptiActivity&&) = delete;
 
   // Registers the callbacks and enables our kinds; on failure undoes what it enabled.
-  bool start(std::string* why) {
-    if (!enable_ours(why)) return false;
+  // `yielding`: another tool owns the activity buffers now; touch nothing until
+  // set_yielding(false).
+  bool start(bool yielding, std::string* why) {
+    if (!yielding && !enable_ours(why)) return false;
     std::lock_guard<std::mutex> control(control_mu_);
-    enabled_ = true;
+    enabled_ = !yielding;
+    if (yielding) {
+      yielding_.store(true);
+      set_status("yielding to torch.profiler");
+    }
     try {
       flusher_ = std::thread([this] { flush_loop(); });
     } catch (const std::system_error& e) {
@@ -193,7 +199,7 @@ class CuptiActivity final : public KernelActivitySource {
       *why = std::string("cannot start the CUPTI flush thread: ") + e.what();
       return false;
     }
-    active_.store(true, std::memory_order_release);
+    active_.store(!yielding, std::memory_order_release);
     return true;
   }
 
@@ -288,6 +294,7 @@ class CuptiActivity final : public KernelActivitySource {
     {
       std::lock_guard<std::mutex> lock(shared().mu);
       records_.drain();
+      if (shared().owner == this) shared().owner = nullptr;  // a later profiler may collect
     }
     deliveries_.fetch_add(1, std::memory_order_acq_rel);
   }
@@ -414,7 +421,7 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
 
 }  // namespace
 
-std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not) {
+std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not, bool yielding) {
   std::string why;
   auto fail = [&](std::string reason) -> std::unique_ptr<KernelActivitySource> {
     if (why_not != nullptr) *why_not = std::move(reason);
@@ -442,7 +449,7 @@ std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not) 
     }
     shared().owner = source.get();
   }
-  if (!source->start(&why)) {
+  if (!source->start(yielding, &why)) {
     std::lock_guard<std::mutex> lock(shared().mu);
     shared().owner = nullptr;
     return fail(why);
