@@ -398,8 +398,11 @@ void DeviceDiagnosisDetector::observe(const StepRecord& r, std::vector<AlertEven
         },
         out);
   }
-  if (k.present && r.step_ns > 0) {
-    const double nccl_pct = 100.0 * static_cast<double>(k.nccl_ns) / static_cast<double>(r.step_ns);
+  // The step on the kernels' clock: its device window, else the record's step time.
+  const std::int64_t window_ns = k.window_end_ns - k.window_start_ns;
+  const std::int64_t step_ns = window_ns > 0 ? window_ns : r.step_ns;
+  if (k.present && step_ns > 0) {
+    const double nccl_pct = 100.0 * static_cast<double>(k.nccl_ns) / static_cast<double>(step_ns);
     update(
         comm_, "comm_bound", nccl_pct > config_.comm_bound_pct, r,
         [&] {
@@ -412,7 +415,7 @@ void DeviceDiagnosisDetector::observe(const StepRecord& r, std::vector<AlertEven
               "micro-batches per all-reduce, overlap communication with compute, or use a "
               "faster interconnect",
               nccl_pct, r.step, static_cast<double>(k.nccl_ns) / kNsPerMs,
-              static_cast<double>(r.step_ns) / kNsPerMs,
+              static_cast<double>(step_ns) / kNsPerMs,
               static_cast<double>(k.exposed_nccl_ns) / kNsPerMs, config_.comm_bound_pct);
           a.details = {{"nccl_ms", static_cast<double>(k.nccl_ns) / kNsPerMs},
                        {"exposed_nccl_ms", static_cast<double>(k.exposed_nccl_ns) / kNsPerMs}};

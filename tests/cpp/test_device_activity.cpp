@@ -266,6 +266,16 @@ TEST(DeviceDiagnosis, CommBoundWhenNcclTakesOverAQuarterOfTheStep) {
   for (int i = 0; i < 6; ++i)
     steps.push_back(diagnosed(i, 70, 30, 80, 50 * kMs, 60 * kMs, 20 * kMs));
   EXPECT_TRUE(run_detector(diagnosis_config(), steps).empty());
+  // The share is of the step's device window when the kernels give one (a host-clock
+  // step time can be far shorter than the device work it launched).
+  for (auto& r : steps) {
+    r.step_ns = kMs;
+    r.kernels.window_start_ns = 0;
+    r.kernels.window_end_ns = 50 * kMs;
+  }
+  out = run_detector(diagnosis_config(), steps);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_DOUBLE_EQ(out[0].value, 40);
 }
 
 // ---- through the profiler ----
