@@ -135,7 +135,13 @@ void DeviceActivityStage::take_samples() {
   sampler_->take(incoming_samples_, &dropped_samples_, &overflow);
   overflow_ = overflow_ || overflow;
   sample_count_ += static_cast<std::int64_t>(incoming_samples_.size());
-  samples_.insert(samples_.end(), incoming_samples_.begin(), incoming_samples_.end());
+  for (const CounterSample& c : incoming_samples_) samples_.push_back({c, false});
+  while (samples_.size() > kMaxPendingSamples) drop_front_sample();
+}
+
+void DeviceActivityStage::drop_front_sample() {
+  if (!samples_.front().used) ++unaligned_samples_;
+  samples_.pop_front();
 }
 
 void DeviceActivityStage::fill_counters(StepRecord& r) {
@@ -148,12 +154,14 @@ void DeviceActivityStage::fill_counters(StepRecord& r) {
     w.end_ns = r.kernels.window_end_ns;
   }
   std::vector<PmSample> overlapping;
-  for (const CounterSample& s : samples_) {
+  for (PendingSample& pending : samples_) {
+    const CounterSample& s = pending.sample;
     const bool match = s.step >= 0 ? s.step == r.step
                                    : (s.end_ns > w.start_ns && s.start_ns < w.end_ns) ||
                                          (s.start_ns == s.end_ns && s.start_ns >= w.start_ns &&
                                           s.start_ns < w.end_ns);
     if (!match) continue;
+    pending.used = true;
     PmSample p;
     // A sample measured over exactly this step stands for the whole window.
     p.start_ns = s.step >= 0 ? w.start_ns : s.start_ns;
@@ -162,10 +170,10 @@ void DeviceActivityStage::fill_counters(StepRecord& r) {
     overlapping.push_back(std::move(p));
   }
   // Samples wholly before this window can serve no later step.
-  while (!samples_.empty() &&
-         (samples_.front().step >= 0 ? samples_.front().step <= r.step
-                                     : samples_.front().end_ns <= w.start_ns)) {
-    samples_.pop_front();
+  while (!samples_.empty()) {
+    const CounterSample& front = samples_.front().sample;
+    if (front.step >= 0 ? front.step > r.step : front.end_ns > w.start_ns) break;
+    drop_front_sample();
   }
   if (overlapping.empty()) return;
   const AggregationResult agg = aggregate_samples(overlapping, {w}, kCounterCount);
@@ -182,6 +190,12 @@ void DeviceActivityStage::fill_counters(StepRecord& r) {
 void DeviceActivityStage::finish() noexcept {
   if (activity_ != nullptr) activity_->finish();
   if (sampler_ != nullptr) sampler_->finish();
+}
+
+std::int64_t DeviceActivityStage::unused_pending() const {
+  std::int64_t n = 0;
+  for (const PendingSample& p : samples_) n += p.used ? 0 : 1;
+  return n;
 }
 
 std::string DeviceActivityStage::run_end_fields() {
@@ -215,6 +229,9 @@ std::string DeviceActivityStage::run_end_fields() {
   if (sampler_ != nullptr) {
     out["counters"] = {{"samples", sample_count_},
                        {"dropped_samples", dropped_samples_},
+                       // between sampled steps (sampling runs on a little), or on a clock
+                       // the steps do not share: a check for new devices and drivers
+                       {"unaligned_samples", unaligned_samples_ + unused_pending()},
                        {"overflow", overflow_},
                        {"sampled_steps", sampled_steps_},
                        {"steps_with_counters", steps_with_counters_}};

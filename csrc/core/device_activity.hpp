@@ -49,6 +49,8 @@ class DeviceActivityStage final : public StepCompleter {
   void take_kernels();
   void take_samples();
   void fill_counters(StepRecord& r);
+  void drop_front_sample();
+  std::int64_t unused_pending() const;
 
   const Config& config_;
   KernelActivitySource* activity_;
@@ -76,7 +78,15 @@ class DeviceActivityStage final : public StepCompleter {
   std::int64_t outside_records_ = 0;  // launched outside any step
 
   std::vector<CounterSample> incoming_samples_;
-  std::deque<CounterSample> samples_;  // decoded, not yet past the steps written
+  struct PendingSample {
+    CounterSample sample;
+    bool used = false;  // fell in a sampled step's window
+  };
+  std::deque<PendingSample> samples_;  // decoded, not yet past the steps written
+  // Bound on samples_: samples that never fit a step (a sampler clock that does not
+  // match the steps') must not pile up.
+  static constexpr std::size_t kMaxPendingSamples = std::size_t{1} << 16;
+  std::int64_t unaligned_samples_ = 0;  // left without ever falling in a sampled step
   std::int64_t sample_count_ = 0;
   std::int64_t dropped_samples_ = 0;
   bool overflow_ = false;

@@ -165,6 +165,7 @@ TEST(DeviceActivityStage, CountersAverageOverTheStepsDeviceWindowAndOnlyOnSample
   EXPECT_EQ(c["overflow"], true);
   EXPECT_EQ(c["sampled_steps"], 2);
   EXPECT_EQ(c["steps_with_counters"], 2);
+  EXPECT_EQ(c["unaligned_samples"], 1);  // [200,300) fell in step 2, which was not sampled
 }
 
 TEST(DeviceActivityStage, StepTaggedSamplesAndHostWindowsWithoutKernels) {
@@ -183,6 +184,23 @@ TEST(DeviceActivityStage, StepTaggedSamplesAndHostWindowsWithoutKernels) {
   EXPECT_FALSE(r0.kernels.present);
   EXPECT_DOUBLE_EQ(r0.counters.values[0], 20);  // the host window [50,150)
   EXPECT_DOUBLE_EQ(r1.counters.values[0], (55.0 * 10 + 30 * 10) / 20);
+}
+
+TEST(DeviceActivityStage, SamplesOnAClockTheStepsDoNotShareStayBoundedAndAreCounted) {
+  Config config;
+  fake::FakeCounterSampler sampler;
+  DeviceActivityStage stage(config, nullptr, &sampler);
+  const std::int64_t far = std::int64_t{1} << 50;  // never inside a step window
+  constexpr int kSamples = 70000;
+  for (int i = 0; i < kSamples; ++i) sampler.add_sample(far + i, far + i + 1, {50});
+  sampler.delivery.deliver();
+  StepRecord r = step_record(0, 0, 100, true);
+  r.activity_begin_ns = -1;
+  ASSERT_TRUE(stage.complete(r, true));
+  EXPECT_FALSE(r.counters.present);
+  const auto end = nlohmann::json::parse("{" + stage.run_end_fields() + "}");
+  EXPECT_EQ(end["device_activity"]["counters"]["samples"], kSamples);
+  EXPECT_EQ(end["device_activity"]["counters"]["unaligned_samples"], kSamples);
 }
 
 // ---- diagnoses ----
