@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "cupti_errors.hpp"
 #include "metric_sets.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/metrics.hpp"
@@ -116,17 +117,126 @@ const Library* load_library(const std::vector<std::string>& extra_dirs, std::str
   return &g_library;
 }
 
+std::string missing_symbol_reason(const Library& lib, const std::string& feature,
+                                  const std::string& missing) {
+  return too_old_reason(feature, lib.version, "12.6") + " (" + missing + " missing in " + lib.path +
+         ")";
+}
+
+std::string Device::describe() const { return fmt::format("device {} ({})", index, how); }
+
+Device choose_device(int requested) {
+  if (requested >= 0) return {requested, "as configured"};
+  // Only a driver the process already loaded can have a current context; loading one
+  // here would not create it.
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib != nullptr) {
+    using CtxGetDevice = int (*)(int*);
+    auto get = reinterpret_cast<CtxGetDevice>(dlsym(lib, "cuCtxGetDevice"));
+    int dev = -1;
+    const bool ok = get != nullptr && get(&dev) == 0 && dev >= 0;
+    dlclose(lib);  // drops only the reference RTLD_NOLOAD added
+    if (ok) return {dev, "the current CUDA context's"};
+  }
+  return {0, "no current CUDA context: the first device"};
+}
+
 #if STEPTRACE_HAVE_CUPTI_HEADERS
 
-bool HostApi::load(void* lib, std::string* missing) {
-  bool ok = true;
-  auto resolve = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    if (fn == nullptr && ok) {
-      *missing = name;
-      ok = false;
+bool ProfilerApi::load(void* lib, std::string* missing) {
+  SymbolResolver resolve(lib, missing);
+  resolve(initialize, "cuptiProfilerInitialize");
+  resolve(deinitialize, "cuptiProfilerDeInitialize");
+  resolve(chip_name, "cuptiDeviceGetChipName");
+  resolve(get_timestamp, "cuptiGetTimestamp");
+  return resolve.ok();
+}
+
+std::string call_reason(const HostApi& api, const char* call, CUptiResult r) {
+  return unavailable_reason(call, static_cast<int>(r), api.result_text(r));
+}
+
+bool initialize_profiler(const ProfilerApi& api, const HostApi& host_api, int device_index,
+                         bool* initialized, std::string* chip, const ChipFamily** family,
+                         CUptiResult* result, std::string* why) {
+  *result = CUPTI_SUCCESS;
+  CUpti_Profiler_Initialize_Params init{};
+  init.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Initialize_Params, pPriv);
+  if (CUptiResult r = api.initialize(&init); r != CUPTI_SUCCESS) {
+    *result = r;
+    *why = call_reason(host_api, "cuptiProfilerInitialize", r);
+    return false;
+  }
+  *initialized = true;
+  CUpti_Device_GetChipName_Params p{};
+  p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Device_GetChipName_Params, pChipName);
+  p.deviceIndex = static_cast<std::size_t>(device_index);
+  if (CUptiResult r = api.chip_name(&p); r != CUPTI_SUCCESS || p.pChipName == nullptr) {
+    *result = r;
+    *why = call_reason(host_api, "cuptiDeviceGetChipName", r);
+    return false;
+  }
+  *chip = p.pChipName;
+  *family = find_family(*chip);
+  if (*family == nullptr) {
+    *why = unsupported_chip_reason(*chip);
+    return false;
+  }
+  return true;
+}
+
+void deinitialize_profiler(const ProfilerApi& api) noexcept {
+  CUpti_Profiler_DeInitialize_Params p{};
+  p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_DeInitialize_Params, pPriv);
+  api.deinitialize(&p);
+}
+
+bool one_pass_config(const HostApi& api, const HostObject& host, const std::string& chip,
+                     const ChipFamily& family, ProfilerMode mode,
+                     const std::uint8_t* counter_availability, CounterMap* map,
+                     std::vector<std::uint8_t>* config, std::string* why) {
+  MetricSetReport report;
+  report.chip = chip;
+  report.family = family.name;
+  report.mode = to_string(mode);
+  select_metric_set(counters_for(family, mode),
+                    host_oracle(api, host, chip, mode, counter_availability), &report);
+  if (!report.error.empty()) {
+    *why =
+        fmt::format("no usable one-pass {} metric set on {}: {}", report.mode, chip, report.error);
+    return false;
+  }
+  *map = map_counters(report);
+  // `host` keeps these metrics: EvaluateToGpuValues later reads the same host object.
+  if (!make_config_image(api, host.get(), map->metrics, config, why)) return false;
+  const int passes = config_image_passes(api, *config, why);
+  if (passes != 1) {
+    if (passes > 1) {
+      *why = fmt::format("the {} config needs {} passes on {}, not 1", report.mode, passes, chip);
     }
-  };
+    return false;
+  }
+  return true;
+}
+
+bool evaluate_range(const HostApi& api, CUpti_Profiler_Host_Object* host,
+                    const std::vector<std::uint8_t>& image, std::size_t index,
+                    const std::vector<const char*>& metric_names, double* values) noexcept {
+  CUpti_Profiler_Host_EvaluateToGpuValues_Params p{};
+  p.structSize =
+      STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_EvaluateToGpuValues_Params, pMetricValues);
+  p.pHostObject = host;
+  p.pCounterDataImage = image.data();
+  p.counterDataImageSize = image.size();
+  p.rangeIndex = index;
+  p.ppMetricNames = const_cast<const char**>(metric_names.data());  // CUPTI only reads them
+  p.numMetrics = metric_names.size();
+  p.pMetricValues = values;
+  return api.evaluate(&p) == CUPTI_SUCCESS;
+}
+
+bool HostApi::load(void* lib, std::string* missing) {
+  SymbolResolver resolve(lib, missing);
   resolve(initialize, "cuptiProfilerHostInitialize");
   resolve(deinitialize, "cuptiProfilerHostDeinitialize");
   resolve(metric_properties, "cuptiProfilerHostGetMetricProperties");
@@ -136,7 +246,7 @@ bool HostApi::load(void* lib, std::string* missing) {
   resolve(num_passes, "cuptiProfilerHostGetNumOfPasses");
   resolve(evaluate, "cuptiProfilerHostEvaluateToGpuValues");
   result_string = reinterpret_cast<decltype(result_string)>(dlsym(lib, "cuptiGetResultString"));
-  return ok;
+  return resolve.ok();
 }
 
 std::string HostApi::result_text(CUptiResult r) const {

@@ -3,8 +3,14 @@
 // places. No CUPTI types here; the backend .cpp files include the CUPTI headers.
 #pragma once
 
+#include <dlfcn.h>
+
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "steptrace/backend.hpp"
 
 namespace steptrace::detail::cupti {
 
@@ -20,5 +26,48 @@ const Library* load_library(const std::vector<std::string>& extra_dirs, std::str
 
 /// The places tried, in order, after the copies already in the process: for logs.
 std::vector<std::string> library_candidates(const std::vector<std::string>& extra_dirs);
+
+/// Resolves entry points from a dlopen'ed library, remembering the first missing one.
+class SymbolResolver {
+ public:
+  SymbolResolver(void* lib, std::string* missing) : lib_(lib), missing_(missing) {}
+
+  template <class Fn>
+  void operator()(Fn& fn, const char* name) {
+    fn = reinterpret_cast<Fn>(dlsym(lib_, name));
+    if (fn == nullptr && ok_) {
+      *missing_ = name;
+      ok_ = false;
+    }
+  }
+  /// Every name so far was found.
+  bool ok() const { return ok_; }
+
+ private:
+  void* lib_;
+  std::string* missing_;
+  bool ok_ = true;
+};
+
+/// Why `lib` cannot do `feature`: too old, with the first `missing` entry point.
+std::string missing_symbol_reason(const Library& lib, const std::string& feature,
+                                  const std::string& missing);
+
+/// The CUDA device a counter backend samples and how it was chosen (for reasons, status).
+struct Device {
+  int index = 0;
+  std::string how;
+
+  std::string describe() const;
+};
+
+/// `requested` when >= 0, else the device of the current CUDA context (through a driver
+/// the process already loaded), else device 0.
+Device choose_device(int requested);
+
+/// The range-profiler counter sampler (cupti_range_profiler.cpp) on `device`, through
+/// `lib`; nullptr with `why` (one line) when it cannot be set up.
+std::unique_ptr<CounterSampler> make_range_profiler_sampler(const Library& lib,
+                                                            const Device& device, std::string* why);
 
 }  // namespace steptrace::detail::cupti

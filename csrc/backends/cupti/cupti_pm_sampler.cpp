@@ -1,6 +1,8 @@
 // Hardware counters through CUPTI PM sampling (CUDA 12.6+): the device samples its
 // performance monitors every ~1 ms into a hardware buffer while a sampled step runs; a
-// decode thread turns the buffer into CounterSamples every 25 ms. libcupti is dlopen'ed
+// decode thread turns the buffer into CounterSamples every 25 ms. Where PM sampling is
+// missing, make_cupti_counter_sampler falls back to the range profiler
+// (cupti_range_profiler.cpp). libcupti is dlopen'ed
 // (the copy already in the process when there is one); the CUPTI headers give only the
 // parameter structs. Without them at build time this is a stub that says so.
 #include "steptrace/backend.hpp"
@@ -28,6 +30,7 @@
 #include "metric_sets.hpp"
 #include "pm_sampling_logic.hpp"
 #include "profiler_host.hpp"
+#include "range_profiler_logic.hpp"
 
 namespace steptrace {
 namespace {
@@ -46,16 +49,12 @@ constexpr std::uint64_t kIntervalSysclkCycles = 1'000'000;
 constexpr std::uint32_t kSamplesPerImage = 256;
 constexpr int kMaxImagesPerPass = 64;
 constexpr auto kDecodePeriod = std::chrono::milliseconds(25);
-// Decoded samples waiting for take(); beyond this (a writer that stopped taking) they
-// are dropped and counted.
+// Decoded samples waiting for take(); beyond this they are dropped and counted.
 constexpr std::size_t kMaxPending = std::size_t{1} << 16;
 
 // CUPTI entry points beyond the host API, resolved from the loaded library.
 struct PmApi {
-  decltype(&::cuptiProfilerInitialize) profiler_initialize = nullptr;
-  decltype(&::cuptiProfilerDeInitialize) profiler_deinitialize = nullptr;
-  decltype(&::cuptiDeviceGetChipName) chip_name = nullptr;
-  CUptiResult (*get_timestamp)(std::uint64_t*) = nullptr;  // cupti_activity.h's signature
+  ProfilerApi profiler;
   decltype(&::cuptiPmSamplingGetCounterAvailability) counter_availability = nullptr;
   decltype(&::cuptiPmSamplingEnable) enable = nullptr;
   decltype(&::cuptiPmSamplingDisable) disable = nullptr;
@@ -71,57 +70,24 @@ struct PmApi {
   // False with the first missing name; `pm_missing` tells whether it was a PM sampling
   // entry point (a CUPTI older than 12.6) rather than a basic one.
   bool load(void* lib, std::string* missing, bool* pm_missing) {
-    bool ok = true;
-    auto resolve = [&](auto& fn, const char* name, bool pm) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (fn == nullptr && ok) {
-        *missing = name;
-        *pm_missing = pm;
-        ok = false;
-      }
-    };
-    resolve(profiler_initialize, "cuptiProfilerInitialize", false);
-    resolve(profiler_deinitialize, "cuptiProfilerDeInitialize", false);
-    resolve(chip_name, "cuptiDeviceGetChipName", false);
-    resolve(get_timestamp, "cuptiGetTimestamp", false);
-    resolve(counter_availability, "cuptiPmSamplingGetCounterAvailability", true);
-    resolve(enable, "cuptiPmSamplingEnable", true);
-    resolve(disable, "cuptiPmSamplingDisable", true);
-    resolve(set_config, "cuptiPmSamplingSetConfig", true);
-    resolve(start, "cuptiPmSamplingStart", true);
-    resolve(stop, "cuptiPmSamplingStop", true);
-    resolve(decode, "cuptiPmSamplingDecodeData", true);
-    resolve(counter_data_size, "cuptiPmSamplingGetCounterDataSize", true);
-    resolve(counter_data_initialize, "cuptiPmSamplingCounterDataImageInitialize", true);
-    resolve(counter_data_info, "cuptiPmSamplingGetCounterDataInfo", true);
-    resolve(sample_info, "cuptiPmSamplingCounterDataGetSampleInfo", true);
-    return ok;
+    *pm_missing = false;
+    if (!profiler.load(lib, missing)) return false;
+    SymbolResolver resolve(lib, missing);
+    resolve(counter_availability, "cuptiPmSamplingGetCounterAvailability");
+    resolve(enable, "cuptiPmSamplingEnable");
+    resolve(disable, "cuptiPmSamplingDisable");
+    resolve(set_config, "cuptiPmSamplingSetConfig");
+    resolve(start, "cuptiPmSamplingStart");
+    resolve(stop, "cuptiPmSamplingStop");
+    resolve(decode, "cuptiPmSamplingDecodeData");
+    resolve(counter_data_size, "cuptiPmSamplingGetCounterDataSize");
+    resolve(counter_data_initialize, "cuptiPmSamplingCounterDataImageInitialize");
+    resolve(counter_data_info, "cuptiPmSamplingGetCounterDataInfo");
+    resolve(sample_info, "cuptiPmSamplingCounterDataGetSampleInfo");
+    *pm_missing = !resolve.ok();
+    return resolve.ok();
   }
 };
-
-// The CUDA device to sample and how it was chosen (for reasons and status).
-struct Device {
-  int index = 0;
-  std::string how;
-
-  std::string describe() const { return fmt::format("device {} ({})", index, how); }
-};
-
-Device choose_device(int requested) {
-  if (requested >= 0) return {requested, "as configured"};
-  // Only a driver the process already loaded can have a current context; loading one
-  // here would not create it.
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (lib != nullptr) {
-    using CtxGetDevice = int (*)(int*);
-    auto get = reinterpret_cast<CtxGetDevice>(dlsym(lib, "cuCtxGetDevice"));
-    int dev = -1;
-    const bool ok = get != nullptr && get(&dev) == 0 && dev >= 0;
-    dlclose(lib);  // drops only the reference RTLD_NOLOAD added
-    if (ok) return {dev, "the current CUDA context's"};
-  }
-  return {0, "no current CUDA context: the first device"};
-}
 
 // Calls that can fail after setup, named in status().
 enum class Call : int { kNone = 0, kStart, kStop, kDecode, kCounterDataInfo };
@@ -141,10 +107,13 @@ const char* call_name(Call c) {
   return "";
 }
 
-class CuptiPmSampler final : public CounterSampler {
+class CuptiPmSampler final : public QueuedCounterSampler {
  public:
   CuptiPmSampler(const PmApi& api, const HostApi& host_api, Device device)
-      : api_(api), host_api_(host_api), device_(std::move(device)) {}
+      : QueuedCounterSampler(kMaxPending),
+        api_(api),
+        host_api_(host_api),
+        device_(std::move(device)) {}
 
   ~CuptiPmSampler() override { finish(); }
   CuptiPmSampler(const CuptiPmSampler&) = delete;
@@ -158,9 +127,12 @@ class CuptiPmSampler final : public CounterSampler {
       *why += "; " + device_.describe();
       return false;
     }
-    decoder_ = std::thread([this] { decode_loop(); });
+    decoder_.start(kDecodePeriod, [this] { decode_pass(); });
     return true;
   }
+
+  // After a failed setup: whether the range profiler may do better.
+  PmFailure failure() const { return failure_; }
 
   const char* name() const noexcept override { return "cupti_pm_sampling"; }
 
@@ -169,7 +141,7 @@ class CuptiPmSampler final : public CounterSampler {
     // start/end timestamps are on the same clock is not documented (the API reference
     // says only "start/end time of the sample"): unverified without a GPU.
     std::uint64_t ts = 0;
-    api_.get_timestamp(&ts);
+    api_.profiler.get_timestamp(&ts);
     return static_cast<std::int64_t>(ts);
   }
 
@@ -183,35 +155,12 @@ class CuptiPmSampler final : public CounterSampler {
 
   void end_step(std::int64_t /*step*/) noexcept override {}
 
-  void take(std::vector<CounterSample>& out, std::int64_t* dropped, bool* overflow) override {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    out.insert(out.end(), pending_.begin(), pending_.end());
-    pending_.clear();
-    if (dropped != nullptr) *dropped += dropped_;
-    dropped_ = 0;
-    if (overflow_ && overflow != nullptr) *overflow = true;
-    overflow_ = false;
-  }
-
-  std::uint64_t deliveries() noexcept override {
-    return deliveries_.load(std::memory_order_acquire);
-  }
-
-  std::string metric(std::size_t counter) const override {
-    return counter < kCounterCount ? map_.metric_of[counter] : std::string();
-  }
-
   void finish() noexcept override {
     std::lock_guard<std::mutex> lock(finish_mutex_);
     if (finished_.exchange(true)) return;
     // The stop is applied now, or by the decode thread when it leaves the object.
     handoff_.request(false, Apply{this});
-    {
-      std::lock_guard<std::mutex> wake(wake_mutex_);
-      stop_decoder_ = true;
-    }
-    wake_.notify_all();
-    if (decoder_.joinable()) decoder_.join();
+    decoder_.stop();
     decode_pass();  // what the device recorded up to the stop
     teardown();
   }
@@ -235,38 +184,26 @@ class CuptiPmSampler final : public CounterSampler {
   };
 
   bool setup_session(std::string* why) {
-    CUpti_Profiler_Initialize_Params init{};
-    init.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Initialize_Params, pPriv);
-    if (CUptiResult r = api_.profiler_initialize(&init); r != CUPTI_SUCCESS) {
-      *why = reason("cuptiProfilerInitialize", r);
-      return false;
-    }
-    profiler_initialized_ = true;
-
-    CUpti_Device_GetChipName_Params chip{};
-    chip.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Device_GetChipName_Params, pChipName);
-    chip.deviceIndex = static_cast<std::size_t>(device_.index);
-    if (CUptiResult r = api_.chip_name(&chip); r != CUPTI_SUCCESS || chip.pChipName == nullptr) {
-      *why = reason("cuptiDeviceGetChipName", r);
-      return false;
-    }
-    chip_ = chip.pChipName;
-    const ChipFamily* family = find_family(chip_);
-    if (family == nullptr) {
-      *why = unsupported_chip_reason(chip_);
+    const ChipFamily* family = nullptr;
+    CUptiResult result = CUPTI_SUCCESS;
+    if (!initialize_profiler(api_.profiler, host_api_, device_.index, &profiler_initialized_,
+                             &chip_, &family, &result, why)) {
+      failure_ = pm_call_failure(static_cast<int>(result));
       return false;
     }
     if (!family->pm_sampling) {
+      failure_ = PmFailure::kNoPmOnChip;
       *why = fmt::format("chip {} has no PM sampling", chip_);
       return false;
     }
+    const std::size_t device_index = static_cast<std::size_t>(device_.index);
 
     // The device's availability image lets the host API leave out counters this device
     // cannot collect now (MIG, a counter held elsewhere).
     CUpti_PmSampling_GetCounterAvailability_Params avail{};
     avail.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_GetCounterAvailability_Params,
                                                    pCounterAvailabilityImage);
-    avail.deviceIndex = chip.deviceIndex;
+    avail.deviceIndex = device_index;
     if (CUptiResult r = api_.counter_availability(&avail); r != CUPTI_SUCCESS) {
       *why = reason("cuptiPmSamplingGetCounterAvailability", r);
       return false;
@@ -284,36 +221,17 @@ class CuptiPmSampler final : public CounterSampler {
       *why = reason("cuptiProfilerHostInitialize", host_->status());
       return false;
     }
-    MetricSetReport report;
-    report.chip = chip_;
-    report.family = family->name;
-    report.mode = to_string(ProfilerMode::kPmSampling);
-    select_metric_set(
-        counters_for(*family, ProfilerMode::kPmSampling),
-        host_oracle(host_api_, *host_, chip_, ProfilerMode::kPmSampling, availability_.data()),
-        &report);
-    if (!report.error.empty()) {
-      *why =
-          fmt::format("no usable one-pass PM sampling metric set on {}: {}", chip_, report.error);
+    if (!one_pass_config(host_api_, *host_, chip_, *family, ProfilerMode::kPmSampling,
+                         availability_.data(), &map_, &config_, why)) {
       return false;
     }
-    map_ = map_counters(report);
     for (const auto& m : map_.metrics) metric_names_.push_back(m.c_str());
     evaluated_.assign(map_.metrics.size(), 0.0);
-    // host_ keeps these metrics: EvaluateToGpuValues later reads the same host object.
-    if (!make_config_image(host_api_, host_->get(), map_.metrics, &config_, why)) return false;
-    const int passes = config_image_passes(host_api_, config_, why);
-    if (passes != 1) {
-      if (passes > 1) {
-        *why = fmt::format("the PM sampling config needs {} passes on {}, not 1", passes, chip_);
-      }
-      return false;
-    }
 
     CUpti_PmSampling_Enable_Params enable{};
     enable.structSize =
         STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Enable_Params, pPmSamplingObject);
-    enable.deviceIndex = chip.deviceIndex;
+    enable.deviceIndex = device_index;
     if (CUptiResult r = api_.enable(&enable); r != CUPTI_SUCCESS) {
       *why = reason("cuptiPmSamplingEnable", r);
       return false;
@@ -372,8 +290,10 @@ class CuptiPmSampler final : public CounterSampler {
     return true;
   }
 
-  std::string reason(const char* call, CUptiResult r) const {
-    return unavailable_reason(call, static_cast<int>(r), host_api_.result_text(r));
+  // A setup call's reason; a NOT_SUPPORTED makes the range profiler worth a try.
+  std::string reason(const char* call, CUptiResult r) {
+    failure_ = pm_call_failure(static_cast<int>(r));
+    return call_reason(host_api_, call, r);
   }
 
   // Undoes setup in reverse order; safe after a partial setup. Decode thread joined.
@@ -388,10 +308,7 @@ class CuptiPmSampler final : public CounterSampler {
     }
     host_.reset();
     if (profiler_initialized_) {
-      // Never cuptiFinalize: torch.profiler may be using CUPTI in this process.
-      CUpti_Profiler_DeInitialize_Params p{};
-      p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_DeInitialize_Params, pPriv);
-      api_.profiler_deinitialize(&p);
+      deinitialize_profiler(api_.profiler);
       profiler_initialized_ = false;
     }
   }
@@ -427,17 +344,6 @@ class CuptiPmSampler final : public CounterSampler {
     p.pPmSamplingObject = pm_;
     if (const CUptiResult r = api_.stop(&p); r != CUPTI_SUCCESS) fail(Call::kStop, r);
     return false;
-  }
-
-  void decode_loop() {
-    std::unique_lock<std::mutex> lock(wake_mutex_);
-    while (!stop_decoder_) {
-      wake_.wait_for(lock, kDecodePeriod, [this] { return stop_decoder_; });
-      if (stop_decoder_) break;
-      lock.unlock();
-      decode_pass();
-      lock.lock();
-    }
   }
 
   // One delivery: decodes the hardware buffer until it is empty (or the pass bound),
@@ -479,7 +385,8 @@ class CuptiPmSampler final : public CounterSampler {
         // Evaluation reads only the image and the host object: the training thread may
         // start or stop sampling meanwhile.
         for (std::size_t i = 0; i < completed; ++i) {
-          if (times_[i].first < 0 || !evaluate(i)) {
+          if (times_[i].first < 0 || !evaluate_range(host_api_, host_->get(), counter_data_, i,
+                                                     metric_names_, evaluated_.data())) {
             ++lost;
             continue;
           }
@@ -498,8 +405,8 @@ class CuptiPmSampler final : public CounterSampler {
     } catch (...) {
       lost += 1;  // out of memory for the batch: the samples of this pass are lost
     }
-    publish(batch, lost, overflow);
-    deliveries_.fetch_add(1, std::memory_order_acq_rel);
+    queue_.publish(batch, lost, overflow);
+    delivered();
   }
 
   // With the object held: one DecodeData into the (reset) image.
@@ -556,29 +463,6 @@ class CuptiPmSampler final : public CounterSampler {
     std::memcpy(counter_data_.data(), counter_data_initialized_.data(), counter_data_.size());
   }
 
-  bool evaluate(std::size_t sample) noexcept {
-    CUpti_Profiler_Host_EvaluateToGpuValues_Params p{};
-    p.structSize =
-        STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_EvaluateToGpuValues_Params, pMetricValues);
-    p.pHostObject = host_->get();
-    p.pCounterDataImage = counter_data_.data();
-    p.counterDataImageSize = counter_data_.size();
-    p.rangeIndex = sample;
-    p.ppMetricNames = metric_names_.data();
-    p.numMetrics = metric_names_.size();
-    p.pMetricValues = evaluated_.data();
-    return host_api_.evaluate(&p) == CUPTI_SUCCESS;
-  }
-
-  void publish(const std::vector<CounterSample>& batch, std::int64_t lost, bool overflow) {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    const std::size_t room = kMaxPending > pending_.size() ? kMaxPending - pending_.size() : 0;
-    const std::size_t n = std::min(room, batch.size());
-    pending_.insert(pending_.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(n));
-    dropped_ += lost + static_cast<std::int64_t>(batch.size() - n);
-    overflow_ = overflow_ || overflow;
-  }
-
   PmApi api_;
   HostApi host_api_;  // before host_: HostObject refers to it
   Device device_;
@@ -586,7 +470,6 @@ class CuptiPmSampler final : public CounterSampler {
   std::vector<std::uint8_t> availability_;  // outlives host_, which was initialized with it
   std::unique_ptr<HostObject> host_;
   std::vector<std::uint8_t> config_;
-  CounterMap map_;
   std::vector<const char*> metric_names_;  // into map_.metrics
   bool profiler_initialized_ = false;
   CUpti_PmSampling_Object* pm_ = nullptr;
@@ -604,22 +487,47 @@ class CuptiPmSampler final : public CounterSampler {
   StartStopHandoff handoff_;
   bool has_records_ = false;  // guarded by handoff_: started since the last full drain
 
-  std::thread decoder_;
-  std::mutex wake_mutex_;
-  std::condition_variable wake_;
-  bool stop_decoder_ = false;
-
-  std::mutex pending_mutex_;
-  std::vector<CounterSample> pending_;
-  std::int64_t dropped_ = 0;
-  bool overflow_ = false;
-
-  std::atomic<std::uint64_t> deliveries_{0};
   std::atomic<int> failed_call_{static_cast<int>(Call::kNone)};
   std::atomic<int> failed_result_{0};
   std::mutex finish_mutex_;
   std::atomic<bool> finished_{false};
+  PmFailure failure_ = PmFailure::kOther;
+  PeriodicThread decoder_;  // last: joined (destroyed) before the members it decodes into
 };
+
+}  // namespace
+
+namespace {
+
+// PM sampling on `device`; nullptr with `why`, and in *failure whether that leaves room
+// for the range profiler.
+std::unique_ptr<CounterSampler> make_pm_sampler(const Library& lib, const Device& device,
+                                                std::string* why, PmFailure* failure) {
+  *failure = PmFailure::kOther;
+  PmApi api;
+  std::string missing;
+  bool pm_missing = false;
+  if (!api.load(lib.handle, &missing, &pm_missing)) {
+    if (pm_missing) {
+      *failure = PmFailure::kTooOld;
+      *why = missing_symbol_reason(lib, "PM sampling", missing);
+    } else {
+      *why = fmt::format("CUPTI at {} has no {}", lib.path, missing);
+    }
+    return nullptr;
+  }
+  HostApi host_api;
+  if (!host_api.load(lib.handle, &missing)) {
+    *why = missing_symbol_reason(lib, "the profiler host API", missing);
+    return nullptr;
+  }
+  auto sampler = std::make_unique<CuptiPmSampler>(api, host_api, device);
+  if (!sampler->setup(why)) {
+    *failure = sampler->failure();
+    return nullptr;
+  }
+  return sampler;
+}
 
 }  // namespace
 
@@ -631,22 +539,15 @@ std::unique_ptr<CounterSampler> make_cupti_counter_sampler(int device_index, std
   };
   const Library* lib = load_library({}, &why);
   if (lib == nullptr) return unavailable(why);
-  PmApi api;
-  std::string missing;
-  bool pm_missing = false;
-  if (!api.load(lib->handle, &missing, &pm_missing)) {
-    return unavailable(pm_missing ? too_old_reason("PM sampling", lib->version, "12.6") + " (" +
-                                        missing + " missing in " + lib->path + ")"
-                                  : fmt::format("CUPTI at {} has no {}", lib->path, missing));
-  }
-  HostApi host_api;
-  if (!host_api.load(lib->handle, &missing)) {
-    return unavailable(too_old_reason("the profiler host API", lib->version, "12.6") + " (" +
-                       missing + " missing in " + lib->path + ")");
-  }
-  auto sampler = std::make_unique<CuptiPmSampler>(api, host_api, choose_device(device_index));
-  if (!sampler->setup(&why)) return unavailable(why);
-  return sampler;
+  const Device device = choose_device(device_index);
+  PmFailure failure = PmFailure::kOther;
+  if (auto pm = make_pm_sampler(*lib, device, &why, &failure)) return pm;
+  // Only where PM sampling itself is missing: elsewhere (no GPU, no privileges) the range
+  // profiler fails the same way and the one reason says it.
+  if (!falls_back_to_range_profiler(failure)) return unavailable(why);
+  std::string range_why;
+  if (auto range = make_range_profiler_sampler(*lib, device, &range_why)) return range;
+  return unavailable("PM sampling: " + why + "; range profiler: " + range_why);
 }
 
 }  // namespace steptrace
@@ -657,7 +558,8 @@ namespace steptrace {
 
 std::unique_ptr<CounterSampler> make_cupti_counter_sampler(int /*device_index*/,
                                                            std::string* why_not) {
-  if (why_not != nullptr) *why_not = "built without CUPTI headers: PM sampling is unavailable";
+  if (why_not != nullptr)
+    *why_not = "built without CUPTI headers: PM sampling and the range profiler are unavailable";
   return nullptr;
 }
 

@@ -1,16 +1,24 @@
-// The pure parts of the CUPTI PM sampler, kept out of the CUPTI calls so that they are
-// tested on any machine: when sampling runs, which metric feeds which counter, and the
-// hand-off that serializes start/stop (training thread) with decoding (decode thread).
+// The pure parts of the CUPTI counter samplers (PM sampling and the range profiler), kept
+// out of the CUPTI calls so that they are tested on any machine: when sampling runs,
+// which metric feeds which counter, the hand-off that serializes start/stop (training
+// thread) with decoding (decode thread), the queue of decoded samples and the decode
+// thread itself.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "steptrace/backend.hpp"
@@ -128,6 +136,117 @@ class StartStopHandoff {
   std::atomic<bool> busy_{false};
   std::atomic<bool> want_{false};
   bool running_ = false;  // guarded by busy_
+};
+
+/// Decoded samples waiting for CounterSampler::take (writer thread), filled by the decode
+/// thread. Beyond `max_pending` (a writer that stopped taking) samples are dropped and
+/// counted.
+class SampleQueue {
+ public:
+  explicit SampleQueue(std::size_t max_pending) : max_pending_(max_pending) {}
+
+  /// Adds a decode pass's samples, plus `lost` samples it could not decode.
+  void publish(const std::vector<CounterSample>& batch, std::int64_t lost, bool overflow) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const std::size_t room = max_pending_ > pending_.size() ? max_pending_ - pending_.size() : 0;
+    const std::size_t n = std::min(room, batch.size());
+    pending_.insert(pending_.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(n));
+    dropped_ += lost + static_cast<std::int64_t>(batch.size() - n);
+    overflow_ = overflow_ || overflow;
+  }
+
+  /// CounterSampler::take's contract.
+  void take(std::vector<CounterSample>& out, std::int64_t* dropped, bool* overflow) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    out.insert(out.end(), pending_.begin(), pending_.end());
+    pending_.clear();
+    if (dropped != nullptr) *dropped += dropped_;
+    dropped_ = 0;
+    if (overflow_ && overflow != nullptr) *overflow = true;
+    overflow_ = false;
+  }
+
+ private:
+  const std::size_t max_pending_;
+  std::mutex mutex_;
+  std::vector<CounterSample> pending_;
+  std::int64_t dropped_ = 0;
+  bool overflow_ = false;
+};
+
+/// What both CUPTI samplers share: the metric behind each counter, the queue of decoded
+/// samples and the count of deliveries (CounterSampler's contract for take, deliveries
+/// and metric).
+class QueuedCounterSampler : public CounterSampler {
+ public:
+  void take(std::vector<CounterSample>& out, std::int64_t* dropped, bool* overflow) override {
+    queue_.take(out, dropped, overflow);
+  }
+  std::uint64_t deliveries() noexcept override {
+    return deliveries_.load(std::memory_order_acquire);
+  }
+  std::string metric(std::size_t counter) const override {
+    return counter < kCounterCount ? map_.metric_of[counter] : std::string();
+  }
+
+ protected:
+  explicit QueuedCounterSampler(std::size_t max_pending) : queue_(max_pending) {}
+  /// Decode thread (or finish): a delivery completed.
+  void delivered() noexcept { deliveries_.fetch_add(1, std::memory_order_acq_rel); }
+
+  CounterMap map_;  // set up before the decode thread starts
+  SampleQueue queue_;
+
+ private:
+  std::atomic<std::uint64_t> deliveries_{0};
+};
+
+/// The decode thread: runs `pass` every `period`, and soon after wake(); stop() joins it
+/// (the caller then runs its final pass itself).
+class PeriodicThread {
+ public:
+  PeriodicThread() = default;
+  ~PeriodicThread() { stop(); }
+  PeriodicThread(const PeriodicThread&) = delete;
+  PeriodicThread& operator=(const PeriodicThread&) = delete;
+
+  void start(std::chrono::milliseconds period, std::function<void()> pass) {
+    thread_ = std::thread([this, period, pass = std::move(pass)] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (!stop_) {
+        wake_.wait_for(lock, period, [this] { return stop_ || woken_; });
+        if (stop_) break;
+        woken_ = false;
+        lock.unlock();
+        pass();
+        lock.lock();
+      }
+    });
+  }
+
+  /// Any thread, without blocking: run a pass soon. The flag is set without the mutex (the
+  /// training thread takes no locks), so a wake racing with the thread's check may wait
+  /// for the period instead: never lost for longer than that.
+  void wake() noexcept {
+    woken_ = true;
+    wake_.notify_one();
+  }
+
+  void stop() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::atomic<bool> woken_{false};
 };
 
 }  // namespace steptrace::detail::cupti

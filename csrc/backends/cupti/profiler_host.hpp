@@ -7,13 +7,16 @@
 #if STEPTRACE_HAVE_CUPTI_HEADERS
 
 #include <cupti_profiler_host.h>
+#include <cupti_profiler_target.h>
 #include <cupti_result.h>
+#include <cupti_target.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "metric_sets.hpp"
+#include "pm_sampling_logic.hpp"
 
 // structSize up to and including `last`, the last field CUPTI 12.6 (the oldest CUPTI
 // steptrace supports) defines: a newer header that appends fields then still talks to an
@@ -83,6 +86,43 @@ int count_passes(const HostApi& api, const std::string& chip, ProfilerMode mode,
 /// reference: they must outlive the oracle.
 MetricOracle host_oracle(const HostApi& api, const HostObject& host, const std::string& chip,
                          ProfilerMode mode, const std::uint8_t* counter_availability);
+
+/// The profiler entry points every counter backend needs besides the host API.
+struct ProfilerApi {
+  decltype(&::cuptiProfilerInitialize) initialize = nullptr;
+  decltype(&::cuptiProfilerDeInitialize) deinitialize = nullptr;
+  decltype(&::cuptiDeviceGetChipName) chip_name = nullptr;
+  CUptiResult (*get_timestamp)(std::uint64_t*) = nullptr;  // cupti_activity.h's signature
+
+  /// Resolves every entry point; false with the first missing name in `missing`.
+  bool load(void* lib, std::string* missing);
+};
+
+/// unavailable_reason for `call` failing with `r`, with CUPTI's name for `r`.
+std::string call_reason(const HostApi& api, const char* call, CUptiResult r);
+
+/// cuptiProfilerInitialize, then the chip of `device_index` and its row of the table.
+/// false with `why` (one line) and, when a CUPTI call failed, its result in `*result`
+/// (else CUPTI_SUCCESS); after a failure past the initialize, *initialized is true and
+/// the caller deinitializes (deinitialize_profiler).
+bool initialize_profiler(const ProfilerApi& api, const HostApi& host_api, int device_index,
+                         bool* initialized, std::string* chip, const ChipFamily** family,
+                         CUptiResult* result, std::string* why);
+/// cuptiProfilerDeInitialize (never cuptiFinalize: torch.profiler may be using CUPTI).
+void deinitialize_profiler(const ProfilerApi& api) noexcept;
+
+/// The one-pass metric set of `mode` on `chip` (select_metric_set against `host`), the
+/// counters it feeds (*map) and its config image; false with `why`.
+bool one_pass_config(const HostApi& api, const HostObject& host, const std::string& chip,
+                     const ChipFamily& family, ProfilerMode mode,
+                     const std::uint8_t* counter_availability, CounterMap* map,
+                     std::vector<std::uint8_t>* config, std::string* why);
+
+/// EvaluateToGpuValues of range (or sample) `index` of `image` into `values` (one per
+/// name, in order); false when CUPTI refuses.
+bool evaluate_range(const HostApi& api, CUpti_Profiler_Host_Object* host,
+                    const std::vector<std::uint8_t>& image, std::size_t index,
+                    const std::vector<const char*>& metric_names, double* values) noexcept;
 
 }  // namespace steptrace::detail::cupti
 
