@@ -328,7 +328,12 @@ void DeviceDiagnosisDetector::update(Episode& e, const char* type, bool conditio
     e.misses = 0;
     if (e.hits++ == 0) e.hits_from = r.step;
     if (!e.active && e.hits >= config_.regression_min_steps) {
-      AlertEvent a = make();
+      Diagnosis d = explain();
+      AlertEvent a;
+      a.value = value;
+      a.threshold = threshold;
+      a.message = std::move(d.message);
+      a.details = std::move(d.details);
       a.type = type;
       a.step = r.step;
       a.details["since_step"] = e.hits_from;
@@ -363,38 +368,33 @@ void DeviceDiagnosisDetector::observe(const StepRecord& r, std::vector<AlertEven
         100.0 * static_cast<double>(k.matmul_ns) / static_cast<double>(k.compute_ns);
     const bool dominated = matmul_pct >= config_.matmul_dominated_pct;
     update(
-        tensor_, "low_tensor_core", dominated && tensor < config_.tensor_core_min_pct, r,
-        [&] {
-          AlertEvent a;
-          a.value = tensor;
-          a.threshold = config_.tensor_core_min_pct;
-          a.message = fmt::format(
-              "tensor cores active {:.0f}% of the time on step {} while matmul kernels take "
-              "{:.0f}% of the compute time (expected at least {:.0f}%): run matmuls in "
-              "bf16/fp16 (torch.autocast) or TF32 "
-              "(torch.set_float32_matmul_precision(\"high\")), and keep matmul dimensions "
-              "multiples of 8",
-              tensor, r.step, matmul_pct, config_.tensor_core_min_pct);
-          a.details = {{"matmul_share_pct", matmul_pct}};
-          return a;
+        tensor_, "low_tensor_core", dominated && tensor < config_.tensor_core_min_pct, r, tensor,
+        config_.tensor_core_min_pct,
+        [&]() -> Diagnosis {
+          return {
+              fmt::format(
+                  "tensor cores active {:.0f}% of the time on step {} while matmul kernels take "
+                  "{:.0f}% of the compute time (expected at least {:.0f}%): run matmuls in "
+                  "bf16/fp16 (torch.autocast) or TF32 "
+                  "(torch.set_float32_matmul_precision(\"high\")), and keep matmul dimensions "
+                  "multiples of 8",
+                  tensor, r.step, matmul_pct, config_.tensor_core_min_pct),
+              {{"matmul_share_pct", matmul_pct}}};
         },
         out);
   }
   if (std::isfinite(dram) && std::isfinite(occupancy)) {
     update(
         memory_, "memory_bound",
-        occupancy < config_.occupancy_min_pct && dram > config_.dram_bound_pct, r,
-        [&] {
-          AlertEvent a;
-          a.value = dram;
-          a.threshold = config_.dram_bound_pct;
-          a.message = fmt::format(
-              "step {} is memory-bound: DRAM throughput {:.0f}% of peak with SM occupancy "
-              "{:.0f}% (below {:.0f}%): fuse elementwise kernels (torch.compile), keep "
-              "activations in bf16, or raise the batch size",
-              r.step, dram, occupancy, config_.occupancy_min_pct);
-          a.details = {{"sm_occupancy_pct", occupancy}};
-          return a;
+        occupancy < config_.occupancy_min_pct && dram > config_.dram_bound_pct, r, dram,
+        config_.dram_bound_pct,
+        [&]() -> Diagnosis {
+          return {fmt::format(
+                      "step {} is memory-bound: DRAM throughput {:.0f}% of peak with SM occupancy "
+                      "{:.0f}% (below {:.0f}%): fuse elementwise kernels (torch.compile), keep "
+                      "activations in bf16, or raise the batch size",
+                      r.step, dram, occupancy, config_.occupancy_min_pct),
+                  {{"sm_occupancy_pct", occupancy}}};
         },
         out);
   }
@@ -404,22 +404,18 @@ void DeviceDiagnosisDetector::observe(const StepRecord& r, std::vector<AlertEven
   if (k.present && step_ns > 0) {
     const double nccl_pct = 100.0 * static_cast<double>(k.nccl_ns) / static_cast<double>(step_ns);
     update(
-        comm_, "comm_bound", nccl_pct > config_.comm_bound_pct, r,
-        [&] {
-          AlertEvent a;
-          a.value = nccl_pct;
-          a.threshold = config_.comm_bound_pct;
-          a.message = fmt::format(
-              "NCCL kernels take {:.0f}% of step {} ({:.2f} ms of {:.2f} ms, {:.2f} ms not "
-              "overlapped by compute; above {:.0f}%): accumulate gradients over more "
-              "micro-batches per all-reduce, overlap communication with compute, or use a "
-              "faster interconnect",
-              nccl_pct, r.step, static_cast<double>(k.nccl_ns) / kNsPerMs,
-              static_cast<double>(step_ns) / kNsPerMs,
-              static_cast<double>(k.exposed_nccl_ns) / kNsPerMs, config_.comm_bound_pct);
-          a.details = {{"nccl_ms", static_cast<double>(k.nccl_ns) / kNsPerMs},
-                       {"exposed_nccl_ms", static_cast<double>(k.exposed_nccl_ns) / kNsPerMs}};
-          return a;
+        comm_, "comm_bound", nccl_pct > config_.comm_bound_pct, r, nccl_pct, config_.comm_bound_pct,
+        [&]() -> Diagnosis {
+          return {fmt::format(
+                      "NCCL kernels take {:.0f}% of step {} ({:.2f} ms of {:.2f} ms, {:.2f} ms not "
+                      "overlapped by compute; above {:.0f}%): accumulate gradients over more "
+                      "micro-batches per all-reduce, overlap communication with compute, or use a "
+                      "faster interconnect",
+                      nccl_pct, r.step, static_cast<double>(k.nccl_ns) / kNsPerMs,
+                      static_cast<double>(step_ns) / kNsPerMs,
+                      static_cast<double>(k.exposed_nccl_ns) / kNsPerMs, config_.comm_bound_pct),
+                  {{"nccl_ms", static_cast<double>(k.nccl_ns) / kNsPerMs},
+                   {"exposed_nccl_ms", static_cast<double>(k.exposed_nccl_ns) / kNsPerMs}}};
         },
         out);
   }

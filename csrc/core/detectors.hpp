@@ -101,10 +101,14 @@ class DeviceDiagnosisDetector {
     std::int64_t hits_from = 0;
     std::int64_t start = 0;
   };
-  // `alert` is built only when it fires (make returns it).
-  template <typename Make>
-  void update(Episode& e, const char* type, bool condition, const StepRecord& r, Make make,
-              std::vector<AlertEvent>& out);
+  // The text of an alert, built only when it fires.
+  struct Diagnosis {
+    std::string message;
+    nlohmann::ordered_json details;
+  };
+  template <typename Explain>
+  void update(Episode& e, const char* type, bool condition, const StepRecord& r, double value,
+              double threshold, Explain explain, std::vector<AlertEvent>& out);
 
   const Config& config_;
   Episode tensor_;
