@@ -321,9 +321,10 @@ std::optional<AlertEvent> HangDetector::check(std::int64_t now_ns, std::int64_t 
   return a;
 }
 
-template <typename Make>
+template <typename Explain>
 void DeviceDiagnosisDetector::update(Episode& e, const char* type, bool condition,
-                                     const StepRecord& r, Make make, std::vector<AlertEvent>& out) {
+                                     const StepRecord& r, double value, double threshold,
+                                     Explain explain, std::vector<AlertEvent>& out) {
   if (condition) {
     e.misses = 0;
     if (e.hits++ == 0) e.hits_from = r.step;
