@@ -73,21 +73,21 @@ DeviceActivityStage::DeviceActivityStage(const Config& config, KernelActivitySou
                                          CounterSampler* sampler)
     : config_(config), activity_(activity), sampler_(sampler) {}
 
+void DeviceActivityStage::arrived(StepRecord& r) {
+  r.held_since = std::chrono::steady_clock::now();
+  r.activity_deliveries_at_arrival = activity_ != nullptr ? activity_->deliveries() : 0;
+  r.sampler_deliveries_at_arrival = sampler_ != nullptr ? sampler_->deliveries() : 0;
+}
+
 bool DeviceActivityStage::complete(StepRecord& r, bool force) {
   const bool wants_kernels = activity_ != nullptr && r.activity_begin_ns >= 0;
   const bool wants_counters = sampler_ != nullptr && r.counters_sampled;
-  const auto now = std::chrono::steady_clock::now();
-  if (r.step != waiting_step_) {
-    waiting_step_ = r.step;
-    waiting_since_ = now;
-    activity_at_arrival_ = activity_ != nullptr ? activity_->deliveries() : 0;
-    sampler_at_arrival_ = sampler_ != nullptr ? sampler_->deliveries() : 0;
-  }
   // The record's device work had finished when it reached the writer; a delivery that
   // started after that brings its data, and the second one after arrival surely did.
-  const bool ready = force || now - waiting_since_ >= kMaxHold ||
-                     ((!wants_kernels || activity_->deliveries() >= activity_at_arrival_ + 2) &&
-                      (!wants_counters || sampler_->deliveries() >= sampler_at_arrival_ + 2));
+  const bool ready =
+      force || std::chrono::steady_clock::now() - r.held_since >= kMaxHold ||
+      ((!wants_kernels || activity_->deliveries() >= r.activity_deliveries_at_arrival + 2) &&
+       (!wants_counters || sampler_->deliveries() >= r.sampler_deliveries_at_arrival + 2));
   if (!ready) return false;
 
   if (activity_ != nullptr) take_kernels();
@@ -106,7 +106,6 @@ bool DeviceActivityStage::complete(StepRecord& r, bool force) {
   if (sampler_ != nullptr) take_samples();
   if (wants_counters) fill_counters(r);
   written_through_ = std::max(written_through_, r.step);
-  waiting_step_ = -1;
   return true;
 }
 

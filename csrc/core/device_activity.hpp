@@ -34,6 +34,8 @@ class DeviceActivityStage final : public StepCompleter {
   DeviceActivityStage(const Config& config, KernelActivitySource* activity,
                       CounterSampler* sampler);
 
+  /// Notes when r reached the writer and the deliveries so far (every record, on arrival).
+  void arrived(StepRecord& r) override;
   /// Fills r.kernels / r.counters; false while their data may still come (the record
   /// waits). `force`: fill with what is known now (close, flush, a full queue).
   bool complete(StepRecord& r, bool force) override;
@@ -55,12 +57,6 @@ class DeviceActivityStage final : public StepCompleter {
   const Config& config_;
   KernelActivitySource* activity_;
   CounterSampler* sampler_;
-
-  // The record waiting now, and the deliveries when it arrived.
-  std::int64_t waiting_step_ = -1;
-  std::chrono::steady_clock::time_point waiting_since_;
-  std::uint64_t activity_at_arrival_ = 0;
-  std::uint64_t sampler_at_arrival_ = 0;
 
   std::vector<KernelRecord> incoming_;
   std::map<std::int64_t, std::vector<KernelRecord>> by_step_;  // steps not written yet

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -67,6 +68,10 @@ struct StepRecord {
   std::int64_t sampler_end_ns = -1;
   KernelStats kernels;
   CounterStats counters;
+  // Writer thread: when the record reached the writer, and the backends' deliveries then.
+  std::chrono::steady_clock::time_point held_since{};
+  std::uint64_t activity_deliveries_at_arrival = 0;
+  std::uint64_t sampler_deliveries_at_arrival = 0;
 };
 
 /// Bytes each phase added that were still allocated at the end of the step, by slot:

@@ -133,6 +133,7 @@ void JsonlWriter::drain(bool force) {
       write_step(*r);
     } else {
       held_.push_back(*r);
+      completer_->arrived(held_.back());
     }
     ring_.pop();
   }

@@ -11,6 +11,8 @@ namespace steptrace::detail {
 class StepCompleter {
  public:
   virtual ~StepCompleter() = default;
+  /// r reached the writer (called for every record, in order, before complete).
+  virtual void arrived(StepRecord& r) = 0;
   /// False while r's data may still come: r waits, and the records after it too.
   /// `force`: complete r with what is known now.
   virtual bool complete(StepRecord& r, bool force) = 0;

@@ -91,6 +91,9 @@ struct StageFixture {
 TEST(DeviceActivityStage, ARecordWaitsForTwoDeliveriesAfterItArrived) {
   StageFixture f;
   StepRecord r = step_record(0, 0, 100);
+  StepRecord next = step_record(1, 100, 200);
+  f.stage->arrived(r);
+  f.stage->arrived(next);  // in the same batch: it must not wait for r's deliveries again
   f.activity.add_kernel("gemm", KernelWork::kMatmul, 10, 60, 0);
   EXPECT_FALSE(f.stage->complete(r, false));
   f.activity.delivery.deliver();
@@ -101,6 +104,7 @@ TEST(DeviceActivityStage, ARecordWaitsForTwoDeliveriesAfterItArrived) {
   EXPECT_EQ(r.kernels.count, 1);
   EXPECT_EQ(r.kernels.matmul_ns, 50);
   EXPECT_EQ(r.kernels.idle_ns, 10);  // [0,10) before the kernel; the window ends with it
+  EXPECT_TRUE(f.stage->complete(next, false));
 }
 
 TEST(DeviceActivityStage, ForceCompletesWithWhatIsKnownAndLateRecordsAreCounted) {
