@@ -98,6 +98,25 @@ std::int64_t writer_waits(const std::string& path) {
   return std::stoll(last.substr(pos + key.size()));
 }
 
+// The timed loop of the fake-backend step benchmarks: a step with the five phases by id,
+// then close.
+void time_5_phase_steps(steptrace::Profiler& prof, benchmark::State& state) {
+  std::array<steptrace::PhaseId, 5> ids{};
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
+  int since_flush = 0;
+  for (auto _ : state) {
+    {
+      auto step = prof.step();
+      for (const auto id : ids) {
+        auto p = step.phase(id);
+        benchmark::DoNotOptimize(p);
+      }
+    }
+    drain_now_and_then(prof, state, since_flush);
+  }
+  prof.close();
+}
+
 // ---- (a) baseline ----
 void BM_EmptyLoop(benchmark::State& state) {
   std::int64_t i = 0;
@@ -199,20 +218,7 @@ void BM_Step5PhasesFakeDevice(benchmark::State& state) {
   backends.device_timer = std::move(device);
   steptrace::Profiler prof(make_config("step5_fake_device", false), {}, std::move(backends));
   prof.set_stream(1);
-  std::array<steptrace::PhaseId, 5> ids{};
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
-  int since_flush = 0;
-  for (auto _ : state) {
-    {
-      auto step = prof.step();
-      for (const auto id : ids) {
-        auto p = step.phase(id);
-        benchmark::DoNotOptimize(p);
-      }
-    }
-    drain_now_and_then(prof, state, since_flush);
-  }
-  prof.close();
+  time_5_phase_steps(prof, state);
 }
 BENCHMARK(BM_Step5PhasesFakeDevice);
 
@@ -228,20 +234,7 @@ void BM_Step5PhasesFakeActivity(benchmark::State& state) {
   steptrace::Config config = make_config("step5_fake_activity", false);
   config.counter_every = 1;
   steptrace::Profiler prof(config, {}, std::move(backends));
-  std::array<steptrace::PhaseId, 5> ids{};
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
-  int since_flush = 0;
-  for (auto _ : state) {
-    {
-      auto step = prof.step();
-      for (const auto id : ids) {
-        auto p = step.phase(id);
-        benchmark::DoNotOptimize(p);
-      }
-    }
-    drain_now_and_then(prof, state, since_flush);
-  }
-  prof.close();
+  time_5_phase_steps(prof, state);
 }
 BENCHMARK(BM_Step5PhasesFakeActivity);
 

@@ -19,15 +19,9 @@ import torch
 
 import steptrace
 
-RESULTS: list[tuple[str, str, bool]] = []
+from device_check import Checks, steps
 
-
-def check(name: str, detail: str, ok: bool) -> None:
-    RESULTS.append((name, detail, ok))
-
-
-def steps(path):
-    return [r for r in steptrace.read(path) if r["kind"] == "step"]
+check = Checks()
 
 
 def main() -> int:
@@ -122,10 +116,7 @@ def main() -> int:
         ok = all(r["memory"].get("peak_bytes") == p for r, p in zip(recs, peaks))
         check("per-step peak memory", f"steps' peak_bytes == max_memory_allocated on {sum(r['memory'].get('peak_bytes') == p for r, p in zip(recs, peaks))}/{len(recs)} steps", ok)
 
-    width = max(len(n) for n, _, _ in RESULTS)
-    for name, detail, ok in RESULTS:
-        print(f"{'PASS' if ok else 'FAIL'}  {name:<{width}}  {detail}")
-    return 0 if all(ok for _, _, ok in RESULTS) else 1
+    return check.table()
 
 
 if __name__ == "__main__":

@@ -21,20 +21,14 @@ import torch
 
 import steptrace
 
-RESULTS: list[tuple[str, str, bool]] = []
+from device_check import Checks, steps
+
+check = Checks()
 WARMUP = 5
-
-
-def check(name: str, detail: str, ok: bool) -> None:
-    RESULTS.append((name, detail, ok))
 
 
 def records(path):
     return list(steptrace.read(path))
-
-
-def steps(path):
-    return [r for r in records(path) if r["kind"] == "step"]
 
 
 def mean(values) -> float:
@@ -147,10 +141,7 @@ def main() -> int:
     check("kernel activity overhead", f"{100 * (activity_on / base - 1):+.2f}% step time (target < 3%)",
           activity_on / base - 1 < 0.03)
 
-    width = max(len(n) for n, _, _ in RESULTS)
-    for name, detail, ok in RESULTS:
-        print(f"{'PASS' if ok else 'FAIL'}  {name:<{width}}  {detail}")
-    return 0 if all(ok for _, _, ok in RESULTS) else 1
+    return check.table()
 
 
 if __name__ == "__main__":
