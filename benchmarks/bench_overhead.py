@@ -628,6 +628,9 @@ def main() -> int:
             prof_step_norss = Profiler(tmp / "step_norss", overwrite=True, sample_rss=False)
             prof_full = Profiler(tmp / "full", overwrite=True)
             prof_data = Profiler(tmp / "data", overwrite=True)
+            # kernel activity and counters on every step, through the fake backends (the
+            # training thread's share; the CUPTI calls themselves need a GPU)
+            prof_device = Profiler(tmp / "device", overwrite=True, _fake_device=True, counter_every=1)
             chunk = 1000  # steps between untimed flushes; well under the ring's 4096 slots
 
             cases: Dict[str, Callable[[int], int]] = {
@@ -637,6 +640,7 @@ def main() -> int:
                 "rf_phase": case_record_function_phase,
                 "st_step": make_step_case(prof_step, chunk),
                 "st_step_norss": make_step_case(prof_step_norss, chunk),
+                "st_step_device": make_step_case(prof_device, chunk),
                 "st_full": make_step_case(prof_full, chunk, wrap_loader=True),
                 "pc_step": case_perf_counter_step,
                 "rf_step": case_record_function_step,
@@ -644,13 +648,13 @@ def main() -> int:
                 "bare_iter": case_bare_iter,
             }
             n: Dict[str, int] = {name: reps for name in cases}
-            for name in ("st_step", "st_step_norss", "st_full", "pc_step", "rf_step"):
+            for name in ("st_step", "st_step_norss", "st_step_device", "st_full", "pc_step", "rf_step"):
                 n[name] = step_reps
             if torch.cuda.is_available():
                 cases["ev_phase"] = case_cuda_event_phase
                 n["ev_phase"] = reps // 10
             r = run_trials(cases, n, trials)
-            for p in (prof_phase, prof_step, prof_step_norss, prof_full, prof_data):
+            for p in (prof_phase, prof_step, prof_step_norss, prof_device, prof_full, prof_data):
                 p.close()
             empty = r["empty"]
 
@@ -669,6 +673,7 @@ def main() -> int:
             rows += [
                 ("with prof.step() + 5 phases  [default: RSS sampled]", "st_step", "step"),
                 ("with prof.step() + 5 phases  [sample_rss=False]", "st_step_norss", "step"),
+                ("with prof.step() + 5 phases  [fake kernel activity + counters]", "st_step_device", "step"),
                 ("prof.data() + step + 5 phases [all CPU features]", "st_full", "step"),
                 ("perf_counter step + 5 phase timers -> dict", "pc_step", "step"),
                 ("record_function step + 5 nested", "rf_step", "step"),
@@ -689,6 +694,8 @@ def main() -> int:
             print(f"data wrapper: +{net('st_data') - net('bare_iter'):.0f} ns per item over the bare iterator "
                   f"({r['st_data'] / r['bare_iter']:.1f}x)")
             print(f"RSS sampling share of a step: {st - net('st_step_norss'):.0f} ns")
+            print(f"kernel activity + counters bookkeeping (fake backends): "
+                  f"{net('st_step_device') - st:+.0f} ns per step ({net('st_step_device') / st:.2f}x)")
 
             print("\n== budgets ==")
             print(f"per phase from Python  < {PHASE_BUDGET_NS / 1000:.0f} us: {ph:7.0f} ns  {verdict(ph < PHASE_BUDGET_NS)}")
