@@ -155,10 +155,10 @@ void DeviceActivityStage::fill_counters(StepRecord& r) {
   std::vector<PmSample> overlapping;
   for (PendingSample& pending : samples_) {
     const CounterSample& s = pending.sample;
-    const bool match = s.step >= 0 ? s.step == r.step
-                                   : (s.end_ns > w.start_ns && s.start_ns < w.end_ns) ||
-                                         (s.start_ns == s.end_ns && s.start_ns >= w.start_ns &&
-                                          s.start_ns < w.end_ns);
+    // a zero-length sample counts as 1 ns at its timestamp, as aggregate_samples has it
+    const std::int64_t end_ns = std::max(s.end_ns, s.start_ns + 1);
+    const bool match =
+        s.step >= 0 ? s.step == r.step : end_ns > w.start_ns && s.start_ns < w.end_ns;
     if (!match) continue;
     pending.used = true;
     PmSample p;

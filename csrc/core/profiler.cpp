@@ -259,8 +259,6 @@ class ProfilerImpl {
     current_.memory = MemorySample{};
     current_.failed = false;
     current_.phase_memory = detection_ && detection_->wants_phase_memory();
-    current_.kernels = KernelStats{};
-    current_.counters = CounterStats{};
     if (current_.phase_memory) current_.memory_at_start = attribution_level();
     ended_phases_ = 0;
     step_start_ns_ = now;
@@ -478,10 +476,7 @@ class ProfilerImpl {
     } else {
       sampler_ = make_cupti_counter_sampler(config_.device_index, &counters_unavailable_);
     }
-    if (activity_ && external_profiler) {
-      activity_yielding_.store(true, std::memory_order_relaxed);
-      activity_->set_yielding(true);
-    }
+    if (external_profiler) set_external_profiler(true);
     if (activity_ || sampler_) {
       device_stage_ =
           std::make_unique<DeviceActivityStage>(config_, activity_.get(), sampler_.get());

@@ -19,17 +19,15 @@ import torch
 
 import steptrace
 
-from device_check import Checks, steps
+from device_check import Checks, cuda_device, steps
 
 check = Checks()
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to check")
+    dev = cuda_device()
+    if dev is None:
         return 1
-    dev = torch.device("cuda")
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
     torch.cuda.synchronize()

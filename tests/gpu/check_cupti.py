@@ -21,7 +21,7 @@ import torch
 
 import steptrace
 
-from device_check import Checks, steps
+from device_check import Checks, cuda_device, steps
 
 check = Checks()
 WARMUP = 5
@@ -49,11 +49,9 @@ def run(workload, n: int, **options):
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to check")
+    dev = cuda_device()
+    if dev is None:
         return 1
-    dev = torch.device("cuda")
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     big = torch.randn(1 << 28, device=dev, dtype=torch.float32)  # 1 GiB: streams through DRAM

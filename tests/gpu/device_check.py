@@ -5,6 +5,17 @@ from __future__ import annotations
 import steptrace
 
 
+def cuda_device():
+    """The CUDA device to check, after printing what it is; None (said) without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check")
+        return None
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    return torch.device("cuda")
+
+
 class Checks:
     """Collects named checks; table() prints them and gives the exit code."""
 
