@@ -129,6 +129,19 @@ TEST(SamplingSchedule, EveryStepSampledRunsThroughout) {
   EXPECT_EQ(run_schedule({true, true, true, true}), (std::vector<bool>(4, true)));
 }
 
+// ---- the first failure after setup ----
+
+TEST(FirstFailure, KeepsTheFirstCallAndItsResult) {
+  detail::cupti::FirstFailure f;
+  EXPECT_FALSE(f.failed());
+  EXPECT_EQ(f.call(), nullptr);
+  f.record("cuptiPmSamplingStart", 7);
+  f.record("cuptiPmSamplingStop", 999);  // a consequence of the first
+  EXPECT_TRUE(f.failed());
+  EXPECT_STREQ(f.call(), "cuptiPmSamplingStart");
+  EXPECT_EQ(f.result(), 7);
+}
+
 // ---- which metric feeds which counter ----
 
 MetricCheck check(const std::string& counter, const std::string& name, bool selected) {

@@ -89,24 +89,6 @@ struct PmApi {
   }
 };
 
-// Calls that can fail after setup, named in status().
-enum class Call : int { kNone = 0, kStart, kStop, kDecode, kCounterDataInfo };
-const char* call_name(Call c) {
-  switch (c) {
-    case Call::kStart:
-      return "cuptiPmSamplingStart";
-    case Call::kStop:
-      return "cuptiPmSamplingStop";
-    case Call::kDecode:
-      return "cuptiPmSamplingDecodeData";
-    case Call::kCounterDataInfo:
-      return "cuptiPmSamplingGetCounterDataInfo";
-    case Call::kNone:
-      break;
-  }
-  return "";
-}
-
 class CuptiPmSampler final : public QueuedCounterSampler {
  public:
   CuptiPmSampler(const PmApi& api, const HostApi& host_api, Device device)
@@ -166,11 +148,10 @@ class CuptiPmSampler final : public QueuedCounterSampler {
   }
 
   std::string status() const override {
-    const auto call = static_cast<Call>(failed_call_.load(std::memory_order_acquire));
-    if (call != Call::kNone) {
-      const auto result = static_cast<CUptiResult>(failed_result_.load());
-      return unavailable_reason(call_name(call), result, host_api_.result_text(result)) + "; " +
-             device_.describe();
+    if (call_failure_.failed()) {
+      const auto result = static_cast<CUptiResult>(call_failure_.result());
+      return unavailable_reason(call_failure_.call(), result, host_api_.result_text(result)) +
+             "; " + device_.describe();
     }
     if (finished_.load()) return "finished (close); " + device_.describe() + ", " + chip_;
     return {};
@@ -313,27 +294,18 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     }
   }
 
-  void fail(Call call, CUptiResult r) noexcept {
-    int none = static_cast<int>(Call::kNone);
-    if (failed_call_.compare_exchange_strong(none, static_cast<int>(call))) {
-      failed_result_.store(static_cast<int>(r));
-    }
-  }
-  bool failed() const noexcept {
-    return failed_call_.load(std::memory_order_acquire) != static_cast<int>(Call::kNone);
-  }
-
   // With the object held: starts or stops; returns whether sampling runs afterwards.
   bool apply(bool run) noexcept {
     if (pm_ == nullptr) return false;
     if (run) {
-      if (failed()) return false;  // counters taken by another tool: do not keep trying
+      // counters taken by another tool: do not keep trying
+      if (call_failure_.failed()) return false;
       CUpti_PmSampling_Start_Params p{};
       p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Start_Params, pPmSamplingObject);
       p.pPmSamplingObject = pm_;
       const CUptiResult r = api_.start(&p);
       if (r != CUPTI_SUCCESS) {
-        fail(Call::kStart, r);
+        call_failure_.record("cuptiPmSamplingStart", r);
         return false;
       }
       has_records_ = true;
@@ -342,7 +314,8 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     CUpti_PmSampling_Stop_Params p{};
     p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Stop_Params, pPmSamplingObject);
     p.pPmSamplingObject = pm_;
-    if (const CUptiResult r = api_.stop(&p); r != CUPTI_SUCCESS) fail(Call::kStop, r);
+    if (const CUptiResult r = api_.stop(&p); r != CUPTI_SUCCESS)
+      call_failure_.record("cuptiPmSamplingStop", r);
     return false;
   }
 
@@ -431,7 +404,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
       return;
     }
     if (r != CUPTI_SUCCESS) {
-      fail(Call::kDecode, r);
+      call_failure_.record("cuptiPmSamplingDecodeData", r);
       if (handoff_.running()) handoff_.set_running(apply(false));
       has_records_ = false;
       return;
@@ -449,7 +422,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     info.pCounterDataImage = counter_data_.data();
     info.counterDataImageSize = counter_data_.size();
     if (const CUptiResult ri = api_.counter_data_info(&info); ri != CUPTI_SUCCESS) {
-      fail(Call::kCounterDataInfo, ri);
+      call_failure_.record("cuptiPmSamplingGetCounterDataInfo", ri);
       if (handoff_.running()) handoff_.set_running(apply(false));
       has_records_ = false;
       return;
@@ -487,8 +460,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
   StartStopHandoff handoff_;
   bool has_records_ = false;  // guarded by handoff_: started since the last full drain
 
-  std::atomic<int> failed_call_{static_cast<int>(Call::kNone)};
-  std::atomic<int> failed_result_{0};
+  FirstFailure call_failure_;  // the first CUPTI call that failed after setup
   std::mutex finish_mutex_;
   std::atomic<bool> finished_{false};
   PmFailure failure_ = PmFailure::kOther;

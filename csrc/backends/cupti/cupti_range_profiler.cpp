@@ -80,51 +80,6 @@ struct RangeApi {
   }
 };
 
-// Calls that can fail after the factory returned, named in status().
-enum class Call : int {
-  kNone = 0,
-  kEnable,
-  kCounterDataSize,
-  kCounterDataInitialize,
-  kSetConfig,
-  kStart,
-  kPush,
-  kPop,
-  kStop,
-  kDecode,
-  kCounterDataInfo,
-  kOutOfMemory,
-};
-const char* call_name(Call c) {
-  switch (c) {
-    case Call::kEnable:
-      return "cuptiRangeProfilerEnable";
-    case Call::kCounterDataSize:
-      return "cuptiRangeProfilerGetCounterDataSize";
-    case Call::kCounterDataInitialize:
-      return "cuptiRangeProfilerCounterDataImageInitialize";
-    case Call::kSetConfig:
-      return "cuptiRangeProfilerSetConfig";
-    case Call::kStart:
-      return "cuptiRangeProfilerStart";
-    case Call::kPush:
-      return "cuptiRangeProfilerPushRange";
-    case Call::kPop:
-      return "cuptiRangeProfilerPopRange";
-    case Call::kStop:
-      return "cuptiRangeProfilerStop";
-    case Call::kDecode:
-      return "cuptiRangeProfilerDecodeData";
-    case Call::kCounterDataInfo:
-      return "cuptiRangeProfilerGetCounterDataInfo";
-    case Call::kOutOfMemory:
-      return "allocating the counter data image";
-    case Call::kNone:
-      break;
-  }
-  return "";
-}
-
 class CuptiRangeProfiler final : public QueuedCounterSampler {
  public:
   CuptiRangeProfiler(const RangeApi& api, const HostApi& host_api, const cuda::Driver& driver,
@@ -233,11 +188,10 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
   }
 
   std::string status() const override {
-    const auto call = static_cast<Call>(failed_call_.load(std::memory_order_acquire));
-    if (call != Call::kNone) {
-      const auto result = static_cast<CUptiResult>(failed_result_.load());
-      return unavailable_reason(call_name(call), result, host_api_.result_text(result)) + "; " +
-             device_.describe();
+    if (call_failure_.failed()) {
+      const auto result = static_cast<CUptiResult>(call_failure_.result());
+      return unavailable_reason(call_failure_.call(), result, host_api_.result_text(result)) +
+             "; " + device_.describe();
     }
     if (!finished_.load()) return {};
     std::string s = "finished (close); " + device_.describe() + ", " + chip_;
@@ -274,13 +228,6 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
   }
   void leave() noexcept { in_step_call_.store(false); }
 
-  void fail(Call call, CUptiResult r) noexcept {
-    int none = static_cast<int>(Call::kNone);
-    if (failed_call_.compare_exchange_strong(none, static_cast<int>(call))) {
-      failed_result_.store(static_cast<int>(r));
-    }
-  }
-
   // Training thread, state kUnconfigured, `ctx` current and on the device: the object,
   // its counter data image and its config. On failure the state is kFailed.
   bool enable_on(cuda::CUcontext ctx) noexcept {
@@ -289,7 +236,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
         STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_RangeProfiler_Enable_Params, pRangeProfilerObject);
     p.ctx = reinterpret_cast<CUcontext>(ctx);
     if (const CUptiResult r = api_.enable(&p); r != CUPTI_SUCCESS) {
-      fail(Call::kEnable, r);
+      call_failure_.record("cuptiRangeProfilerEnable", r);
       set_state(PassState::kFailed);
       return false;
     }
@@ -305,14 +252,14 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     size.maxNumOfRanges = kMaxRangesPerPass;
     size.maxNumRangeTreeNodes = kMaxRangesPerPass;  // one level: a node per range
     if (const CUptiResult r = api_.counter_data_size(&size); r != CUPTI_SUCCESS) {
-      fail(Call::kCounterDataSize, r);
+      call_failure_.record("cuptiRangeProfilerGetCounterDataSize", r);
       set_state(PassState::kFailed);
       return false;
     }
     try {
       counter_data_.assign(size.counterDataSize, 0);
     } catch (...) {
-      fail(Call::kOutOfMemory, CUPTI_ERROR_OUT_OF_MEMORY);
+      call_failure_.record("allocating the counter data image", CUPTI_ERROR_OUT_OF_MEMORY);
       set_state(PassState::kFailed);
       return false;
     }
@@ -336,7 +283,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     init.counterDataSize = counter_data_.size();
     init.pCounterData = counter_data_.data();
     if (const CUptiResult r = api_.counter_data_initialize(&init); r != CUPTI_SUCCESS) {
-      fail(Call::kCounterDataInitialize, r);
+      call_failure_.record("cuptiRangeProfilerCounterDataImageInitialize", r);
       return false;
     }
     CUpti_RangeProfiler_SetConfig_Params p{};
@@ -355,7 +302,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     p.passIndex = 0;
     p.targetNestingLevel = 1;
     if (const CUptiResult r = api_.set_config(&p); r != CUPTI_SUCCESS) {
-      fail(Call::kSetConfig, r);
+      call_failure_.record("cuptiRangeProfilerSetConfig", r);
       return false;
     }
     return true;
@@ -372,7 +319,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
 
   bool start_pass() noexcept {
     if (const CUptiResult r = object_call(api_.start); r != CUPTI_SUCCESS) {
-      fail(Call::kStart, r);
+      call_failure_.record("cuptiRangeProfilerStart", r);
       set_state(PassState::kFailed);
       return false;
     }
@@ -392,7 +339,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     p.pRangeProfilerObject = object_;
     p.pRangeName = name;
     if (const CUptiResult r = api_.push(&p); r != CUPTI_SUCCESS) {
-      fail(Call::kPush, r);
+      call_failure_.record("cuptiRangeProfilerPushRange", r);
       set_state(PassState::kFailed);
       return;
     }
@@ -401,7 +348,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
 
   bool pop_range() noexcept {
     if (const CUptiResult r = object_call(api_.pop); r != CUPTI_SUCCESS) {
-      fail(Call::kPop, r);
+      call_failure_.record("cuptiRangeProfilerPopRange", r);
       set_state(PassState::kFailed);
       return false;
     }
@@ -415,7 +362,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_RangeProfiler_Stop_Params, isAllPassSubmitted);
     p.pRangeProfilerObject = object_;
     if (const CUptiResult r = api_.stop(&p); r != CUPTI_SUCCESS) {
-      fail(Call::kStop, r);
+      call_failure_.record("cuptiRangeProfilerStop", r);
       set_state(PassState::kFailed);
       return;
     }
@@ -445,7 +392,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
           STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_RangeProfiler_DecodeData_Params, numOfRangeDropped);
       d.pRangeProfilerObject = object_;
       if (const CUptiResult r = api_.decode(&d); r != CUPTI_SUCCESS) {
-        fail(Call::kDecode, r);
+        call_failure_.record("cuptiRangeProfilerDecodeData", r);
         ok = false;
       } else {
         lost += static_cast<std::int64_t>(d.numOfRangeDropped);
@@ -470,7 +417,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     info.pCounterDataImage = counter_data_.data();
     info.counterDataImageSize = counter_data_.size();
     if (const CUptiResult r = api_.counter_data_info(&info); r != CUPTI_SUCCESS) {
-      fail(Call::kCounterDataInfo, r);
+      call_failure_.record("cuptiRangeProfilerGetCounterDataInfo", r);
       return false;
     }
     for (std::size_t i = 0; i < info.numTotalRanges; ++i) {
@@ -534,8 +481,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
   char range_names_[kMaxRangesPerPass][kRangeNameSize] = {};
 
   std::atomic<std::int64_t> skipped_[5] = {};  // per Skip
-  std::atomic<int> failed_call_{static_cast<int>(Call::kNone)};
-  std::atomic<int> failed_result_{0};
+  FirstFailure call_failure_;                  // the first CUPTI call that failed after setup
   std::mutex finish_mutex_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> in_step_call_{false};

@@ -177,6 +177,26 @@ class SampleQueue {
 /// What both CUPTI samplers share: the metric behind each counter, the queue of decoded
 /// samples and the count of deliveries (CounterSampler's contract for take, deliveries
 /// and metric).
+/// The first CUPTI call that failed after setup (any thread), for status(): later
+/// failures are consequences of it.
+class FirstFailure {
+ public:
+  /// `call` names the failing step (a string literal).
+  void record(const char* call, int result) noexcept {
+    const char* none = nullptr;
+    if (call_.compare_exchange_strong(none, call, std::memory_order_acq_rel)) {
+      result_.store(result, std::memory_order_release);
+    }
+  }
+  bool failed() const noexcept { return call_.load(std::memory_order_acquire) != nullptr; }
+  const char* call() const noexcept { return call_.load(std::memory_order_acquire); }
+  int result() const noexcept { return result_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<const char*> call_{nullptr};
+  std::atomic<int> result_{0};
+};
+
 class QueuedCounterSampler : public CounterSampler {
  public:
   void take(std::vector<CounterSample>& out, std::int64_t* dropped, bool* overflow) override {
