@@ -4,22 +4,28 @@
 
 namespace steptrace::detail {
 
-std::string alert_json_line(const AlertEvent& e, int rank, std::int64_t unix_ns) {
+std::string alert_json_line(const AlertEvent& e, int rank) {
   nlohmann::ordered_json j;
-  j["kind"] = e.resolved ? "resolved" : "alert";
+  j["kind"] = e.resolved ? "resolved" : e.update ? "alert_update" : "alert";
   j["rank"] = rank;
   j["type"] = e.type;
   j["step"] = e.step;
   if (e.resolved) {
     j["first_step"] = e.first_step;
+    j["repeats"] = e.repeats;
     j["message"] = e.message;
+  } else if (e.update) {
+    j["alert_step"] = e.first_step;
+    j["phase"] = e.phase.empty() ? nullptr : nlohmann::ordered_json(e.phase);
+    j["message"] = e.message;
+    j["details"] = e.details;
   } else {
     j["value"] = e.value;
     j["baseline"] = e.baseline ? nlohmann::ordered_json(*e.baseline) : nullptr;
     j["threshold"] = e.threshold;
     j["phase"] = e.phase.empty() ? nullptr : nlohmann::ordered_json(e.phase);
     j["message"] = e.message;
-    j["unix_ns"] = unix_ns;
+    j["unix_ns"] = e.unix_ns;
     j["details"] = e.details;
   }
   // Replace, never throw, on odd bytes (e.g. in Python stacks).
@@ -30,7 +36,11 @@ void AlertLog::publish(const AlertEvent& event, const std::string& json_line) {
   std::function<void(const std::string&)> callback;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!event.resolved) ++counts_[event.type];
+    if (event.resolved) {
+      repeats_[event.type] += event.repeats;
+    } else if (!event.update) {
+      ++counts_[event.type];
+    }
     if (subscribed_) {  // also after close(): the final drain's alerts are delivered
       if (queue_.size() >= kMaxQueued) queue_.pop_front();
       queue_.push_back({SubscriberEvent::kAlert, json_line});
@@ -44,6 +54,11 @@ void AlertLog::publish(const AlertEvent& event, const std::string& json_line) {
 std::map<std::string, std::int64_t> AlertLog::counts() const {
   std::lock_guard<std::mutex> lock(mu_);
   return counts_;
+}
+
+std::map<std::string, std::int64_t> AlertLog::repeats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return repeats_;
 }
 
 void AlertLog::set_callback(std::function<void(const std::string&)> callback) {

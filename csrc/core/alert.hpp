@@ -15,12 +15,16 @@
 
 namespace steptrace::detail {
 
-/// One alert, or (resolved = true) the end of an alert's episode.
+/// One alert; or (resolved = true) the end of an alert's episode; or (update = true) a
+/// follow-up that adds what was found after the alert (the phase a leak grows in).
 struct AlertEvent {
   bool resolved = false;
+  bool update = false;
   std::string type;  // step_regression, stall, hang, memory_growth, ...
   std::int64_t step = 0;
-  std::int64_t first_step = 0;  // resolved: the step the episode began at
+  std::int64_t first_step = 0;  // resolved: the step the episode began at; update: the alert's
+  std::int64_t repeats = 0;     // resolved: further occurrences folded into the episode
+  std::int64_t unix_ns = 0;     // alert: when it happened (a step's end, the watchdog's poll)
   double value = 0;
   std::optional<double> baseline;
   double threshold = 0;
@@ -30,7 +34,7 @@ struct AlertEvent {
 };
 
 /// The record of an event as one JSON line with its newline.
-std::string alert_json_line(const AlertEvent& event, int rank, std::int64_t unix_ns);
+std::string alert_json_line(const AlertEvent& event, int rank);
 
 /// An event for subscribers: an alert/resolved record, or a request for the stacks of
 /// all Python threads (answered with answer_stacks).
@@ -45,8 +49,10 @@ class AlertLog {
   /// Counts the event and queues it for subscribers (when subscribed) and the callback.
   void publish(const AlertEvent& event, const std::string& json_line);
 
-  /// Alerts fired so far, by type.
+  /// Alerts fired so far (episodes), by type.
   std::map<std::string, std::int64_t> counts() const;
+  /// Occurrences folded into those episodes (from their resolved events), by type.
+  std::map<std::string, std::int64_t> repeats() const;
 
   void set_callback(std::function<void(const std::string&)> callback);
   /// From now on events are queued for wait_event (bounded: the oldest are dropped).
@@ -67,6 +73,7 @@ class AlertLog {
   std::condition_variable event_cv_;
   std::condition_variable answer_cv_;
   std::map<std::string, std::int64_t> counts_;
+  std::map<std::string, std::int64_t> repeats_;
   std::function<void(const std::string&)> callback_;
   std::deque<SubscriberEvent> queue_;
   bool subscribed_ = false;

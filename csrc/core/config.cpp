@@ -59,6 +59,15 @@ void Config::validate() const {
                   regression_min_steps, window);
   STEPTRACE_CHECK(min_history >= 2 && min_history <= window, ConfigError,
                   "min_history={} is out of range; allowed: 2..window ({})", min_history, window);
+  for (const auto& [name, value] : {std::pair<const char*, double>{"min_excess_ms", min_excess_ms},
+                                    {"stall_min_excess_ms", stall_min_excess_ms},
+                                    {"noise_sigmas", noise_sigmas},
+                                    {"regression_min_ms", regression_min_ms}}) {
+    STEPTRACE_CHECK(value >= 0.0 && value < 1e9, ConfigError,
+                    "{}={} is out of range; allowed: 0 or more (0 turns this part of the noise "
+                    "rule off)",
+                    name, value);
+  }
   STEPTRACE_CHECK(hang_threshold > 1.0, ConfigError,
                   "hang_threshold={} must be greater than 1 (a ratio to the median iteration)",
                   hang_threshold);

@@ -38,81 +38,174 @@ double median_of(std::vector<double> v) {
 
 // ---- step_regression / stall ----
 
+namespace {
+constexpr int kMaxRegressionSteps = 25;
+constexpr double kMadToSigma = 1.4826;  // MAD -> standard deviation, normal distribution
+
+double quantile_of(std::vector<double>& v, double q) {  // reorders v
+  if (v.empty()) return 0.0;
+  const auto k = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
+  const std::size_t idx = std::min(k, v.size() - 1);
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(idx), v.end());
+  return v[idx];
+}
+}  // namespace
+
 SlowStepDetector::SlowStepDetector(const Config& config, const PhaseNames& names)
     : config_(config),
       names_(names),
       iteration_(static_cast<std::size_t>(config.window)),
-      data_(static_cast<std::size_t>(config.window)) {}
+      data_(static_cast<std::size_t>(config.window)) {
+  scratch_.reserve(static_cast<std::size_t>(config.window));
+  pending_.reserve(
+      static_cast<std::size_t>(std::max(config.regression_min_steps, kMaxRegressionSteps)));
+}
+
+SlowStepDetector::Noise SlowStepDetector::window_noise() {
+  Noise n;
+  iteration_.copy_to(scratch_);
+  n.p95_ms = quantile_of(scratch_, 0.95);
+  const double median = iteration_.median();
+  for (double& v : scratch_) v = std::abs(v - median);
+  n.sigma_ms = kMadToSigma * median_of(scratch_);
+  return n;
+}
+
+int SlowStepDetector::regression_steps(double median_ms) const {
+  const int cap = std::max(config_.regression_min_steps, kMaxRegressionSteps);
+  const double by_time = median_ms > 0 ? std::ceil(config_.regression_min_ms / median_ms) : cap;
+  return static_cast<int>(std::clamp(by_time, static_cast<double>(config_.regression_min_steps),
+                                     static_cast<double>(cap)));
+}
+
+AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double iteration_ms,
+                                        double data_ms, double median, const Noise& noise) const {
+  // The phase (data included) that grew most, in ms, against its own median.
+  std::string grew = "data";
+  double grew_ms = data_ms, grew_median = data_.median();
+  double best = data_ms - grew_median;
+  for (std::uint16_t i = 0; i < r.phase_count; ++i) {
+    const auto id = r.phase_ids[i];
+    const double ms = static_cast<double>(r.phase_ns[i]) / kNsPerMs;
+    const double med = phases_[id] ? phases_[id]->median() : 0.0;
+    if (ms - med > best) {
+      best = ms - med;
+      grew = names_.name(id);
+      grew_ms = ms;
+      grew_median = med;
+    }
+  }
+  const bool stall = level == 2;
+  const double ratio_threshold = stall ? config_.stall_threshold : config_.regression_threshold;
+  const double min_excess = stall ? config_.stall_min_excess_ms : config_.min_excess_ms;
+  const double sigmas = stall ? 2.0 * config_.noise_sigmas : config_.noise_sigmas;
+  // The iteration time this step had to exceed: every part of the rule at once.
+  double limit =
+      std::max({ratio_threshold * median, median + min_excess, median + sigmas * noise.sigma_ms});
+  if (stall) limit = std::max(limit, config_.regression_threshold * noise.p95_ms);
+  const double ratio = iteration_ms / median;
+
+  AlertEvent a;
+  a.type = stall ? "stall" : "step_regression";
+  a.step = r.step;
+  a.value = iteration_ms;
+  a.baseline = median;
+  a.threshold = limit;
+  a.phase = grew;
+  a.message = fmt::format(
+      "step {} took {:.1f}x the trailing median ({:.2f} ms vs {:.2f} ms over {} steps, noise "
+      "{:.2f} ms, limit {:.2f} ms){}; {} grew most ({:.2f} ms vs its median {:.2f} ms): {}",
+      r.step, ratio, iteration_ms, median, iteration_.size(), noise.sigma_ms, limit,
+      slow_streak_ > 1 ? fmt::format(", slow since step {}", streak_start_) : "", grew, grew_ms,
+      grew_median, advice_for(grew));
+  a.details = {{"ratio", ratio},
+               {"ratio_threshold", ratio_threshold},
+               {"noise_ms", noise.sigma_ms},
+               {"noise_sigmas", sigmas},
+               {"min_excess_ms", min_excess},
+               {"window_p95_ms", noise.p95_ms},
+               {"phase_ms", grew_ms},
+               {"phase_median_ms", grew_median},
+               {"window_steps", iteration_.size()},
+               {"slow_steps_needed", stall ? 1 : regression_steps(median)},
+               {"slow_since_step", stall && level_ == 0 ? r.step : streak_start_}};
+  return a;
+}
+
+AlertEvent SlowStepDetector::episode_end(std::int64_t step, const char* why) const {
+  AlertEvent done;
+  done.resolved = true;
+  done.type = level_ == 2 ? "stall" : "step_regression";
+  done.step = step;
+  done.first_step = episode_start_;
+  done.repeats = std::max<std::int64_t>(episode_slow_steps_ - 1, 0);
+  done.message = fmt::format("{} ({} slow step{} from step {})", why, episode_slow_steps_,
+                             episode_slow_steps_ == 1 ? "" : "s", episode_start_);
+  return done;
+}
 
 void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out) {
   // Warmup steps and failed (partial) steps say nothing about steady-state speed.
   if (r.step < config_.warmup_steps || r.failed) return;
+  last_step_ = r.step;
   const double iteration_ms = static_cast<double>(r.data_ns + r.step_ns) / kNsPerMs;
   const double data_ms = static_cast<double>(r.data_ns) / kNsPerMs;
   if (phases_.size() < names_.size()) phases_.resize(names_.size());
 
-  if (iteration_.size() >= static_cast<std::size_t>(config_.min_history)) {
+  const bool judged = iteration_.size() >= static_cast<std::size_t>(config_.min_history);
+  bool slow = false;
+  if (judged) {
     const double median = iteration_.median();
-    const double ratio = median > 0 ? iteration_ms / median : 0.0;
-    const bool slow = ratio > config_.regression_threshold;
-    if (slow && slow_streak_++ == 0) streak_start_ = r.step;
-    if (!slow) slow_streak_ = 0;
-    const int level = ratio > config_.stall_threshold                        ? 2
-                      : slow && slow_streak_ >= config_.regression_min_steps ? 1
-                                                                             : 0;
+    const double excess = iteration_ms - median;
+    bool stall = false;
+    Noise noise;
+    // The cheap part of the rule first: the window's noise only for a step that may be slow.
+    if (median > 0 && iteration_ms > config_.regression_threshold * median &&
+        excess > config_.min_excess_ms) {
+      noise = window_noise();
+      slow = excess > config_.noise_sigmas * noise.sigma_ms;
+      stall = slow && iteration_ms > config_.stall_threshold * median &&
+              excess > std::max(config_.stall_min_excess_ms,
+                                2.0 * config_.noise_sigmas * noise.sigma_ms) &&
+              iteration_ms > config_.regression_threshold * noise.p95_ms;
+    }
+    if (slow) {
+      if (slow_streak_++ == 0) streak_start_ = r.step;
+    } else {
+      slow_streak_ = 0;
+    }
+    const int level = stall ? 2 : slow && slow_streak_ >= regression_steps(median) ? 1 : 0;
     if (level > level_) {  // a new episode, or a regression that became a stall
-      // The phase (data included) that grew most, in ms, against its own median.
-      std::string grew = "data";
-      double grew_ms = data_ms, grew_median = data_.median();
-      double best = data_ms - grew_median;
-      for (std::uint16_t i = 0; i < r.phase_count; ++i) {
-        const auto id = r.phase_ids[i];
-        const double ms = static_cast<double>(r.phase_ns[i]) / kNsPerMs;
-        const double med = phases_[id] ? phases_[id]->median() : 0.0;
-        if (ms - med > best) {
-          best = ms - med;
-          grew = names_.name(id);
-          grew_ms = ms;
-          grew_median = med;
-        }
+      out.push_back(slow_alert(r, level, iteration_ms, data_ms, median, noise));
+      if (level_ == 0) {
+        episode_start_ = level == 2 ? r.step : streak_start_;
+        episode_slow_steps_ = level == 2 ? 1 : slow_streak_;
+        excluded_ = 0;
+        pending_.clear();  // the streak that opened it stays out of the window
+      } else {
+        ++episode_slow_steps_;
       }
-      AlertEvent a;
-      a.type = level == 2 ? "stall" : "step_regression";
-      a.step = r.step;
-      a.value = iteration_ms;
-      a.baseline = median;
-      a.threshold = level == 2 ? config_.stall_threshold : config_.regression_threshold;
-      a.phase = grew;
-      a.message = fmt::format(
-          "step {} took {:.1f}x the trailing median ({:.2f} ms vs {:.2f} ms over {} steps){}; "
-          "{} grew most ({:.2f} ms vs its median {:.2f} ms): {}",
-          r.step, ratio, iteration_ms, median, iteration_.size(),
-          slow_streak_ > 1 ? fmt::format(", slow since step {}", streak_start_) : "", grew, grew_ms,
-          grew_median, advice_for(grew));
-      a.details = {{"ratio", ratio},
-                   {"phase_ms", grew_ms},
-                   {"phase_median_ms", grew_median},
-                   {"window_steps", iteration_.size()},
-                   {"slow_since_step", streak_start_}};
-      if (level_ == 0) episode_start_ = level == 2 ? r.step : streak_start_;
       level_ = level;
-      out.push_back(std::move(a));
-    } else if (!slow && level_ > 0) {
-      AlertEvent done;
-      done.resolved = true;
-      done.type = level_ == 2 ? "stall" : "step_regression";
-      done.step = r.step;
-      done.first_step = episode_start_;
-      done.message = fmt::format(
-          "step {} is back within {:.1f}x the trailing median ({} slow "
-          "steps from step {})",
-          r.step, config_.regression_threshold, r.step - episode_start_, episode_start_);
-      out.push_back(std::move(done));
+    } else if (level_ > 0 && slow) {
+      ++episode_slow_steps_;  // folded into the open episode
+    } else if (level_ > 0) {
+      out.push_back(episode_end(
+          r.step, fmt::format("step {} is back within the slow-step limit", r.step).c_str()));
       level_ = 0;
     }
   }
 
-  iteration_.push(iteration_ms);
+  // The window: a slow step waits outside it while its streak may still become an
+  // episode, and stays out while the episode is open (up to a window of steps).
+  if (!slow) {
+    for (double v : pending_) iteration_.push(v);  // the streak ended as noise
+    pending_.clear();
+    iteration_.push(iteration_ms);
+  } else if (level_ == 0) {
+    pending_.push_back(iteration_ms);
+  } else if (++excluded_ > config_.window) {
+    iteration_.push(iteration_ms);
+  }
   data_.push(data_ms);
   // Every phase seen so far gets a value each step (0 when it did not run).
   std::vector<bool>& present = present_;  // reused: no allocation per step
@@ -130,6 +223,12 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   }
 }
 
+void SlowStepDetector::finish(std::vector<AlertEvent>& out) {
+  if (level_ == 0) return;
+  out.push_back(episode_end(last_step_, "the run ended during the episode"));
+  level_ = 0;
+}
+
 // ---- memory_growth ----
 
 MemoryGrowthDetector::MemoryGrowthDetector(const Config& config, const PhaseNames& names,
@@ -139,68 +238,67 @@ MemoryGrowthDetector::MemoryGrowthDetector(const Config& config, const PhaseName
       host_limit_bytes_(host_limit_bytes),
       window_(static_cast<std::size_t>(config.window)) {}
 
-std::vector<double> MemoryGrowthDetector::ordered_window() const {
-  std::vector<double> ordered(count_);
+std::vector<MemoryGrowthDetector::Point> MemoryGrowthDetector::ordered_window() const {
+  std::vector<Point> ordered(count_);
   const std::size_t start = count_ < window_.size() ? 0 : next_;
   for (std::size_t i = 0; i < count_; ++i) ordered[i] = window_[(start + i) % window_.size()];
   return ordered;
 }
 
-// Rising: the medians of the window's four quarters each clearly above the one before,
+// Rising: the medians of the points' four quarters each clearly above the one before,
 // "clearly" meaning by more than 3 standard errors estimated from the quarters' own
-// spread (MAD). A linear leak passes even when tiny; a single jump (two plateaus) or
-// noise does not, since two of its three steps between quarters are noise.
-bool MemoryGrowthDetector::rising() const {
-  if (count_ < kMinTrendPoints) return false;
-  const std::vector<double> ordered = ordered_window();
-  const std::size_t q = count_ / 4;
-  constexpr double kMadToSigma = 1.4826;  // normal distribution
-  constexpr double kMedianSe = 1.2533;    // s.e. of a median / (sigma / sqrt(n))
+// spread (MAD), and steadily: the smallest of the three rises is at least a quarter of
+// the largest. A linear or periodic leak passes even when tiny; a single jump (two
+// plateaus), a jump followed by a slow creep, a cache warming up and noise do not.
+bool MemoryGrowthDetector::rising(const std::vector<Point>& points) {
+  if (points.size() < kMinTrendPoints) return false;
+  const std::size_t q = points.size() / 4;
+  const std::size_t first = points.size() - 4 * q;  // the newest 4q points
+  constexpr double kMedianSe = 1.2533;              // s.e. of a median / (sigma / sqrt(n))
   double prev_median = 0, prev_se = 0;
+  double smallest_rise = INFINITY, largest_rise = 0;
+  std::vector<double> quarter(q);
   for (std::size_t k = 0; k < 4; ++k) {
-    const auto first = ordered.begin() + static_cast<std::ptrdiff_t>(k * q);
-    std::vector<double> quarter(first, first + static_cast<std::ptrdiff_t>(q));
+    for (std::size_t i = 0; i < q; ++i) quarter[i] = points[first + k * q + i].value;
     const double m = median_of(quarter);
     for (double& v : quarter) v = std::abs(v - m);
     const double se =
         kMedianSe * kMadToSigma * median_of(quarter) / std::sqrt(static_cast<double>(q));
-    if (k > 0 &&
-        !(m - prev_median > 3.0 * std::sqrt(se * se + prev_se * prev_se) && m > prev_median)) {
-      return false;
+    if (k > 0) {
+      const double rise = m - prev_median;
+      if (!(rise > 3.0 * std::sqrt(se * se + prev_se * prev_se) && rise > 0)) return false;
+      smallest_rise = std::min(smallest_rise, rise);
+      largest_rise = std::max(largest_rise, rise);
     }
     prev_median = m;
     prev_se = se;
   }
-  return true;
+  return smallest_rise >= 0.25 * largest_rise;
 }
 
-double MemoryGrowthDetector::theil_sen_slope() const {
-  const std::vector<double> ordered = ordered_window();
+double MemoryGrowthDetector::theil_sen_slope(const std::vector<Point>& ordered) {
   std::vector<double> slopes;
-  slopes.reserve(count_ * (count_ - 1) / 2);
-  for (std::size_t i = 0; i < count_; ++i) {
-    for (std::size_t j = i + 1; j < count_; ++j) {
-      slopes.push_back((ordered[j] - ordered[i]) / static_cast<double>(j - i));
+  slopes.reserve(ordered.size() * (ordered.size() - 1) / 2);
+  for (std::size_t i = 0; i < ordered.size(); ++i) {
+    for (std::size_t j = i + 1; j < ordered.size(); ++j) {
+      const auto steps = static_cast<double>(ordered[j].step - ordered[i].step);
+      if (steps > 0) slopes.push_back((ordered[j].value - ordered[i].value) / steps);
     }
   }
   return median_of(std::move(slopes));
 }
 
-void MemoryGrowthDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out) {
-  if (r.step < config_.warmup_steps) return;
-  const bool allocator = r.memory.allocated_bytes >= 0;
-  const std::int64_t raw = allocator ? r.memory.allocated_bytes : r.memory.rss_bytes;
-  if (raw < 0) return;
-  const double value = static_cast<double>(raw);
-  if (baseline_steps_ < config_.min_history) {  // the peak of the first steps is the baseline
-    baseline_ = std::max(baseline_, value);
-    ++baseline_steps_;
-    return;
-  }
-  window_[next_] = value;
-  next_ = (next_ + 1) % window_.size();
-  count_ = std::min(count_ + 1, window_.size());
+void MemoryGrowthDetector::reset(Metric metric) {
+  metric_ = metric;
+  baseline_points_ = 0;
+  baseline_ = 0;
+  next_ = count_ = 0;
+  active_ = attributing_ = false;
+}
 
+// After the alert: sums what each phase retained over kAttributedSteps measured steps,
+// then names the phase that retained most in an update event.
+void MemoryGrowthDetector::attribute(const StepRecord& r, std::vector<AlertEvent>& out) {
   if (r.phase_memory) {
     if (phase_growth_.size() < names_.size()) phase_growth_.resize(names_.size(), 0.0);
     const auto retained = retained_by_phase(r);
@@ -209,6 +307,65 @@ void MemoryGrowthDetector::observe(const StepRecord& r, std::vector<AlertEvent>&
     }
     ++attributed_steps_;
   }
+  if (attributed_steps_ < kAttributedSteps) {
+    if (r.step - attribution_start_ > kMaxAttributionWait) attributing_ = false;  // none came
+    return;
+  }
+  attributing_ = false;
+  std::string phase;
+  double phase_bytes = 0, total_bytes = 0;
+  for (std::size_t id = 0; id < phase_growth_.size(); ++id) {
+    total_bytes += std::max(phase_growth_[id], 0.0);
+    if (phase_growth_[id] > phase_bytes) {
+      phase_bytes = phase_growth_[id];
+      phase = names_.name(static_cast<std::uint16_t>(id));
+    }
+  }
+  AlertEvent u;
+  u.update = true;
+  u.type = "memory_growth";
+  u.step = r.step;
+  u.first_step = episode_start_;
+  u.phase = phase;
+  u.message = phase.empty()
+                  ? fmt::format(
+                        "no phase kept memory over {} measured steps: the growth is outside "
+                        "the phases (between steps, or in other threads)",
+                        attributed_steps_)
+                  : fmt::format(
+                        "memory grows in phase {}: it kept {} per step over {} measured steps "
+                        "({:.0f}% of what the phases kept)",
+                        phase, mib(phase_bytes / attributed_steps_), attributed_steps_,
+                        total_bytes > 0 ? 100.0 * phase_bytes / total_bytes : 0.0);
+  u.details = {{"measured_steps", attributed_steps_},
+               {"phase_bytes_per_step", phase_bytes / attributed_steps_}};
+  out.push_back(std::move(u));
+}
+
+void MemoryGrowthDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out) {
+  if (r.step < config_.warmup_steps) return;
+  // Only figures measured at this step: a repeated (forward-filled) one flattens the trend.
+  Metric metric = kNone;
+  std::int64_t raw = -1;
+  if (r.memory.allocated_bytes >= 0) {
+    metric = kAllocated, raw = r.memory.allocated_bytes;
+  } else if (r.memory.heap_bytes >= 0) {
+    metric = kHeap, raw = r.memory.heap_bytes;
+  } else if (r.rss_fresh && r.memory.rss_bytes >= 0) {
+    metric = kRss, raw = r.memory.rss_bytes;
+  }
+  if (attributing_) attribute(r, out);
+  if (metric == kNone || metric < metric_) return;
+  if (metric > metric_) reset(metric);
+  const double value = static_cast<double>(raw);
+  if (baseline_points_ < config_.min_history) {  // the peak of the first steps is the baseline
+    baseline_ = std::max(baseline_, value);
+    ++baseline_points_;
+    return;
+  }
+  window_[next_] = {r.step, value};
+  next_ = (next_ + 1) % window_.size();
+  count_ = std::min(count_ + 1, window_.size());
 
   const double limit = baseline_ * (1.0 + config_.memory_growth_pct / 100.0);
   if (active_) {
@@ -222,35 +379,36 @@ void MemoryGrowthDetector::observe(const StepRecord& r, std::vector<AlertEvent>&
                                  config_.memory_growth_pct, mib(baseline_));
       out.push_back(std::move(done));
       active_ = false;
-      attributing_ = false;
     }
     return;
   }
-  // Per-phase measurements start at half the tolerance, so that they are there when the
-  // limit is crossed (the writer sees steps up to a flush interval late), and stop again
-  // below a quarter of it.
+  if (value <= limit) return;
+  // The trend over the newest 20 points, 50, and the whole window: a leak that began
+  // recently is seen as soon as the short scale shows it. Minimum evidence: the trend adds
+  // at least a quarter of the tolerance over the points it was found in.
+  const std::vector<Point> window = ordered_window();
   const double tolerance = limit - baseline_;
-  if (value > baseline_ + 0.5 * tolerance) attributing_ = true;
-  if (value < baseline_ + 0.25 * tolerance) attributing_ = false;
-  if (value <= limit) {
-    over_steps_ = 0;
-    return;
-  }
-  ++over_steps_;
-  if (!rising()) return;
-  if (attributed_steps_ < kMinAttributedSteps && over_steps_ < kMaxAttributionWait) return;
-
-  const double slope = theil_sen_slope();
-  if (slope <= 0) return;
-  std::string phase;
-  double phase_bytes = 0;
-  for (std::size_t id = 0; id < phase_growth_.size(); ++id) {
-    if (phase_growth_[id] > phase_bytes) {
-      phase_bytes = phase_growth_[id];
-      phase = names_.name(static_cast<std::uint16_t>(id));
+  double slope = 0;
+  std::size_t points = 0;
+  for (const std::size_t n : {kMinTrendPoints, std::size_t{50}, window.size()}) {
+    if (n > window.size()) break;
+    const std::vector<Point> recent(window.end() - static_cast<std::ptrdiff_t>(n), window.end());
+    if (!rising(recent)) continue;
+    const double s = theil_sen_slope(recent);
+    if (s > 0 &&
+        s * static_cast<double>(recent.back().step - recent.front().step) >= 0.25 * tolerance) {
+      slope = s;
+      points = n;
+      break;
     }
   }
-  const double total = allocator && r.memory.device_total_bytes > 0
+  if (points == 0) return;
+  const auto span = static_cast<double>(window.back().step - window[window.size() - points].step);
+
+  const char* metric_name = metric == kAllocated ? "allocated_bytes"
+                            : metric == kHeap    ? "heap_bytes"
+                                                 : "rss_bytes";
+  const double total = metric == kAllocated && r.memory.device_total_bytes > 0
                            ? static_cast<double>(r.memory.device_total_bytes)
                            : static_cast<double>(host_limit_bytes_);
   const double steps_left = total > value ? (total - value) / slope : -1.0;  // -1: unknown
@@ -260,64 +418,79 @@ void MemoryGrowthDetector::observe(const StepRecord& r, std::vector<AlertEvent>&
   a.step = r.step;
   a.value = value;
   a.baseline = baseline_;
-  a.threshold = 1.0 + config_.memory_growth_pct / 100.0;
-  a.phase = phase;
-  const char* metric = allocator ? "allocated_bytes" : "rss_bytes";
+  a.threshold = limit;
   a.message = fmt::format(
       "memory ({}) grew to {}, {:.1f}% above the {} of the first steps, rising {:.1f} "
-      "KiB/step{}{}: "
-      "look for tensors kept across steps (e.g. a loss appended to a list without .item())",
-      metric, mib(value), 100.0 * (value / baseline_ - 1.0), mib(baseline_), slope / 1024.0,
-      phase.empty() ? "" : fmt::format(", most of it in {}", phase),
-      steps_left >= 0 ? fmt::format("; full in about {:.0f} steps", steps_left) : "");
-  a.details = {{"metric", metric},
+      "KiB/step over the last {} measured steps{}: look for tensors kept across steps (e.g. "
+      "a loss appended to a list without .item()); the phase follows once measured",
+      metric_name, mib(value), 100.0 * (value / baseline_ - 1.0), mib(baseline_), slope / 1024.0,
+      points, steps_left >= 0 ? fmt::format("; full in about {:.0f} steps", steps_left) : "");
+  a.details = {{"metric", metric_name},
                {"bytes_per_step", slope},
+               {"growth_pct_threshold", config_.memory_growth_pct},
+               {"trend_points", points},
+               {"trend_steps", span},
                {"steps_until_full",
                 steps_left >= 0 ? nlohmann::ordered_json(steps_left) : nlohmann::ordered_json()},
-               {"limit_bytes", total},
-               {"phase_growth_bytes", phase_bytes}};
+               {"limit_bytes", total}};
   out.push_back(std::move(a));
   active_ = true;
   episode_start_ = r.step;
+  attributing_ = true;
+  attribution_start_ = r.step;
+  attributed_steps_ = 0;
+  phase_growth_.assign(names_.size(), 0.0);
 }
 
 // ---- hang ----
 
-std::optional<AlertEvent> HangDetector::check(std::int64_t now_ns, std::int64_t step,
-                                              std::int64_t start_ns, const std::string& phase,
-                                              double median_ms, bool history_ok) {
-  if (flagged_step_ >= 0 && step != flagged_step_) {  // the hung step finished
+std::optional<AlertEvent> HangDetector::check(const Poll& p) {
+  const double limit_s =
+      p.history_ok ? std::max(config_.hang_threshold * p.median_ms / 1e3, config_.hang_min_s)
+                   : config_.hang_floor_s;
+  const double elapsed_s = p.step >= 0 ? static_cast<double>(p.now_ns - p.start_ns) / 1e9 : 0.0;
+  if (active_) {
+    if (p.step >= 0 && p.step > last_hung_step_ && elapsed_s > limit_s) {
+      last_hung_step_ = p.step;  // another step over the limit: the same episode
+      ++hung_steps_;
+      return std::nullopt;
+    }
+    const double done_s = static_cast<double>(p.last_done_ns) / 1e9;
+    const bool recovered = p.last_done_step > last_hung_step_ && done_s <= limit_s;
+    if (!recovered && !p.closing) return std::nullopt;
     AlertEvent done;
     done.resolved = true;
     done.type = "hang";
-    done.step = flagged_step_;
-    done.first_step = flagged_step_;
-    done.message = fmt::format("step {} finished", flagged_step_);
-    flagged_step_ = -1;
+    done.step = last_hung_step_;
+    done.first_step = first_step_;
+    done.repeats = hung_steps_ - 1;
+    done.message = first_step_ == last_hung_step_
+                       ? fmt::format("step {} finished", first_step_)
+                       : fmt::format("steps {} to {} ran over the hang limit ({} of them)",
+                                     first_step_, last_hung_step_, hung_steps_);
+    active_ = false;
     return done;
   }
-  if (step < 0 || step == flagged_step_) return std::nullopt;
-  const double elapsed_s = static_cast<double>(now_ns - start_ns) / 1e9;
-  const double limit_s =
-      history_ok ? std::max(config_.hang_threshold * median_ms / 1e3, config_.hang_min_s)
-                 : config_.hang_floor_s;
-  if (elapsed_s <= limit_s) return std::nullopt;
-  flagged_step_ = step;
+  if (p.step < 0 || p.step <= last_hung_step_ || elapsed_s <= limit_s) return std::nullopt;
+  active_ = true;
+  first_step_ = last_hung_step_ = p.step;
+  hung_steps_ = 1;
   AlertEvent a;
   a.type = "hang";
-  a.step = step;
+  a.step = p.step;
   a.value = elapsed_s * 1e3;
-  if (history_ok) a.baseline = median_ms;
-  a.threshold = config_.hang_threshold;
-  a.phase = phase;
+  if (p.history_ok) a.baseline = p.median_ms;
+  a.threshold = limit_s * 1e3;
+  a.phase = p.phase;
   a.message = fmt::format(
       "step {} has been running for {:.1f} s{} (limit {:.1f} s{}) and may be hung: see "
       "details.stacks for where each thread is",
-      step, elapsed_s, phase.empty() ? "" : fmt::format(" in phase {}", phase), limit_s,
-      history_ok ? fmt::format(", {}x the median iteration of {:.2f} ms", config_.hang_threshold,
-                               median_ms)
-                 : " before enough history");
-  a.details = {{"elapsed_s", elapsed_s}, {"limit_s", limit_s}};
+      p.step, elapsed_s, p.phase.empty() ? "" : fmt::format(" in phase {}", p.phase), limit_s,
+      p.history_ok ? fmt::format(", {}x the median iteration of {:.2f} ms", config_.hang_threshold,
+                                 p.median_ms)
+                   : " before enough history");
+  a.details = {
+      {"elapsed_s", elapsed_s}, {"limit_s", limit_s}, {"hang_threshold", config_.hang_threshold}};
   return a;
 }
 

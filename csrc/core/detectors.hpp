@@ -16,39 +16,66 @@
 
 namespace steptrace::detail {
 
-/// step_regression: regression_min_steps consecutive iterations (data + step) over
-/// regression_threshold x the trailing median; stall: one iteration over stall_threshold
-/// x that median. Names the phase (data included) that grew most against its own median.
-/// One alert per episode (a regression may escalate to a stall), and a resolved event
-/// when iterations are normal again.
+/// step_regression and stall, judged on the iteration time (data + step) against the
+/// trailing window (its median m, its noise s = 1.4826 x MAD, its 95th percentile):
+///   slow:  it > regression_threshold x m  and  it - m > max(min_excess_ms, noise_sigmas x s)
+///   stall: slow, it > stall_threshold x m, it - m > max(stall_min_excess_ms,
+///          2 x noise_sigmas x s), and it > regression_threshold x p95
+///   step_regression: K slow steps in a row, K = max(regression_min_steps,
+///          ceil(regression_min_ms / m)) capped at 25 (or regression_min_steps if larger)
+/// One alert per episode (a regression may escalate to a stall); later slow steps are
+/// folded into it and counted in its resolved event, which comes at the first step that
+/// is not slow. Slow steps stay out of the window while an episode is open (at most a
+/// window of them: a lasting slowdown becomes the new normal). Names the phase (data
+/// included) that grew most against its own median.
 class SlowStepDetector {
  public:
   SlowStepDetector(const Config& config, const PhaseNames& names);
   void observe(const StepRecord& r, std::vector<AlertEvent>& out);
+  /// The run ended: resolves an episode still open.
+  void finish(std::vector<AlertEvent>& out);
   /// Median iteration time of the window (ms), and how many steps it holds.
   double median_iteration_ms() const { return iteration_.median(); }
   std::size_t history() const { return iteration_.size(); }
 
  private:
+  struct Noise {
+    double sigma_ms = 0;  // robust standard deviation of the window
+    double p95_ms = 0;
+  };
+  Noise window_noise();
+  int regression_steps(double median_ms) const;
+  AlertEvent slow_alert(const StepRecord& r, int level, double iteration_ms, double data_ms,
+                        double median, const Noise& noise) const;
+  AlertEvent episode_end(std::int64_t step, const char* why) const;
+
   const Config& config_;
   const PhaseNames& names_;
   RollingMedian iteration_;
   RollingMedian data_;
   std::vector<std::unique_ptr<RollingMedian>> phases_;  // by phase id, created when first seen
   std::vector<bool> present_;                           // scratch: phases in this step
-  int level_ = 0;  // 0 normal, 1 regression, 2 stall (highest alert of this episode)
+  std::vector<double> scratch_;                         // scratch: the window's values
+  std::vector<double> pending_;  // slow steps of a streak not (yet) an episode
+  int level_ = 0;                // 0 normal, 1 regression, 2 stall (highest alert of this episode)
   std::int64_t episode_start_ = 0;
-  int slow_streak_ = 0;  // consecutive steps over regression_threshold
+  std::int64_t episode_slow_steps_ = 0;
+  std::int64_t last_step_ = 0;
+  std::int64_t excluded_ = 0;  // slow steps of the open episode kept out of the window
+  int slow_streak_ = 0;        // consecutive slow steps
   std::int64_t streak_start_ = 0;
 };
 
-/// memory_growth: after warmup, memory (torch allocated, else RSS) more than
-/// memory_growth_pct above the peak of the first min_history steps, with a rising trend
-/// across the window (the medians of its four quarters each significantly above the
-/// last), is a leak; its rate is the Theil-Sen slope of the window.
+/// memory_growth: after warmup, memory (torch allocated bytes, else the C heap's in-use
+/// bytes, else RSS; only steps where it was freshly measured) more than
+/// memory_growth_pct above the peak of the first min_history measurements, with a
+/// steadily rising trend over the newest 20, 50 or `window` measurements (the medians of
+/// their four quarters each significantly above the last) that itself adds at least a
+/// quarter of the tolerance, is a leak; its rate is the Theil-Sen slope per step. The alert fires
+/// at once; the phase it grows in is measured afterwards and named in a follow-up (update) event.
 class MemoryGrowthDetector {
  public:
-  /// limit_bytes: memory of the device (or host) the metric fills; 0 if unknown.
+  /// limit_bytes: memory of the host the heap or RSS fills; 0 if unknown.
   MemoryGrowthDetector(const Config& config, const PhaseNames& names,
                        std::int64_t host_limit_bytes);
   void observe(const StepRecord& r, std::vector<AlertEvent>& out);
@@ -56,28 +83,35 @@ class MemoryGrowthDetector {
   bool wants_phase_memory() const { return attributing_; }
 
  private:
-  // Steps measured per phase before naming the phase; should none arrive, the alert
-  // fires without a phase after kMaxAttributionWait steps over the limit.
-  static constexpr int kMinAttributedSteps = 5;
-  static constexpr int kMaxAttributionWait = 200;
+  // Memory figures in order of preference; a better one appearing restarts the detector.
+  enum Metric { kNone = 0, kRss = 1, kHeap = 2, kAllocated = 3 };
+  static constexpr int kAttributedSteps = 5;        // steps measured per phase to name it
+  static constexpr int kMaxAttributionWait = 1000;  // steps to wait for them, at most
   static constexpr std::size_t kMinTrendPoints = 20;
-  std::vector<double> ordered_window() const;  // oldest first
-  bool rising() const;
-  double theil_sen_slope() const;
+  struct Point {
+    std::int64_t step;
+    double value;
+  };
+  std::vector<Point> ordered_window() const;  // oldest first
+  static bool rising(const std::vector<Point>& points);
+  static double theil_sen_slope(const std::vector<Point>& ordered);
+  void reset(Metric metric);
+  void attribute(const StepRecord& r, std::vector<AlertEvent>& out);
 
   const Config& config_;
   const PhaseNames& names_;
   std::int64_t host_limit_bytes_;
-  std::int64_t baseline_steps_ = 0;
+  Metric metric_ = kNone;
+  std::int64_t baseline_points_ = 0;
   double baseline_ = 0;
-  std::vector<double> window_;  // ring of the last `window` values
+  std::vector<Point> window_;  // ring of the last `window` measurements
   std::size_t next_ = 0;
   std::size_t count_ = 0;
-  bool attributing_ = false;
   bool active_ = false;
   std::int64_t episode_start_ = 0;
+  bool attributing_ = false;
+  std::int64_t attribution_start_ = 0;
   int attributed_steps_ = 0;
-  int over_steps_ = 0;                // steps above the limit in this suspicion
   std::vector<double> phase_growth_;  // bytes by phase id, summed while attributing
 };
 
@@ -117,18 +151,56 @@ class DeviceDiagnosisDetector {
 };
 
 /// hang: a step in flight longer than hang_threshold x the median iteration (at least
-/// hang_min_s; hang_floor_s while the history is short). One alert per hung step; a
-/// resolved event when that step ends.
+/// hang_min_s; hang_floor_s while the history is short). One alert per episode: further
+/// steps over the limit are folded into it, and it resolves once a later step finishes
+/// within the limit (or the run ends), counting them.
 class HangDetector {
  public:
   explicit HangDetector(const Config& config) : config_(config) {}
-  /// step < 0: no step in flight. phase: the innermost running phase, or empty.
-  std::optional<AlertEvent> check(std::int64_t now_ns, std::int64_t step, std::int64_t start_ns,
-                                  const std::string& phase, double median_ms, bool history_ok);
+  /// What the watchdog sees at one poll.
+  struct Poll {
+    std::int64_t now_ns = 0;
+    std::int64_t step = -1;  // the step in flight, or -1
+    std::int64_t start_ns = 0;
+    std::string phase;                 // its innermost running phase, or empty
+    std::int64_t last_done_step = -1;  // the last step that finished, and its host time
+    std::int64_t last_done_ns = 0;
+    double median_ms = 0;
+    bool history_ok = false;
+    bool closing = false;  // the run ends: resolve what is open
+  };
+  std::optional<AlertEvent> check(const Poll& p);
 
  private:
   const Config& config_;
-  std::int64_t flagged_step_ = -1;
+  bool active_ = false;
+  std::int64_t first_step_ = -1;
+  std::int64_t last_hung_step_ = -1;
+  std::int64_t hung_steps_ = 0;
+};
+
+/// The record detectors together, in the order the writer thread (and an offline
+/// replay) runs them on each step record. Events about a step carry its end as unix_ns.
+class RecordDetectors {
+ public:
+  RecordDetectors(const Config& config, const PhaseNames& names, std::int64_t host_limit_bytes)
+      : slow_(config, names), memory_(config, names, host_limit_bytes), device_(config) {}
+  void observe(const StepRecord& r, std::vector<AlertEvent>& out) {
+    const std::size_t first = out.size();
+    slow_.observe(r, out);
+    memory_.observe(r, out);
+    device_.observe(r, out);
+    for (std::size_t i = first; i < out.size(); ++i) out[i].unix_ns = r.start_unix_ns + r.host_ns;
+  }
+  /// The run ended: resolves the episodes still open that count repeats.
+  void finish(std::vector<AlertEvent>& out) { slow_.finish(out); }
+  const SlowStepDetector& slow() const { return slow_; }
+  const MemoryGrowthDetector& memory() const { return memory_; }
+
+ private:
+  SlowStepDetector slow_;
+  MemoryGrowthDetector memory_;
+  DeviceDiagnosisDetector device_;
 };
 
 }  // namespace steptrace::detail

@@ -1,9 +1,6 @@
 #include "steptrace/profiler.hpp"
 
 #include <fcntl.h>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +13,7 @@
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -25,6 +23,7 @@
 #include "detectors.hpp"
 #include "device_activity.hpp"
 #include "device_timing.hpp"
+#include "heap_sampler.hpp"
 #include "record_json.hpp"
 #include "step_record.hpp"
 #include "steptrace/error.hpp"
@@ -143,40 +142,43 @@ std::int64_t host_memory_bytes() {
 class DetectionStage final : public StepObserver {
  public:
   DetectionStage(const Config& config, const PhaseNames& names, AlertLog& alerts)
-      : config_(config),
-        alerts_(alerts),
-        slow_(config, names),
-        memory_(config, names, host_memory_bytes()),
-        device_(config) {}
+      : config_(config), alerts_(alerts), detectors_(config, names, host_memory_bytes()) {}
 
   void on_step(const StepRecord& r, fmt::memory_buffer& out) override {
     events_.clear();
-    slow_.observe(r, events_);
-    memory_.observe(r, events_);
-    device_.observe(r, events_);
-    for (const AlertEvent& e : events_) {
-      const std::string line = alert_json_line(e, config_.rank, unix_now_ns());
-      out.append(line.data(), line.data() + line.size());
-      alerts_.publish(e, line);
-    }
-    median_ms_.store(slow_.median_iteration_ms(), std::memory_order_relaxed);
-    history_ok_.store(slow_.history() >= static_cast<std::size_t>(config_.min_history),
+    detectors_.observe(r, events_);
+    publish(out);
+    median_ms_.store(detectors_.slow().median_iteration_ms(), std::memory_order_relaxed);
+    history_ok_.store(detectors_.slow().history() >= static_cast<std::size_t>(config_.min_history),
                       std::memory_order_relaxed);
-    phase_memory_.store(memory_.wants_phase_memory(), std::memory_order_relaxed);
+    phase_memory_.store(detectors_.memory().wants_phase_memory(), std::memory_order_relaxed);
+  }
+
+  void on_finish(fmt::memory_buffer& out) override {
+    events_.clear();
+    detectors_.finish(events_);
+    publish(out);
   }
 
   std::map<std::string, std::int64_t> alert_counts() const override { return alerts_.counts(); }
+  std::map<std::string, std::int64_t> alert_repeats() const override { return alerts_.repeats(); }
 
   double median_ms() const { return median_ms_.load(std::memory_order_relaxed); }
   bool history_ok() const { return history_ok_.load(std::memory_order_relaxed); }
   bool wants_phase_memory() const { return phase_memory_.load(std::memory_order_relaxed); }
 
  private:
+  void publish(fmt::memory_buffer& out) {
+    for (const AlertEvent& e : events_) {
+      const std::string line = alert_json_line(e, config_.rank);
+      out.append(line.data(), line.data() + line.size());
+      alerts_.publish(e, line);
+    }
+  }
+
   const Config& config_;
   AlertLog& alerts_;
-  SlowStepDetector slow_;
-  MemoryGrowthDetector memory_;
-  DeviceDiagnosisDetector device_;
+  RecordDetectors detectors_;
   std::vector<AlertEvent> events_;
   std::atomic<double> median_ms_{0.0};
   std::atomic<bool> history_ok_{false};
@@ -209,6 +211,7 @@ class ProfilerImpl {
     if (backends.memory_sources.empty() && config_.sample_rss) {
       if (auto rss = make_rss_source()) backends.memory_sources.push_back(std::move(rss));
     }
+    if (config_.sample_heap && HeapSampler::available()) heap_.emplace(config_);
     memory_sources_ = std::move(backends.memory_sources);
     setup_device_activity(backends, info.external_profiler_active);
     source_samples_.resize(memory_sources_.size());
@@ -252,7 +255,7 @@ class ProfilerImpl {
     on_device_ = device_ && device_->usable();
     const std::int64_t now = clock_->now_ns();
     current_.step = step_index_++;
-    current_.start_unix_ns = start_unix_ns_ + (now - start_ns_);
+    current_.start_unix_ns = unix_ns_at(now);
     current_.data_ns = data_wrapped_ ? data_accum_ns_
                                      : (last_step_end_ns_ == kUnset ? 0 : now - last_step_end_ns_);
     current_.phase_count = 0;
@@ -290,14 +293,17 @@ class ProfilerImpl {
     current_.step_ns = now - step_start_ns_;
     current_.host_ns = current_.step_ns;
     current_.failed = failed;
+    current_.rss_fresh = false;
     for (std::size_t i = 0; i < memory_sources_.size(); ++i) {
       if (now - source_sampled_ns_[i] >= memory_sources_[i]->min_interval_ns()) {
         source_samples_[i] = MemorySample{};
         memory_sources_[i]->sample(source_samples_[i]);
         source_sampled_ns_[i] = now;
+        current_.rss_fresh = current_.rss_fresh || source_samples_[i].rss_bytes >= 0;
       }
       merge(current_.memory, source_samples_[i]);
     }
+    if (heap_) heap_->sample(current_.step, now, current_.memory);
     merge(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
     if (current_.activity_begin_ns >= 0) {
@@ -315,12 +321,15 @@ class ProfilerImpl {
       *writer_->begin_step_record() = current_;
       writer_->commit_step_record();
     }
-    last_step_end_ns_ = now;
+    // The next step's data wait starts here, after the bookkeeping above (memory reads).
+    last_step_end_ns_ = clock_->now_ns();
     data_accum_ns_ = 0;
     data_wrapped_ = false;
     in_step_ = false;
     active_depth_ = 0;
     inflight_phase_.store(-1, std::memory_order_relaxed);
+    last_done_ns_.store(current_.host_ns, std::memory_order_relaxed);
+    last_done_step_.store(current_.step, std::memory_order_relaxed);
     inflight_step_.store(-1, std::memory_order_release);
   }
 
@@ -387,17 +396,18 @@ class ProfilerImpl {
   void close(EndReason reason, std::string_view error) {
     if (closed_) return;
     if (in_step_) end_step(/*failed=*/true);
-    const std::int64_t now = clock_->now_ns();
-    RunEnd end;
-    end.reason = reason_name(reason);
-    end.error = std::string(error);
-    end.end_unix_ns = start_unix_ns_ + (now - start_ns_);
-    end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
     if (device_) {
       device_->drain(*writer_);  // the one synchronization of the run
       report_device_failure();
     }
     stop_watchdog();
+    // After everything that stamps an alert: no record is later than run_end.
+    const std::int64_t now = clock_->now_ns();
+    RunEnd end;
+    end.reason = reason_name(reason);
+    end.error = std::string(error);
+    end.end_unix_ns = unix_ns_at(now);
+    end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
     writer_->close(end);
     closed_ = true;
     alerts_.finish();
@@ -421,6 +431,11 @@ class ProfilerImpl {
   const Config& config() const noexcept { return config_; }
 
  private:
+  // Unix time of a reading of clock_, on the run's one mapping (set at the start).
+  std::int64_t unix_ns_at(std::int64_t clock_ns) const noexcept {
+    return start_unix_ns_ + (clock_ns - start_ns_);
+  }
+
   void check_open() const {
     STEPTRACE_CHECK(!closed_, UsageError, "the profiler is closed; create a new one");
   }
@@ -521,25 +536,23 @@ class ProfilerImpl {
         "the host clock",
         a.step, device_->failure());
     a.details = {{"reason", device_->failure()}};
-    const std::string line = alert_json_line(a, config_.rank, unix_now_ns());
+    a.unix_ns = unix_ns_at(clock_->now_ns());
+    const std::string line = alert_json_line(a, config_.rank);
     writer_->push_line_now(line);
     alerts_.publish(a, line);
   }
 
-  // The level phase attribution follows: the torch allocator's live bytes when a source
-  // gives them, else the C heap's in-use bytes. RSS would not do: the heap rarely gives
-  // memory back, so RSS rises where the high-water mark is crossed, not where a leak is.
+  // The level phase attribution follows (only for a few steps after a memory_growth
+  // alert): the first source's live bytes, the torch allocator's before the C heap's.
+  // RSS would not do: the heap rarely gives memory back, so RSS rises where the
+  // high-water mark is crossed, not where a leak is.
   std::int64_t attribution_level() noexcept {
     for (auto& source : memory_sources_) {
       const std::int64_t live = source->live_bytes();
       if (live >= 0) return live;
     }
-#if defined(__GLIBC__)
-    const struct mallinfo2 m = mallinfo2();
-    return static_cast<std::int64_t>(m.uordblks + m.hblkhd);
-#else
-    return 0;  // no heap figure: every phase retains nothing
-#endif
+    if (heap_) return HeapSampler::read();
+    return 0;  // no live figure: every phase retains nothing
   }
 
   void watchdog_loop() {
@@ -549,20 +562,27 @@ class ProfilerImpl {
       watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watchdog_stop_; });
       last = watchdog_stop_;  // one more check at close: a hang resolved just before it
       lock.unlock();
-      const std::int64_t step = inflight_step_.load(std::memory_order_acquire);
-      const std::int64_t start = inflight_start_ns_.load(std::memory_order_relaxed);
+      HangDetector::Poll poll;
+      poll.step = inflight_step_.load(std::memory_order_acquire);
+      poll.start_ns = inflight_start_ns_.load(std::memory_order_relaxed);
       const int phase = inflight_phase_.load(std::memory_order_relaxed);
-      auto event = hang.check(clock_->now_ns(), step, start,
-                              phase >= 0 ? names_.name(static_cast<PhaseId>(phase)) : std::string(),
-                              detection_->median_ms(), detection_->history_ok());
+      if (phase >= 0) poll.phase = names_.name(static_cast<PhaseId>(phase));
+      poll.last_done_step = last_done_step_.load(std::memory_order_relaxed);
+      poll.last_done_ns = last_done_ns_.load(std::memory_order_relaxed);
+      poll.median_ms = detection_->median_ms();
+      poll.history_ok = detection_->history_ok();
+      poll.closing = last;
+      poll.now_ns = clock_->now_ns();
+      auto event = hang.check(poll);
       if (event) {
+        event->unix_ns = unix_ns_at(poll.now_ns);
         if (!event->resolved) {
           // Where every thread is, from Python when it answers within 2 s.
           std::string stacks = alerts_.request_stacks(2000);
           event->details["stacks"] =
               stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(stacks);
         }
-        const std::string line = alert_json_line(*event, config_.rank, unix_now_ns());
+        const std::string line = alert_json_line(*event, config_.rank);
         writer_->push_line_now(line);
         alerts_.publish(*event, line);
       }
@@ -588,6 +608,7 @@ class ProfilerImpl {
     take(into.reserved_bytes, from.reserved_bytes);
     take(into.peak_bytes, from.peak_bytes);
     take(into.rss_bytes, from.rss_bytes);
+    take(into.heap_bytes, from.heap_bytes);
     take(into.device_used_bytes, from.device_used_bytes);
     take(into.device_total_bytes, from.device_total_bytes);
   }
@@ -617,8 +638,14 @@ class ProfilerImpl {
     for (const auto& [key, value] : info.versions) versions[key] = value;
     ordered_json memory_active = ordered_json::array();
     for (const auto& source : memory_sources_) memory_active.push_back(source->name());
+    if (heap_) memory_active.push_back("heap");
     ordered_json memory_unavailable = ordered_json::object();
     if (!config_.sample_rss) memory_unavailable["rss"] = "disabled by sample_rss=false";
+    if (!config_.sample_heap) {
+      memory_unavailable["heap"] = "disabled by sample_heap=false";
+    } else if (!heap_) {
+      memory_unavailable["heap"] = "the C library has no mallinfo2 (not glibc)";
+    }
     const ordered_json record = {
         {"kind", "run_start"},
         {"schema", "steptrace/1"},
@@ -637,6 +664,7 @@ class ProfilerImpl {
           {"flush_interval_ms", config_.flush_interval_ms},
           {"queue_capacity", config_.queue_capacity},
           {"sample_rss", config_.sample_rss},
+          {"sample_heap", config_.sample_heap},
           {"clock", config_.clock},
           {"max_inflight_steps", config_.max_inflight_steps},
           {"window", config_.window},
@@ -645,6 +673,10 @@ class ProfilerImpl {
           {"stall_threshold", config_.stall_threshold},
           {"regression_min_steps", config_.regression_min_steps},
           {"min_history", config_.min_history},
+          {"min_excess_ms", config_.min_excess_ms},
+          {"stall_min_excess_ms", config_.stall_min_excess_ms},
+          {"noise_sigmas", config_.noise_sigmas},
+          {"regression_min_ms", config_.regression_min_ms},
           {"detect", config_.detect},
           {"hang_threshold", config_.hang_threshold},
           {"hang_min_s", config_.hang_min_s},
@@ -674,6 +706,7 @@ class ProfilerImpl {
   Config config_;
   std::unique_ptr<Clock> clock_;
   std::vector<std::unique_ptr<MemorySource>> memory_sources_;
+  std::optional<HeapSampler> heap_;              // the C heap, when sample_heap
   std::vector<MemorySample> source_samples_;     // each source's last figures
   std::vector<std::int64_t> source_sampled_ns_;  // and when they were taken
   PhaseNames names_;
@@ -702,6 +735,8 @@ class ProfilerImpl {
   std::atomic<std::int64_t> inflight_step_{-1};
   std::atomic<std::int64_t> inflight_start_ns_{0};
   std::atomic<int> inflight_phase_{-1};
+  std::atomic<std::int64_t> last_done_step_{-1};  // the last step that ended, and its host time
+  std::atomic<std::int64_t> last_done_ns_{0};
 
   std::unique_ptr<StreamSource> stream_source_;
   std::unique_ptr<DeviceTiming> device_;

@@ -30,6 +30,7 @@ void append_memory(fmt::memory_buffer& out, const MemorySample& m) {
   field("reserved_bytes", m.reserved_bytes);
   field("peak_bytes", m.peak_bytes);
   field("rss_bytes", m.rss_bytes);
+  field("heap_bytes", m.heap_bytes);
   field("device_used_bytes", m.device_used_bytes);
   field("device_total_bytes", m.device_total_bytes);
   out.push_back('}');
@@ -169,14 +170,21 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
                  "\"end_unix_ns\":{},\"steps\":{},\"error_steps\":{},\"wall_s\":{:.3f},"
                  "\"writer_waits\":{},\"alerts\":{{",
                  end.end_unix_ns, totals.steps, totals.error_steps, end.wall_s, end.writer_waits);
-  bool first_alert = true;
-  for (const auto& [type, count] : end.alerts) {
-    if (!first_alert) out.push_back(',');
-    first_alert = false;
-    append_json_string(out, type);
-    fmt::format_to(it, ":{}", count);
+  auto append_counts = [&](const std::map<std::string, std::int64_t>& counts) {
+    bool first_entry = true;
+    for (const auto& [type, count] : counts) {
+      if (!first_entry) out.push_back(',');
+      first_entry = false;
+      append_json_string(out, type);
+      fmt::format_to(it, ":{}", count);
+    }
+    out.append(std::string_view("},"));
+  };
+  append_counts(end.alerts);
+  if (!end.alert_repeats.empty()) {
+    out.append(std::string_view("\"alert_repeats\":{"));
+    append_counts(end.alert_repeats);
   }
-  out.append(std::string_view("},"));
   if (!end.extra_fields.empty()) {
     out.append(end.extra_fields);
     out.push_back(',');

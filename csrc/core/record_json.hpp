@@ -33,7 +33,8 @@ struct RunEnd {
   std::int64_t end_unix_ns = 0;
   double wall_s = 0;
   std::int64_t writer_waits = 0;
-  std::map<std::string, std::int64_t> alerts;  // alerts fired, by type
+  std::map<std::string, std::int64_t> alerts;         // alert episodes, by type
+  std::map<std::string, std::int64_t> alert_repeats;  // occurrences folded into them
   std::string extra_fields;  // more members (`"key":value,...`), e.g. device activity totals
 };
 

@@ -36,6 +36,11 @@ class RollingMedian {
   std::size_t size() const noexcept { return count_; }
   std::size_t capacity() const noexcept { return capacity_; }
 
+  /// The window's values, in no particular order, into `out` (replacing its contents).
+  void copy_to(std::vector<double>& out) const {
+    out.assign(values_.begin(), values_.begin() + static_cast<std::ptrdiff_t>(count_));
+  }
+
   /// Median of the window (mean of the two middle values for an even count); 0 if empty.
   double median() const noexcept {
     if (lower_.empty()) return 0.0;

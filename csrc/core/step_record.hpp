@@ -44,6 +44,7 @@ struct StepRecord {
   std::int64_t data_ns = 0;  // host
   std::int64_t host_ns = 0;  // host wall time of the step
   MemorySample memory;
+  bool rss_fresh = false;  // rss_bytes was read at this step (else repeated from an earlier one)
   bool failed = false;
   bool device_clock = false;  // true: phase_ns are CUDA-event times, host_phase_ns host
   bool waited = false;        // the profiler waited for the device before this record

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <tuple>
 
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "steptrace/error.hpp"
 #include "steptrace/metrics.hpp"
 #include "steptrace/profiler.hpp"
+#include "steptrace/replay.hpp"
 
 namespace py = pybind11;
 using steptrace::PhaseId;
@@ -68,6 +70,33 @@ struct StepScope {
     }
     profiler->end_step(failed);
   }
+};
+
+// The torch CUDA allocator's live bytes from Python (torch.cuda.memory_allocated), for
+// attributing memory growth to phases: called at phase boundaries only during the few
+// steps measured after a memory_growth alert, on the training thread (which holds the GIL
+// there; acquiring it again is cheap and makes other callers safe).
+class PyLiveBytesSource final : public steptrace::MemorySource {
+ public:
+  explicit PyLiveBytesSource(py::object live) : live_(std::move(live)) {}
+  ~PyLiveBytesSource() override {
+    py::gil_scoped_acquire gil;
+    live_ = py::object();
+  }
+  const char* name() const noexcept override { return "torch_cuda_allocator"; }
+  void sample(steptrace::MemorySample& /*out*/) noexcept override {}  // the step hook does it
+  std::int64_t live_bytes() noexcept override {
+    try {
+      py::gil_scoped_acquire gil;
+      const py::object v = live_();
+      return v.is_none() ? -1 : v.cast<std::int64_t>();
+    } catch (...) {
+      return -1;
+    }
+  }
+
+ private:
+  py::object live_;
 };
 
 // The classes of steptrace.errors, set at import (each also a ValueError/RuntimeError).
@@ -181,11 +210,18 @@ py::object make_step_scope(const StepScope& scope);
 class PyProfiler {
  public:
   PyProfiler(steptrace::Config config, const std::map<std::string, std::string>& versions,
-             bool fake_device, bool external_profiler) {
+             bool fake_device, bool external_profiler, py::object live_bytes) {
     steptrace::RunInfo info;
     for (const auto& [k, v] : versions) info.versions.emplace_back(k, v);
     info.external_profiler_active = external_profiler;
     steptrace::Backends backends;
+    if (!live_bytes.is_none()) {  // first: attribution takes the first live figure
+      backends.memory_sources.push_back(std::make_unique<PyLiveBytesSource>(std::move(live_bytes)));
+      if (config.sample_rss) {  // a given list replaces the default RSS source: keep it
+        if (auto rss = steptrace::make_rss_source())
+          backends.memory_sources.push_back(std::move(rss));
+      }
+    }
     if (fake_device) {  // tests: the device-activity path with fakes on the host clock
       auto activity = std::make_unique<steptrace::fake::FakeKernelActivity>();
       auto sampler = std::make_unique<steptrace::fake::FakeCounterSampler>();
@@ -502,6 +538,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("flush_interval_ms", &steptrace::Config::flush_interval_ms)
       .def_readwrite("queue_capacity", &steptrace::Config::queue_capacity)
       .def_readwrite("sample_rss", &steptrace::Config::sample_rss)
+      .def_readwrite("sample_heap", &steptrace::Config::sample_heap)
       .def_readwrite("clock", &steptrace::Config::clock)
       .def_readwrite("max_inflight_steps", &steptrace::Config::max_inflight_steps)
       .def_readwrite("window", &steptrace::Config::window)
@@ -510,6 +547,10 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("stall_threshold", &steptrace::Config::stall_threshold)
       .def_readwrite("regression_min_steps", &steptrace::Config::regression_min_steps)
       .def_readwrite("min_history", &steptrace::Config::min_history)
+      .def_readwrite("min_excess_ms", &steptrace::Config::min_excess_ms)
+      .def_readwrite("stall_min_excess_ms", &steptrace::Config::stall_min_excess_ms)
+      .def_readwrite("noise_sigmas", &steptrace::Config::noise_sigmas)
+      .def_readwrite("regression_min_ms", &steptrace::Config::regression_min_ms)
       .def_readwrite("detect", &steptrace::Config::detect)
       .def_readwrite("hang_threshold", &steptrace::Config::hang_threshold)
       .def_readwrite("hang_min_s", &steptrace::Config::hang_min_s)
@@ -534,9 +575,11 @@ PYBIND11_MODULE(_core, m) {
   init_data_iterator_type();
 
   py::class_<PyProfiler>(m, "Profiler")
-      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool, bool>(),
+      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool, bool,
+                    py::object>(),
            py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{},
-           py::arg("fake_device") = false, py::arg("external_profiler") = false)
+           py::arg("fake_device") = false, py::arg("external_profiler") = false,
+           py::arg("live_bytes") = py::none())
       .def("fake_device_work", &PyProfiler::fake_device_work, py::arg("kernels"),
            py::arg("counters") = std::vector<double>{},
            "Tests: kernels (name, work, ms) and counter values for the step in progress")
@@ -629,6 +672,35 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("config", [](PyProfiler& p) { return p.core().config(); });
 
   m.def("version", &steptrace::version);
+  using ReplayTuple =
+      std::tuple<std::int64_t, std::int64_t, double, double, bool,
+                 std::vector<std::pair<std::string, double>>, std::array<std::int64_t, 7>, bool>;
+  m.def(
+      "replay_detectors",
+      [](const steptrace::Config& config, const std::vector<ReplayTuple>& steps) {
+        std::vector<steptrace::ReplayStep> in;
+        in.reserve(steps.size());
+        for (const auto& t : steps) {
+          steptrace::ReplayStep s;
+          std::tie(s.step, s.start_unix_ns, s.data_ms, s.step_ms, s.failed, s.phases_ms,
+                   std::ignore, s.rss_fresh) = t;
+          const auto& m = std::get<6>(t);
+          s.memory.allocated_bytes = m[0];
+          s.memory.reserved_bytes = m[1];
+          s.memory.peak_bytes = m[2];
+          s.memory.rss_bytes = m[3];
+          s.memory.heap_bytes = m[4];
+          s.memory.device_used_bytes = m[5];
+          s.memory.device_total_bytes = m[6];
+          in.push_back(std::move(s));
+        }
+        py::gil_scoped_release release;
+        return steptrace::replay_detectors(config, in);
+      },
+      py::arg("config"), py::arg("steps"),
+      "The record detectors over steps (step, start_unix_ns, data_ms, step_ms, failed, "
+      "[(phase, ms)], (allocated, reserved, peak, rss, heap, device_used, device_total) bytes "
+      "or -1, rss_fresh): their records as JSON lines");
   m.def(
       "check_metric_set",
       [](const std::string& chip, const std::string& mode,

@@ -89,7 +89,11 @@ void JsonlWriter::close(const RunEnd& end) {
   RunEnd final_end = end;
   if (completer_ != nullptr) final_end.extra_fields = completer_->run_end_fields();
   final_end.writer_waits = waits();
-  if (observer_ != nullptr) final_end.alerts = observer_->alert_counts();
+  if (observer_ != nullptr) {
+    observer_->on_finish(buf_);
+    final_end.alerts = observer_->alert_counts();
+    final_end.alert_repeats = observer_->alert_repeats();
+  }
   append_run_end_json(buf_, final_end, totals_, rank_, names_);
   write_buffer();
   ::fsync(fd_);

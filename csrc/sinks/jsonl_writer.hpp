@@ -27,7 +27,10 @@ class StepObserver {
  public:
   virtual ~StepObserver() = default;
   virtual void on_step(const StepRecord& record, fmt::memory_buffer& out) = 0;
+  /// After the last step record, before run_end: may append lines (episodes it closes).
+  virtual void on_finish(fmt::memory_buffer& /*out*/) {}
   virtual std::map<std::string, std::int64_t> alert_counts() const = 0;
+  virtual std::map<std::string, std::int64_t> alert_repeats() const { return {}; }
 };
 
 class JsonlWriter {

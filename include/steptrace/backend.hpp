@@ -26,6 +26,7 @@ struct MemorySample {
   std::int64_t reserved_bytes = -1;      // torch allocator: held from the device
   std::int64_t peak_bytes = -1;          // torch allocator: peak since the last step
   std::int64_t rss_bytes = -1;           // process resident set size
+  std::int64_t heap_bytes = -1;          // C heap in use (glibc mallinfo2), on steps it was read
   std::int64_t device_used_bytes = -1;   // device-wide used memory (all processes)
   std::int64_t device_total_bytes = -1;  // device memory size
 };

@@ -29,8 +29,12 @@ struct STEPTRACE_API Config {
   int flush_interval_ms = 100;
   /// Step records buffered between the training thread and the writer (bounded memory).
   int queue_capacity = 4096;
-  /// Sample the process resident set size at the end of every step.
+  /// Sample the process resident set size at the end of every step (at most every 10 ms).
   bool sample_rss = true;
+  /// Read the C heap's in-use bytes (glibc mallinfo2) at the end of steps: the CPU
+  /// memory-growth signal. Its cost grows with the heap's free chunks, so it is read at
+  /// most every k-th step, k chosen to keep the reads under 1% of the step time.
+  bool sample_heap = true;
   /// Timer: "auto" (CUDA events when a CUDA stream is set and the driver works, else the
   /// host clock), "host", or "cuda" (CUDA events, or ConfigError when unavailable).
   std::string clock = "auto";
@@ -47,6 +51,17 @@ struct STEPTRACE_API Config {
   int regression_min_steps = 3;
   /// Completed steps (after warmup) needed before a step can be called slow.
   int min_history = 10;
+  /// Noise rule: a step counts as slow only when its excess over the median is also
+  /// above min_excess_ms and above noise_sigmas robust standard deviations of the window
+  /// (1.4826 x its median absolute deviation); a stall needs stall_min_excess_ms, twice
+  /// noise_sigmas, and regression_threshold x the window's 95th percentile too.
+  double min_excess_ms = 2.0;
+  double stall_min_excess_ms = 20.0;
+  double noise_sigmas = 3.0;
+  /// A regression lasts at least regression_min_ms of baseline time: it needs
+  /// max(regression_min_steps, ceil(regression_min_ms / median)) slow steps in a row,
+  /// at most 25 (or regression_min_steps when that is larger).
+  double regression_min_ms = 20.0;
   /// Run the detectors (regression, stall, memory growth) and the hang watchdog.
   bool detect = true;
   /// Hang: a step still running after hang_threshold x the median iteration time, and

@@ -5,3 +5,4 @@
 #include "steptrace/config.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/profiler.hpp"
+#include "steptrace/replay.hpp"

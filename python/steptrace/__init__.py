@@ -21,7 +21,8 @@ except Exception:  # running from a source tree without an install
     __version__ = "0.1.0"
 SCHEMA = "steptrace/1"
 
-_LAZY = {"Profiler": "steptrace.profiler", "load": "steptrace.analysis", "Run": "steptrace.analysis"}
+_LAZY = {"Profiler": "steptrace.profiler", "load": "steptrace.analysis", "Run": "steptrace.analysis",
+         "detect": "steptrace.replay"}
 
 
 def __getattr__(name: str):  # PEP 562: load the extension only when the profiler is used
@@ -37,6 +38,7 @@ def __getattr__(name: str):  # PEP 562: load the extension only when the profile
 
 __all__ = [
     "Profiler",
+    "detect",
     "load",
     "Run",
     "read",

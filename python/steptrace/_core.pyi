@@ -13,6 +13,7 @@ class Config:
     flush_interval_ms: int
     queue_capacity: int
     sample_rss: bool
+    sample_heap: bool
     clock: str
     max_inflight_steps: int
     window: int
@@ -21,6 +22,10 @@ class Config:
     stall_threshold: float
     regression_min_steps: int
     min_history: int
+    min_excess_ms: float
+    stall_min_excess_ms: float
+    noise_sigmas: float
+    regression_min_ms: float
     detect: bool
     hang_threshold: float
     hang_min_s: float
@@ -56,7 +61,8 @@ class Profiler:
     log_path: str
     config: Config
     def __init__(self, config: Config, versions: Dict[str, str] = ..., fake_device: bool = False,
-                 external_profiler: bool = False) -> None: ...
+                 external_profiler: bool = False,
+                 live_bytes: Optional[Callable[[], Optional[int]]] = None) -> None: ...
     def fake_device_work(self, kernels: list[Tuple[str, str, float]], counters: list[float] = ...) -> None: ...
     def set_external_profiler(self, active: bool) -> None: ...
     def phase_function(self) -> Callable[[str], PhaseScope]: ...
@@ -89,3 +95,4 @@ class Profiler:
 
 def version() -> str: ...
 def check_metric_set(chip: str, mode: str = "auto", library_dirs: list[str] = ...) -> dict[str, Any]: ...
+def replay_detectors(config: Config, steps: list[tuple]) -> list[str]: ...

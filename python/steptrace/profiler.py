@@ -16,6 +16,7 @@ import platform
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
@@ -144,6 +145,18 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
     return begin, (end if memory else None)
 
 
+def _cuda_live_bytes(torch: Any) -> Callable[[], Optional[int]]:
+    """The allocator's live bytes now (None before CUDA is initialized): the level that
+    memory_growth attributes to phases, read at phase boundaries for a few steps after
+    the alert."""
+    cuda = torch.cuda
+
+    def live() -> Optional[int]:
+        return cuda.memory_allocated() if cuda.is_initialized() else None
+
+    return live
+
+
 # torch.profiler (Kineto) and steptrace's kernel activity share CUPTI's process-wide
 # activity buffers: while a torch profiler is prepared or recording, steptrace's yields.
 _torch_profilers_active = 0
@@ -222,14 +235,64 @@ def _thread_stacks() -> str:
     return "\n".join(parts)
 
 
+class _LogLimiter:
+    """At most ``per_minute`` log lines per alert type in any minute; the lines it holds
+    back are counted and said in the next line of that type (and at close). The JSONL
+    keeps every record: this only spares the training log."""
+
+    def __init__(self, per_minute: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute, self.clock = per_minute, clock
+        self.sent: dict[str, list[float]] = {}  # type -> times of the lines of the last minute
+        self.held: dict[str, int] = {}
+
+    def admit(self, kind: str) -> Optional[int]:
+        """None: hold this line back; else how many lines of its type were held before it."""
+        now = self.clock()
+        times = [t for t in self.sent.get(kind, ()) if now - t < 60.0]
+        if len(times) >= self.per_minute:
+            self.sent[kind] = times
+            self.held[kind] = self.held.get(kind, 0) + 1
+            return None
+        times.append(now)
+        self.sent[kind] = times
+        return self.held.pop(kind, 0)
+
+    def held_back(self) -> dict[str, int]:
+        held, self.held = self.held, {}
+        return held
+
+
+def _log_record(record: dict, limiter: _LogLimiter) -> None:
+    """One log line for an alert (WARNING) or the end of its episode (INFO), rate-limited
+    per type."""
+    kind = record["kind"]
+    label = f"{record['type']} {'alert' if kind == 'alert' else 'resolved' if kind == 'resolved' else 'update'}"
+    held = limiter.admit(label)
+    if held is None:
+        return
+    more = f" ({held} more {label} line{'s' if held != 1 else ''} held back in the last minute; all are in the log file)" if held else ""
+    if kind == "alert":
+        logger.warning("%s alert at step %d: %s%s", record["type"], record["step"], record["message"], more)
+    elif kind == "resolved":
+        repeats = record.get("repeats") or 0
+        folded = f" [{repeats} repeat{'s' if repeats != 1 else ''} folded in]" if repeats else ""
+        logger.info("%s resolved at step %d: %s%s%s", record["type"], record["step"], record["message"], folded, more)
+    else:
+        logger.info("%s at step %d: %s%s", record["type"], record["step"], record["message"], more)
+
+
 def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]]) -> None:
-    """The alert thread: logs each alert to the ``steptrace`` logger, calls ``on_alert``,
-    and answers the watchdog's requests for stacks. Ends once the core is closed and
-    everything queued is delivered."""
+    """The alert thread: logs alerts to the ``steptrace`` logger (rate-limited), calls
+    ``on_alert`` with every record, and answers the watchdog's requests for stacks. Ends
+    once the core is closed and everything queued is delivered."""
+    limiter = _LogLimiter()
     while True:
         event = core.wait_event(200)
         if event is None:
             if core.closed:
+                for label, n in limiter.held_back().items():
+                    logger.warning("%d more %s line%s held back at the end of the run; all are in the log file",
+                                   n, label, "s" if n != 1 else "")
                 return
             continue
         kind, payload = event
@@ -237,10 +300,7 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]]) -> Non
             core.answer_stacks(_thread_stacks())
             continue
         record = json.loads(payload)
-        if record["kind"] == "alert":
-            logger.warning("%s alert at step %d: %s", record["type"], record["step"], record["message"])
-        else:
-            logger.info("%s resolved at step %d: %s", record["type"], record["step"], record["message"])
+        _log_record(record, limiter)
         if on_alert is not None:
             try:
                 on_alert(record)
@@ -273,7 +333,8 @@ class Profiler:
             config.device_index = torch.cuda.current_device()  # what the counters sample
         # _fake_device (tests): fake kernel activity and counters, fed by _core.fake_device_work
         # a torch profiler already running owns CUPTI's activity buffers: start yielded
-        self._core = _core.Profiler(config, _versions(), _fake_device, _torch_profiler_running(torch))
+        live = _cuda_live_bytes(torch) if cuda and python_options["cuda_memory"] else None
+        self._core = _core.Profiler(config, _versions(), _fake_device, _torch_profiler_running(torch), live)
         self._signalled = False
         # Bound C++ methods: calling them runs no Python code of ours.
         self.step = self._core.step_function()

@@ -218,6 +218,7 @@ sys.path.insert(0, sys.argv[1])
 import torch
 import steptrace
 from training import batches, model, train
+torch.set_num_threads(1)  # steady steps beside other load (see conftest.py)
 
 class SlowForward(torch.nn.Module):
     # the model of a 'new version' that spends `delay_s` more in every forward

@@ -1,0 +1,80 @@
+#include "heap_sampler.hpp"
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace steptrace::detail {
+namespace {
+
+std::int64_t monotonic_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+double smooth(double avg, double x) { return avg > 0 ? 0.8 * avg + 0.2 * x : x; }
+
+}  // namespace
+
+bool HeapSampler::available() noexcept {
+#if defined(__GLIBC__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+HeapSampler::HeapSampler(const Config& config) noexcept
+    : baseline_from_step_(config.warmup_steps),
+      dense_until_step_(static_cast<std::int64_t>(config.warmup_steps) + config.min_history),
+      suspect_ratio_(1.0 + config.memory_growth_pct / 200.0) {}
+
+std::int64_t HeapSampler::read() noexcept {
+#if defined(__GLIBC__)
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<std::int64_t>(m.uordblks + m.hblkhd);
+#else
+  return -1;
+#endif
+}
+
+void HeapSampler::sample(std::int64_t step, std::int64_t now_ns, MemorySample& out) noexcept {
+  if (last_call_ns_ > 0)
+    interval_ns_ = smooth(interval_ns_, static_cast<double>(now_ns - last_call_ns_));
+  last_call_ns_ = now_ns;
+  const bool dense = step < dense_until_step_ || burst_left_ > 0;
+  if (!dense && ++since_read_ < stride_) return;  // not this step: no heap figure in the record
+  since_read_ = 0;
+  const std::int64_t bytes = read();
+  const std::int64_t done_ns = monotonic_ns();
+  if (bytes < 0) return;
+  out.heap_bytes = bytes;
+  const auto value = static_cast<double>(bytes);
+  cost_ns_ = smooth(cost_ns_, static_cast<double>(done_ns - now_ns));
+  if (interval_ns_ > 0) {
+    const double k = std::ceil(cost_ns_ / (kBudget * interval_ns_));
+    stride_ = static_cast<int>(std::clamp(k, 1.0, static_cast<double>(kMaxStride)));
+  }
+  if (step < dense_until_step_) {
+    if (step >= baseline_from_step_) baseline_ = std::max(baseline_, value);
+    return;
+  }
+  if (burst_left_ > 0) {
+    burst_peak_ = std::max(burst_peak_, value);
+    // The burst's peak is the level to watch from now on: a one-off jump then costs one
+    // burst, and a leak, which the detector has seen at every step of it, another later.
+    if (--burst_left_ == 0) baseline_ = std::max(baseline_, burst_peak_);
+    return;
+  }
+  if (baseline_ > 0 && value > suspect_ratio_ * baseline_) {
+    burst_left_ = kBurstSteps;
+    burst_peak_ = value;
+  }
+}
+
+}  // namespace steptrace::detail

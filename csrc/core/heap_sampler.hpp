@@ -1,0 +1,52 @@
+// The C heap's in-use bytes (glibc's mallinfo2: uordblks + hblkhd), the memory_growth
+// signal on the CPU: exact to the byte, and it moves with a leak even where the heap
+// reuses memory it already holds (RSS does not). mallinfo2 walks every free chunk of
+// every arena under its lock, so one call costs about 1 us in a young process and
+// 100-300 us in one with pandas and matplotlib loaded. The sampler therefore reads
+//   - every step during warmup and the baseline steps (its own baseline: their peak),
+//   - every step for a burst of kBurstSteps while the last reading is above that
+//     baseline by half the memory_growth tolerance (enough points for the trend test at
+//     once), after which the burst's peak becomes its baseline,
+//   - otherwise every k-th step, k keeping the reads under 1% of the step interval.
+// Training thread only.
+#pragma once
+
+#include <cstdint>
+
+#include "steptrace/backend.hpp"
+#include "steptrace/config.hpp"
+
+namespace steptrace::detail {
+
+class HeapSampler {
+ public:
+  /// False where the C library has no mallinfo2.
+  static bool available() noexcept;
+  explicit HeapSampler(const Config& config) noexcept;
+
+  /// At the end of step `step`: fills out.heap_bytes when it reads this step.
+  void sample(std::int64_t step, std::int64_t now_ns, MemorySample& out) noexcept;
+  /// In-use bytes now (phase attribution).
+  static std::int64_t read() noexcept;
+
+  int stride() const noexcept { return stride_; }
+
+ private:
+  static constexpr double kBudget = 0.01;  // share of the step interval sparse reads may take
+  static constexpr int kBurstSteps = 40;
+  static constexpr int kMaxStride = 1 << 20;
+
+  std::int64_t baseline_from_step_;  // warmup_steps
+  std::int64_t dense_until_step_;    // warmup + baseline steps
+  double suspect_ratio_;             // 1 + half the tolerance
+  double baseline_ = 0;
+  std::int64_t last_call_ns_ = 0;
+  double interval_ns_ = 0;
+  double cost_ns_ = 0;
+  int stride_ = 1;
+  int since_read_ = 0;
+  int burst_left_ = 0;
+  double burst_peak_ = 0;
+};
+
+}  // namespace steptrace::detail

@@ -1,0 +1,37 @@
+// Offline detection: the record detectors (step_regression, stall, memory_growth and the
+// device diagnoses; not the hang watchdog, which needs a live step) run over steps read
+// back from a log or made up by a test, with any configuration. The same code as in a
+// live run, so a replay with the run's config gives the run's alerts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "steptrace/backend.hpp"
+#include "steptrace/config.hpp"
+#include "steptrace/export.hpp"
+
+namespace steptrace {
+
+/// One step as the detectors see it.
+struct ReplayStep {
+  std::int64_t step = 0;
+  std::int64_t start_unix_ns = 0;
+  double data_ms = 0;
+  double step_ms = 0;
+  bool failed = false;
+  std::vector<std::pair<std::string, double>> phases_ms;
+  MemorySample memory;
+  /// rss_bytes was measured at this step (a live run re-reads RSS at most every 10 ms).
+  bool rss_fresh = true;
+};
+
+/// Runs the detectors over `steps` in order and returns their records (alert,
+/// alert_update, resolved) as JSON lines without newlines. Throws ConfigError for a bad
+/// config, UsageError for steps out of order or more than kMaxPhases phase names.
+STEPTRACE_API std::vector<std::string> replay_detectors(const Config& config,
+                                                        const std::vector<ReplayStep>& steps);
+
+}  // namespace steptrace
