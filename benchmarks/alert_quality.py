@@ -29,10 +29,10 @@ steps before the fault, so they stay in proportion under the hog:
 * a 20x step: forward sleeps 19x the median iteration at one step -> ``stall`` naming
   ``forward``;
 * a leak: from step 200 on, forward keeps a 0.5 MB float32 activation per step ->
-  ``memory_growth`` naming ``forward`` (in the alert or in a later record of that type).
-  On the CPU the detector watches RSS, so before every run the heap's free pages go back
-  to the OS (``malloc_trim``): the leak then shows in RSS from its first steps instead of
-  after it has refilled whatever free memory the earlier runs left behind;
+  ``memory_growth`` naming ``forward`` (in the alert or in the ``alert_update`` after it).
+  All runs share one process, as in a notebook: the heap still holds what the earlier
+  runs freed, which RSS would not show growing (the detector watches the C heap's in-use
+  bytes on the CPU);
 * a hang: forward blocks 3 s at one step -> ``hang`` naming ``forward``, written while the
   step is blocked (the blocked wait polls the log to see when it appears).
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime
 import gc
 import json
@@ -347,22 +346,9 @@ def alerts_of(records: List[dict]) -> List[Alert]:
     return out
 
 
-def release_free_memory() -> None:
-    """Hands the heap's free pages back to the OS (glibc malloc_trim), so each run starts
-    with the RSS of its live memory: otherwise a leak is hidden from the RSS-based
-    detector until it has reused the free memory the earlier runs (a 50 ms model's
-    weights) left in the heap, and its delay depends on which runs came before."""
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):  # not glibc
-        pass
-
-
 def run_loop(work: Workload, steps: int, hog: bool, fault: Optional[Fault] = None) -> RunResult:
     """Trains `steps` steps of the workload under steptrace (default options), with the
     fault injected if one is given and the CPU hog beside it if asked; reads the log back."""
-    release_free_memory()
     net = make_model(work.hidden)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()

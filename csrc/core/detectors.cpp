@@ -39,7 +39,7 @@ double median_of(std::vector<double> v) {
 // ---- step_regression / stall ----
 
 namespace {
-constexpr int kMaxRegressionSteps = 25;
+constexpr int kMaxRegressionSteps = 10;
 constexpr double kMadToSigma = 1.4826;  // MAD -> standard deviation, normal distribution
 
 double quantile_of(std::vector<double>& v, double q) {  // reorders v
@@ -57,17 +57,38 @@ SlowStepDetector::SlowStepDetector(const Config& config, const PhaseNames& names
       iteration_(static_cast<std::size_t>(config.window)),
       data_(static_cast<std::size_t>(config.window)) {
   scratch_.reserve(static_cast<std::size_t>(config.window));
-  pending_.reserve(
-      static_cast<std::size_t>(std::max(config.regression_min_steps, kMaxRegressionSteps)));
+  held_.reserve(static_cast<std::size_t>(config.window));
 }
 
+SlowStepDetector::Grew SlowStepDetector::grew_most(const StepRecord& r, double data_ms) const {
+  static const std::string kData = "data";
+  Grew g{&kData, data_ms, data_.median()};
+  double best = data_ms - g.median_ms;
+  for (std::uint16_t i = 0; i < r.phase_count; ++i) {
+    const auto id = r.phase_ids[i];
+    const double ms = static_cast<double>(r.phase_ns[i]) / kNsPerMs;
+    const double med = phases_[id] ? phases_[id]->median() : 0.0;
+    if (ms - med > best) {
+      best = ms - med;
+      g = {&names_.name(id), ms, med};
+    }
+  }
+  return g;
+}
+
+// The window's noise: the larger of two standard-deviation estimates, 1.4826 x its MAD
+// (robust to outliers) and (p90 - p50) / 1.2816 (its upper tail). They agree on steady
+// steps; the second is the honest one where steps are bimodal, as when a CPU hog takes
+// the core half of the time and the MAD describes only the fast mode.
 SlowStepDetector::Noise SlowStepDetector::window_noise() {
+  constexpr double kP90ToSigma = 1.2816;  // p90 - p50 of a normal distribution, in sigmas
   Noise n;
   iteration_.copy_to(scratch_);
   n.p95_ms = quantile_of(scratch_, 0.95);
+  const double p90 = quantile_of(scratch_, 0.90);
   const double median = iteration_.median();
   for (double& v : scratch_) v = std::abs(v - median);
-  n.sigma_ms = kMadToSigma * median_of(scratch_);
+  n.sigma_ms = std::max(kMadToSigma * median_of(scratch_), (p90 - median) / kP90ToSigma);
   return n;
 }
 
@@ -79,29 +100,17 @@ int SlowStepDetector::regression_steps(double median_ms) const {
 }
 
 AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double iteration_ms,
-                                        double data_ms, double median, const Noise& noise) const {
-  // The phase (data included) that grew most, in ms, against its own median.
-  std::string grew = "data";
-  double grew_ms = data_ms, grew_median = data_.median();
-  double best = data_ms - grew_median;
-  for (std::uint16_t i = 0; i < r.phase_count; ++i) {
-    const auto id = r.phase_ids[i];
-    const double ms = static_cast<double>(r.phase_ns[i]) / kNsPerMs;
-    const double med = phases_[id] ? phases_[id]->median() : 0.0;
-    if (ms - med > best) {
-      best = ms - med;
-      grew = names_.name(id);
-      grew_ms = ms;
-      grew_median = med;
-    }
-  }
+                                        double median, const Grew& grew, const Noise& noise) const {
   const bool stall = level == 2;
   const double ratio_threshold = stall ? config_.stall_threshold : config_.regression_threshold;
   const double min_excess = stall ? config_.stall_min_excess_ms : config_.min_excess_ms;
   const double sigmas = stall ? 2.0 * config_.noise_sigmas : config_.noise_sigmas;
-  // The iteration time this step had to exceed: every part of the rule at once.
-  double limit =
-      std::max({ratio_threshold * median, median + min_excess, median + sigmas * noise.sigma_ms});
+  // The iteration time this step had to exceed: every part of the rule at once (for a
+  // regression named by its phase alone, the excess part).
+  double limit = std::max(median + min_excess, median + sigmas * noise.sigma_ms);
+  if (stall || iteration_ms > config_.regression_threshold * median) {
+    limit = std::max(limit, ratio_threshold * median);
+  }
   if (stall) limit = std::max(limit, config_.regression_threshold * noise.p95_ms);
   const double ratio = iteration_ms / median;
 
@@ -111,21 +120,21 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
   a.value = iteration_ms;
   a.baseline = median;
   a.threshold = limit;
-  a.phase = grew;
+  a.phase = *grew.name;
   a.message = fmt::format(
       "step {} took {:.1f}x the trailing median ({:.2f} ms vs {:.2f} ms over {} steps, noise "
       "{:.2f} ms, limit {:.2f} ms){}; {} grew most ({:.2f} ms vs its median {:.2f} ms): {}",
       r.step, ratio, iteration_ms, median, iteration_.size(), noise.sigma_ms, limit,
-      slow_streak_ > 1 ? fmt::format(", slow since step {}", streak_start_) : "", grew, grew_ms,
-      grew_median, advice_for(grew));
+      slow_streak_ > 1 ? fmt::format(", slow since step {}", streak_start_) : "", *grew.name,
+      grew.ms, grew.median_ms, advice_for(*grew.name));
   a.details = {{"ratio", ratio},
                {"ratio_threshold", ratio_threshold},
                {"noise_ms", noise.sigma_ms},
                {"noise_sigmas", sigmas},
                {"min_excess_ms", min_excess},
                {"window_p95_ms", noise.p95_ms},
-               {"phase_ms", grew_ms},
-               {"phase_median_ms", grew_median},
+               {"phase_ms", grew.ms},
+               {"phase_median_ms", grew.median_ms},
                {"window_steps", iteration_.size()},
                {"slow_steps_needed", stall ? 1 : regression_steps(median)},
                {"slow_since_step", stall && level_ == 0 ? r.step : streak_start_}};
@@ -159,11 +168,16 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     const double excess = iteration_ms - median;
     bool stall = false;
     Noise noise;
+    Grew grew;
     // The cheap part of the rule first: the window's noise only for a step that may be slow.
-    if (median > 0 && iteration_ms > config_.regression_threshold * median &&
-        excess > config_.min_excess_ms) {
-      noise = window_noise();
-      slow = excess > config_.noise_sigmas * noise.sigma_ms;
+    if (median > 0 && excess > config_.min_excess_ms) {
+      grew = grew_most(r, data_ms);
+      const bool ratio = iteration_ms > config_.regression_threshold * median ||
+                         grew.ms > config_.regression_threshold * grew.median_ms;
+      if (ratio) {
+        noise = window_noise();
+        slow = excess > config_.noise_sigmas * noise.sigma_ms;
+      }
       stall = slow && iteration_ms > config_.stall_threshold * median &&
               excess > std::max(config_.stall_min_excess_ms,
                                 2.0 * config_.noise_sigmas * noise.sigma_ms) &&
@@ -176,12 +190,10 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     }
     const int level = stall ? 2 : slow && slow_streak_ >= regression_steps(median) ? 1 : 0;
     if (level > level_) {  // a new episode, or a regression that became a stall
-      out.push_back(slow_alert(r, level, iteration_ms, data_ms, median, noise));
+      out.push_back(slow_alert(r, level, iteration_ms, median, grew, noise));
       if (level_ == 0) {
         episode_start_ = level == 2 ? r.step : streak_start_;
         episode_slow_steps_ = level == 2 ? 1 : slow_streak_;
-        excluded_ = 0;
-        pending_.clear();  // the streak that opened it stays out of the window
       } else {
         ++episode_slow_steps_;
       }
@@ -195,16 +207,18 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     }
   }
 
-  // The window: a slow step waits outside it while its streak may still become an
-  // episode, and stays out while the episode is open (up to a window of steps).
+  // The window: slow steps are held outside it while their streak may become an episode
+  // and while the episode is open (at most a window of them: a lasting slowdown becomes
+  // the new normal), so a slow stretch does not raise its own baseline; they join it when
+  // the streak or the episode ends, so the window still samples every step.
+  if (slow && held_.size() < static_cast<std::size_t>(config_.window)) {
+    held_.push_back(iteration_ms);
+  } else {
+    iteration_.push(iteration_ms);
+  }
   if (!slow) {
-    for (double v : pending_) iteration_.push(v);  // the streak ended as noise
-    pending_.clear();
-    iteration_.push(iteration_ms);
-  } else if (level_ == 0) {
-    pending_.push_back(iteration_ms);
-  } else if (++excluded_ > config_.window) {
-    iteration_.push(iteration_ms);
+    for (double v : held_) iteration_.push(v);
+    held_.clear();
   }
   data_.push(data_ms);
   // Every phase seen so far gets a value each step (0 when it did not run).

@@ -17,17 +17,19 @@
 namespace steptrace::detail {
 
 /// step_regression and stall, judged on the iteration time (data + step) against the
-/// trailing window (its median m, its noise s = 1.4826 x MAD, its 95th percentile):
-///   slow:  it > regression_threshold x m  and  it - m > max(min_excess_ms, noise_sigmas x s)
+/// trailing window (its median m, its noise s = max(1.4826 x MAD, (p90 - m) / 1.2816),
+/// its 95th percentile):
+///   slow:  it - m > max(min_excess_ms, noise_sigmas x s), and it > regression_threshold x m
+///          or the phase that grew most > regression_threshold x its own median
 ///   stall: slow, it > stall_threshold x m, it - m > max(stall_min_excess_ms,
 ///          2 x noise_sigmas x s), and it > regression_threshold x p95
 ///   step_regression: K slow steps in a row, K = max(regression_min_steps,
-///          ceil(regression_min_ms / m)) capped at 25 (or regression_min_steps if larger)
+///          ceil(regression_min_ms / m)) capped at 10 (or regression_min_steps if larger)
 /// One alert per episode (a regression may escalate to a stall); later slow steps are
 /// folded into it and counted in its resolved event, which comes at the first step that
-/// is not slow. Slow steps stay out of the window while an episode is open (at most a
-/// window of them: a lasting slowdown becomes the new normal). Names the phase (data
-/// included) that grew most against its own median.
+/// is not slow. Slow steps are held out of the window while their streak or episode
+/// lasts (at most a window of them: a lasting slowdown becomes the new normal) and join
+/// it afterwards. Names the phase (data included) that grew most against its own median.
 class SlowStepDetector {
  public:
   SlowStepDetector(const Config& config, const PhaseNames& names);
@@ -43,10 +45,17 @@ class SlowStepDetector {
     double sigma_ms = 0;  // robust standard deviation of the window
     double p95_ms = 0;
   };
+  // The phase (data included) that grew most, in ms, against its own median.
+  struct Grew {
+    const std::string* name = nullptr;
+    double ms = 0;
+    double median_ms = 0;
+  };
   Noise window_noise();
+  Grew grew_most(const StepRecord& r, double data_ms) const;
   int regression_steps(double median_ms) const;
-  AlertEvent slow_alert(const StepRecord& r, int level, double iteration_ms, double data_ms,
-                        double median, const Noise& noise) const;
+  AlertEvent slow_alert(const StepRecord& r, int level, double iteration_ms, double median,
+                        const Grew& grew, const Noise& noise) const;
   AlertEvent episode_end(std::int64_t step, const char* why) const;
 
   const Config& config_;
@@ -56,13 +65,12 @@ class SlowStepDetector {
   std::vector<std::unique_ptr<RollingMedian>> phases_;  // by phase id, created when first seen
   std::vector<bool> present_;                           // scratch: phases in this step
   std::vector<double> scratch_;                         // scratch: the window's values
-  std::vector<double> pending_;  // slow steps of a streak not (yet) an episode
-  int level_ = 0;                // 0 normal, 1 regression, 2 stall (highest alert of this episode)
+  std::vector<double> held_;  // slow steps of the streak or episode, out of the window
+  int level_ = 0;             // 0 normal, 1 regression, 2 stall (highest alert of this episode)
   std::int64_t episode_start_ = 0;
   std::int64_t episode_slow_steps_ = 0;
   std::int64_t last_step_ = 0;
-  std::int64_t excluded_ = 0;  // slow steps of the open episode kept out of the window
-  int slow_streak_ = 0;        // consecutive slow steps
+  int slow_streak_ = 0;  // consecutive slow steps
   std::int64_t streak_start_ = 0;
 };
 

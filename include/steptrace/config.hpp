@@ -52,16 +52,18 @@ struct STEPTRACE_API Config {
   /// Completed steps (after warmup) needed before a step can be called slow.
   int min_history = 10;
   /// Noise rule: a step counts as slow only when its excess over the median is also
-  /// above min_excess_ms and above noise_sigmas robust standard deviations of the window
-  /// (1.4826 x its median absolute deviation); a stall needs stall_min_excess_ms, twice
-  /// noise_sigmas, and regression_threshold x the window's 95th percentile too.
+  /// above min_excess_ms and above noise_sigmas standard deviations of the window (the
+  /// larger of 1.4826 x its median absolute deviation and (p90 - p50) / 1.2816); a stall needs
+  /// stall_min_excess_ms, twice noise_sigmas, and regression_threshold x the window's 95th
+  /// percentile too. (A step is also slow when the phase that grew most is over
+  /// regression_threshold x its own median and the iteration's excess passes this rule.)
   double min_excess_ms = 2.0;
   double stall_min_excess_ms = 20.0;
   double noise_sigmas = 3.0;
   /// A regression lasts at least regression_min_ms of baseline time: it needs
   /// max(regression_min_steps, ceil(regression_min_ms / median)) slow steps in a row,
-  /// at most 25 (or regression_min_steps when that is larger).
-  double regression_min_ms = 20.0;
+  /// at most 10 (or regression_min_steps when that is larger).
+  double regression_min_ms = 200.0;
   /// Run the detectors (regression, stall, memory growth) and the hang watchdog.
   bool detect = true;
   /// Hang: a step still running after hang_threshold x the median iteration time, and

@@ -18,7 +18,7 @@ from steptrace._table import GROUPS, StepTable, collect, numpy
 #: The phases the summary knows, listed first and in this order when present.
 DEFAULT_PHASES = ("forward", "loss", "backward", "clip", "optimizer")
 #: Memory fields reported (start / peak / end), in this order, when present.
-MEMORY_FIELDS = ("allocated_bytes", "reserved_bytes", "peak_bytes", "rss_bytes", "device_used_bytes")
+MEMORY_FIELDS = ("allocated_bytes", "reserved_bytes", "peak_bytes", "rss_bytes", "heap_bytes", "device_used_bytes")
 MISSING_END = "missing (no run_end: the run crashed or is still running)"
 #: Steps skipped by the memory trend when the run_start config does not say.
 DEFAULT_WARMUP = 10

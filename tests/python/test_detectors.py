@@ -96,7 +96,7 @@ def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     alert = regressions[0]
-    assert 200 <= alert["step"] <= 205
+    assert 200 <= alert["step"] <= 212  # 10 slow steps in a row on a ~6 ms loop
     assert alert["phase"] == "data"
     assert alert["value"] > 1.5 * alert["baseline"]
     assert "DataLoader workers" in alert["message"]
@@ -118,7 +118,7 @@ def test_slower_backward_is_named(tmp_path):
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     assert regressions[0]["phase"] == "backward"
-    assert 100 <= regressions[0]["step"] <= 105
+    assert 100 <= regressions[0]["step"] <= 112
 
 
 def test_six_times_slower_step_is_a_stall(tmp_path):

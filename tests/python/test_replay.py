@@ -1,0 +1,129 @@
+"""The detectors on synthetic timelines through steptrace.detect (the public offline
+replay; the same C++ detectors as a live run): exact, deterministic steps, no wall clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import steptrace
+
+PHASES = ("forward", "backward")
+
+
+def steps(times, start=0, data=None, memory=None):
+    """Step records for iteration times in ms (split 40/60 into forward/backward), with
+    optional per-step data wait and memory figures."""
+    out = []
+    for i, ms in enumerate(times):
+        d = data(start + i) if data else 0.0
+        rec = {"kind": "step", "step": start + i, "step_ms": ms, "data_ms": d,
+               "phases_ms": {"forward": 0.4 * ms, "backward": 0.6 * ms}}
+        if memory:
+            rec["memory"] = memory(start + i)
+        out.append(rec)
+    return out
+
+
+def alerts(records, kind="alert"):
+    return [r for r in records if r["kind"] == kind]
+
+
+def test_a_busy_host_preempting_a_sub_millisecond_loop_raises_nothing():
+    rng = random.Random(1)
+    # 0.34 ms steps; one in ten preempted for 4-5 ms, as beside a compile job
+    times = [0.34 * rng.uniform(0.9, 1.1) + (rng.uniform(4, 5) if rng.random() < 0.1 else 0) for _ in range(3000)]
+    assert steptrace.detect(steps(times)) == []
+
+
+def test_a_one_second_step_in_a_180_ms_loop_is_a_stall_with_its_thresholds():
+    rng = random.Random(2)
+    times = [180 * rng.uniform(0.97, 1.03) for _ in range(150)] + [1000] + [180] * 10
+    out = steptrace.detect(steps(times))
+    stall, resolved = alerts(out), alerts(out, "resolved")
+    assert [(a["type"], a["step"], a["phase"]) for a in stall] == [("stall", 150, "backward")]
+    a = stall[0]
+    assert a["value"] == pytest.approx(1000) and a["baseline"] == pytest.approx(180, rel=0.05)
+    assert a["threshold"] == pytest.approx(5 * a["baseline"])  # the ratio is the binding part here
+    d = a["details"]
+    assert d["ratio_threshold"] == 5.0 and d["min_excess_ms"] == 20.0 and d["noise_sigmas"] == 6.0
+    assert 0 < d["noise_ms"] < 10 and d["window_p95_ms"] > a["baseline"]
+    assert [(r["type"], r["step"], r["first_step"], r["repeats"]) for r in resolved] == [("stall", 151, 150, 0)]
+
+
+def test_a_slow_loader_is_one_regression_naming_data_with_its_repeats():
+    data = lambda i: 10.0 if 200 <= i < 215 else 0.0  # +10 ms on a 5 ms loop: 3x for 15 steps
+    out = steptrace.detect(steps([5.0] * 300, data=data))
+    (a,) = alerts(out)
+    assert a["type"] == "step_regression" and a["phase"] == "data"
+    assert a["step"] == 209  # K = ceil(200 ms / 5 ms) capped at 10 slow steps in a row
+    assert a["details"]["slow_steps_needed"] == 10 and a["details"]["slow_since_step"] == 200
+    (r,) = alerts(out, "resolved")
+    assert (r["step"], r["first_step"], r["repeats"]) == (215, 200, 14)
+
+
+def test_tuning_the_floor_on_a_recorded_run():
+    data = lambda i: 3.0 if 200 <= i < 215 else 0.0  # +3 ms on 5 ms: 1.6x, above the 2 ms floor
+    recs = steps([5.0] * 300, data=data)
+    assert [a["type"] for a in alerts(steptrace.detect(recs))] == ["step_regression"]
+    assert steptrace.detect(recs, min_excess_ms=5.0) == []  # a floor above the excess
+    assert steptrace.detect(recs, regression_min_steps=20) == []  # 20 slow steps in a row
+
+
+def test_an_episode_still_open_at_the_end_is_resolved_with_its_count():
+    out = steptrace.detect(steps([5.0] * 100 + [15.0] * 20))
+    assert [a["step"] for a in alerts(out)] == [109]
+    (r,) = alerts(out, "resolved")
+    assert (r["step"], r["first_step"], r["repeats"]) == (119, 100, 19)
+    assert "run ended" in r["message"]
+
+
+def test_a_heap_leak_fires_then_a_jump_does_not():
+    mib = 1 << 20
+    leak = steptrace.detect(steps([5.0] * 200, memory=lambda i: {"heap_bytes": 300 * mib + i * mib // 2}))
+    (a,) = alerts(leak)
+    assert a["type"] == "memory_growth" and a["details"]["metric"] == "heap_bytes"
+    assert a["details"]["bytes_per_step"] == pytest.approx(mib / 2)
+    assert a["step"] < 60
+    jump = steptrace.detect(steps([5.0] * 600, memory=lambda i: {"heap_bytes": (300 if i < 250 else 330) * mib}))
+    assert jump == []
+
+
+def test_replaying_a_live_run_gives_its_alerts(tmp_path):
+    import time
+
+    import torch
+
+    net = torch.nn.Linear(8, 2)
+    with steptrace.Profiler(tmp_path) as prof:
+        for i in range(80):
+            with prof.step():
+                with prof.phase("forward"):
+                    net(torch.randn(4, 8)).sum().backward()
+                    time.sleep(0.002 if i != 60 else 0.08)  # a 40x step
+    live = [(r["kind"], r["type"], r["step"]) for r in steptrace.read(tmp_path) if r["kind"] in ("alert", "resolved")]
+    replayed = [(r["kind"], r["type"], r["step"]) for r in steptrace.detect(tmp_path)]
+    assert ("alert", "stall", 60) in live
+    assert replayed == live
+
+
+def test_bad_options_and_records_say_what_is_wrong():
+    with pytest.raises(steptrace.ConfigError, match="min_excess_ms=-1"):
+        steptrace.detect(steps([5.0] * 20), min_excess_ms=-1.0)
+    with pytest.raises(steptrace.UnknownOptionError, match="nosuch"):
+        steptrace.detect(steps([5.0] * 20), nosuch=1)
+    with pytest.raises(steptrace.LogFormatError, match="step_ms=None must be a number"):
+        steptrace.detect([{"kind": "step", "step": 0}])
+    with pytest.raises(steptrace.LogFormatError, match="step 3 comes after step 5"):
+        steptrace.detect([{"step": 5, "step_ms": 1.0}, {"step": 3, "step_ms": 1.0}])
+    with pytest.raises(steptrace.LogFormatError, match="memory.heap_bytes='x' must be an integer"):
+        steptrace.detect([{"step": 0, "step_ms": 1.0, "memory": {"heap_bytes": "x"}}])
+
+
+def test_a_compute_loop_sharing_its_core_with_a_hog_raises_nothing():
+    # Under a CPU hog a 4.5 ms step gets a core to itself about half the time and shares it
+    # otherwise (8-13 ms): a bimodal loop whose slow mode is no regression.
+    rng = random.Random(3)
+    times = [4.5 * rng.uniform(0.95, 1.05) if rng.random() < 0.5 else rng.uniform(8, 13) for _ in range(3000)]
+    assert steptrace.detect(steps(times)) == []
