@@ -50,7 +50,7 @@ struct STEPTRACE_API Config {
   /// fires on a single step.
   int regression_min_steps = 3;
   /// Completed steps (after warmup) needed before a step can be called slow.
-  int min_history = 10;
+  int min_history = 20;
   /// Noise rule: a step counts as slow only when its excess over the median is also
   /// above min_excess_ms and above noise_sigmas standard deviations of the window (the
   /// larger of 1.4826 x its median absolute deviation and (p90 - p50) / 1.2816); a stall needs

@@ -175,6 +175,28 @@ def test_hang_is_written_while_the_step_is_still_blocked(tmp_path, caplog):
     assert any("hang alert at step 30" in m for m in caplog.messages)
 
 
+def test_a_slow_stretch_over_the_hang_limit_is_one_hang_episode(tmp_path, caplog):
+    # Steps 30..32 each block 0.7 s, over the 0.3 s hang limit (hang_min_s): one alert,
+    # the later steps folded in, resolved once step 33 finishes in time.
+    def forward_extra(i):
+        if 30 <= i <= 32:
+            time.sleep(0.7)
+
+    caplog.set_level(logging.WARNING, logger="steptrace")
+    with steptrace.Profiler(tmp_path, hang_min_s=0.3) as prof:
+        run(prof, Loader(40, lambda i: 0.002), forward_extra=forward_extra)
+    records = list(steptrace.read(tmp_path, validate=True))
+    hangs = [r for r in records if r["kind"] == "alert" and r["type"] == "hang"]
+    assert [(h["step"], h["phase"]) for h in hangs] == [(30, "forward")]
+    (resolved,) = [r for r in records if r["kind"] == "resolved" and r["type"] == "hang"]
+    assert (resolved["first_step"], resolved["step"], resolved["repeats"]) == (30, 32, 2)
+    assert records[-1]["alerts"]["hang"] == 1 and records[-1]["alert_repeats"]["hang"] == 2
+    assert sum("hang alert" in m for m in caplog.messages) == 1
+    # no record is stamped after the run's end
+    end = records[-1]["end_unix_ns"]
+    assert all(r["unix_ns"] <= end for r in records if r["kind"] == "alert")
+
+
 def leak_run(path, steps, seed=0):
     """A loop that keeps one 0.5 MiB forward activation per step; returns its alert and the
     follow-up that names the phase (None when missing)."""
