@@ -92,7 +92,9 @@ def test_clean_run_raises_no_alert(tmp_path):
 def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
     slow = range(200, 220)
     with steptrace.Profiler(tmp_path) as prof:
-        run(prof, Loader(300, lambda i: 0.015 if i in slow else 0.005))  # 3x slower data
+        # 4x slower data for 20 steps: 15 ms more per step, well above the noise of a
+        # sleep-paced loop beside a CPU hog, and below a stall (5x)
+        run(prof, Loader(300, lambda i: 0.020 if i in slow else 0.005))
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     alert = regressions[0]
@@ -110,7 +112,7 @@ def test_slower_backward_is_named(tmp_path):
     net[2].register_full_backward_hook(lambda *args: time.sleep(state["delay"]))
 
     def loader_delay(i):
-        state["delay"] = 0.010 if 100 <= i < 115 else 0.004  # backward 2.5x slower
+        state["delay"] = 0.016 if 100 <= i < 120 else 0.004  # backward 4x slower: +12 ms
         return 0.001
 
     with steptrace.Profiler(tmp_path) as prof:
@@ -281,3 +283,36 @@ def test_bad_detector_options(tmp_path):
         steptrace.Profiler(tmp_path / "b", on_alert=3)
     with pytest.raises(steptrace.ConfigError, match="memory_growth_pct"):
         steptrace.Profiler(tmp_path / "c", memory_growth_pct=0)
+
+
+def test_on_the_cuda_path_the_phase_follows_the_allocator_not_the_heap(tmp_path):
+    # What the CUDA path does, with a stand-in allocator: the step's allocated_bytes come
+    # from the step hook and the level at phase boundaries from the live-bytes hook
+    # (torch.cuda.memory_allocated there). The allocator leaks 1 MiB per step in backward;
+    # the C heap does what it likes.
+    from steptrace import _core
+    from steptrace.profiler import build_config
+
+    allocated = {"bytes": 100 << 20}
+    config, _ = build_config(tmp_path, {})
+    core = _core.Profiler(config, {}, False, False, lambda: allocated["bytes"])
+    for i in range(200):
+        core.begin_step()
+        core.begin_phase("forward")
+        allocated["bytes"] += 4096  # a temporary, freed in backward
+        core.end_phase("forward")
+        core.begin_phase("backward")
+        allocated["bytes"] += (1 << 20) - 4096  # kept: the leak
+        core.end_phase("backward")
+        core.set_step_memory(allocated_bytes=allocated["bytes"], device_total_bytes=8 << 30)
+        core.end_step()
+        if i % 20 == 0:
+            core.flush()  # let the writer see the alert and ask for phase levels in time
+    core.close("normal")
+    records = list(steptrace.read(tmp_path, validate=True))
+    (alert,) = [r for r in records if r["kind"] == "alert" and r["type"] == "memory_growth"]
+    assert alert["details"]["metric"] == "allocated_bytes"
+    assert alert["details"]["bytes_per_step"] == pytest.approx(1 << 20, rel=0.01)
+    (update,) = [r for r in records if r["kind"] == "alert_update"]
+    assert update["phase"] == "backward"
+    assert update["details"]["phase_bytes_per_step"] == pytest.approx(1 << 20, rel=0.01)
