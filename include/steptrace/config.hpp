@@ -58,7 +58,7 @@ struct STEPTRACE_API Config {
   /// percentile too. (A step is also slow when the phase that grew most is over
   /// regression_threshold x its own median and the iteration's excess passes this rule.)
   double min_excess_ms = 2.0;
-  double stall_min_excess_ms = 20.0;
+  double stall_min_excess_ms = 50.0;
   double noise_sigmas = 3.0;
   /// A regression lasts at least regression_min_ms of baseline time: it needs
   /// max(regression_min_steps, ceil(regression_min_ms / median)) slow steps in a row,

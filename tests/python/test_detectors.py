@@ -126,7 +126,7 @@ def test_slower_backward_is_named(tmp_path):
 def test_six_times_slower_step_is_a_stall(tmp_path):
     def forward_extra(i):
         if i == 60:
-            time.sleep(0.06)  # ~5 ms iterations: this one is about 12x
+            time.sleep(0.15)  # ~5 ms iterations: this one is about 30x, 145 ms over the 50 ms floor
 
     with steptrace.Profiler(tmp_path) as prof:
         run(prof, Loader(80, lambda i: 0.005), forward_extra=forward_extra)
@@ -247,11 +247,11 @@ def test_a_clean_loop_of_2000_steps_has_no_memory_alert(tmp_path):
 
 
 def test_log_lines_are_rate_limited_while_the_file_keeps_every_alert(tmp_path, caplog):
-    stalls = set(range(40, 400, 30))  # twelve separate stall episodes of 60 ms in ~5 ms steps
+    stalls = set(range(40, 400, 30))  # twelve separate stall episodes of 120 ms in ~5 ms steps
 
     def forward_extra(i):
         if i in stalls:
-            time.sleep(0.06)
+            time.sleep(0.12)
 
     caplog.set_level(logging.INFO, logger="steptrace")
     with steptrace.Profiler(tmp_path) as prof:
@@ -272,7 +272,7 @@ def test_on_alert_is_called_off_the_training_thread(tmp_path):
         got.append((alert["kind"], alert["type"], threading.current_thread().name))
 
     with steptrace.Profiler(tmp_path, on_alert=on_alert) as prof:
-        run(prof, Loader(40, lambda i: 0.08 if i == 30 else 0.005))
+        run(prof, Loader(40, lambda i: 0.15 if i == 30 else 0.005))
     assert got == [("alert", "stall", "steptrace-alerts"), ("resolved", "stall", "steptrace-alerts")]
 
 

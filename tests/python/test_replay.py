@@ -101,7 +101,7 @@ def test_replaying_a_live_run_gives_its_alerts(tmp_path):
             with prof.step():
                 with prof.phase("forward"):
                     net(torch.randn(4, 8)).sum().backward()
-                    time.sleep(0.002 if i != 60 else 0.08)  # a 40x step
+                    time.sleep(0.002 if i != 60 else 0.15)  # a 60x step
     live = [(r["kind"], r["type"], r["step"]) for r in steptrace.read(tmp_path) if r["kind"] in ("alert", "resolved")]
     replayed = [(r["kind"], r["type"], r["step"]) for r in steptrace.detect(tmp_path)]
     assert ("alert", "stall", 60) in live
