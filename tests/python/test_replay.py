@@ -47,7 +47,7 @@ def test_a_one_second_step_in_a_180_ms_loop_is_a_stall_with_its_thresholds():
     assert a["value"] == pytest.approx(1000) and a["baseline"] == pytest.approx(180, rel=0.05)
     assert a["threshold"] == pytest.approx(5 * a["baseline"])  # the ratio is the binding part here
     d = a["details"]
-    assert d["ratio_threshold"] == 5.0 and d["min_excess_ms"] == 20.0 and d["noise_sigmas"] == 6.0
+    assert d["ratio_threshold"] == 5.0 and d["min_excess_ms"] == 50.0 and d["noise_sigmas"] == 6.0
     assert 0 < d["noise_ms"] < 10 and d["window_p95_ms"] > a["baseline"]
     assert [(r["type"], r["step"], r["first_step"], r["repeats"]) for r in resolved] == [("stall", 151, 150, 0)]
 
