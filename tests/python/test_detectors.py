@@ -92,9 +92,9 @@ def test_clean_run_raises_no_alert(tmp_path):
 def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
     slow = range(200, 220)
     with steptrace.Profiler(tmp_path) as prof:
-        # 4x slower data for 20 steps: 15 ms more per step, well above the noise of a
-        # sleep-paced loop beside a CPU hog, and below a stall (5x)
-        run(prof, Loader(300, lambda i: 0.020 if i in slow else 0.005))
+        # 8x slower data for 20 steps: 35 ms more per step, well above the noise of a
+        # sleep-paced loop on a loaded host, and below the stall floor (50 ms more)
+        run(prof, Loader(300, lambda i: 0.040 if i in slow else 0.005))
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     alert = regressions[0]
@@ -112,7 +112,7 @@ def test_slower_backward_is_named(tmp_path):
     net[2].register_full_backward_hook(lambda *args: time.sleep(state["delay"]))
 
     def loader_delay(i):
-        state["delay"] = 0.016 if 100 <= i < 120 else 0.004  # backward 4x slower: +12 ms
+        state["delay"] = 0.034 if 100 <= i < 120 else 0.004  # backward 8x slower: +30 ms
         return 0.001
 
     with steptrace.Profiler(tmp_path) as prof:
