@@ -75,6 +75,9 @@ void Config::validate() const {
                   hang_min_s);
   STEPTRACE_CHECK(hang_floor_s > 0.0, ConfigError, "hang_floor_s={} must be positive (seconds)",
                   hang_floor_s);
+  STEPTRACE_CHECK(close_wait_s > 0.0 && close_wait_s <= 86400.0, ConfigError,
+                  "close_wait_s={} is out of range; allowed: above 0, at most 86400 (seconds)",
+                  close_wait_s);
   STEPTRACE_CHECK(memory_growth_pct > 0.0 && memory_growth_pct < 1000.0, ConfigError,
                   "memory_growth_pct={} is out of range; allowed: above 0 and below 1000",
                   memory_growth_pct);

@@ -76,6 +76,7 @@ DeviceActivityStage::DeviceActivityStage(const Config& config, KernelActivitySou
 void DeviceActivityStage::arrived(StepRecord& r) {
   r.held_since = std::chrono::steady_clock::now();
   r.activity_deliveries_at_arrival = activity_ != nullptr ? activity_->deliveries() : 0;
+  r.activity_mark_at_arrival = activity_ != nullptr ? activity_->delivery_mark() : 0;
   r.sampler_deliveries_at_arrival = sampler_ != nullptr ? sampler_->deliveries() : 0;
 }
 
@@ -83,11 +84,16 @@ bool DeviceActivityStage::complete(StepRecord& r, bool force) {
   const bool wants_kernels = activity_ != nullptr && r.activity_begin_ns >= 0;
   const bool wants_counters = sampler_ != nullptr && r.counters_sampled;
   // The record's device work had finished when it reached the writer; a delivery that
-  // started after that brings its data, and the second one after arrival surely did.
-  const bool ready =
-      force || std::chrono::steady_clock::now() - r.held_since >= kMaxHold ||
-      ((!wants_kernels || activity_->deliveries() >= r.activity_deliveries_at_arrival + 2) &&
-       (!wants_counters || sampler_->deliveries() >= r.sampler_deliveries_at_arrival + 2));
+  // started after that brings its data, and the second one after arrival surely did,
+  // once every activity buffer that was out then has come back (CUPTI returns the one
+  // being filled only when it is full: a flush tick alone proves nothing).
+  const bool kernels_in =
+      !wants_kernels || (activity_->deliveries() >= r.activity_deliveries_at_arrival + 2 &&
+                         activity_->delivered(r.activity_mark_at_arrival));
+  const bool counters_in =
+      !wants_counters || sampler_->deliveries() >= r.sampler_deliveries_at_arrival + 2;
+  const bool ready = force || std::chrono::steady_clock::now() - r.held_since >= kMaxHold ||
+                     (kernels_in && counters_in);
   if (!ready) return false;
 
   if (activity_ != nullptr) take_kernels();

@@ -170,8 +170,7 @@ void DeviceTiming::fail(std::int64_t step, JsonlWriter& writer) noexcept {
 }
 
 void DeviceTiming::write(const StepRecord& r, JsonlWriter& writer) noexcept {
-  *writer.begin_step_record() = r;
-  writer.commit_step_record();
+  writer.push_step_record(r);
 }
 
 }  // namespace steptrace::detail

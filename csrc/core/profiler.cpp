@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -24,6 +25,7 @@
 #include "device_activity.hpp"
 #include "device_timing.hpp"
 #include "heap_sampler.hpp"
+#include "lifecycle.hpp"
 #include "record_json.hpp"
 #include "step_record.hpp"
 #include "steptrace/error.hpp"
@@ -187,9 +189,10 @@ class DetectionStage final : public StepObserver {
 
 }  // namespace
 
-class ProfilerImpl {
+class ProfilerImpl final : public SignalClosable {
  public:
-  ProfilerImpl(Config config, RunInfo info, Backends backends) : config_(std::move(config)) {
+  ProfilerImpl(Config config, RunInfo info, Backends backends)
+      : config_(std::move(config)), pid_(getpid()), fork_generation_(fork_generation()) {
     config_.validate();
     resolve(config_);
     clock_ = backends.clock ? std::move(backends.clock) : make_host_clock();
@@ -229,19 +232,30 @@ class ProfilerImpl {
                                             std::chrono::milliseconds(config_.flush_interval_ms),
                                             detection_.get(), device_stage_.get());
     if (config_.detect) watchdog_ = std::thread([this] { watchdog_loop(); });
+    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    register_for_signal(this);
   }
 
-  ~ProfilerImpl() { stop_watchdog(); }
+  ~ProfilerImpl() override {
+    unregister_for_signal(this);  // waits while the SIGTERM watcher uses this profiler
+    stop_watchdog();
+  }
   ProfilerImpl(const ProfilerImpl&) = delete;
   ProfilerImpl& operator=(const ProfilerImpl&) = delete;
 
   void begin_step() {
+    if (detached_) return;
+    if (close_requested_.load(std::memory_order_relaxed) || fork_generation() != fork_generation_) {
+      detached_ = true;  // closed from another thread, or a forked child: record nothing
+      return;
+    }
     check_open();
     STEPTRACE_CHECK(!in_step_, UsageError,
                     "step begun while step {} is still running; end it before the next begins",
                     current_.step);
     STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
                     "step begun while waiting on the data loader (begin_data without end_data)");
+    if (!enter_step()) return;
     if (device_) {
       device_->poll(*writer_);
       report_device_failure();
@@ -283,6 +297,11 @@ class ProfilerImpl {
   }
 
   void end_step(bool failed) {
+    if (detached_) return;
+    if (fork_generation() != fork_generation_) {  // forked inside the step
+      detached_ = true;
+      return;
+    }
     STEPTRACE_CHECK(in_step_, UsageError, "end of a step without its start (no step is running)");
     const std::int64_t now = clock_->now_ns();
     for (std::uint16_t i = 0; i < current_.phase_count; ++i) {  // phases left open end here
@@ -318,8 +337,7 @@ class ProfilerImpl {
       device_->end_step(current_, *writer_);  // written once its events have completed
       report_device_failure();
     } else {
-      *writer_->begin_step_record() = current_;
-      writer_->commit_step_record();
+      writer_->push_step_record(current_);
     }
     // The next step's data wait starts here, after the bookkeeping above (memory reads).
     last_step_end_ns_ = clock_->now_ns();
@@ -331,9 +349,11 @@ class ProfilerImpl {
     last_done_ns_.store(current_.host_ns, std::memory_order_relaxed);
     last_done_step_.store(current_.step, std::memory_order_relaxed);
     inflight_step_.store(-1, std::memory_order_release);
+    leave_step();
   }
 
   void begin_phase(PhaseId id) {
+    if (detached_) return;
     check_phase_id(id);
     STEPTRACE_CHECK(in_step_, UsageError,
                     "phase {:?} started outside a step; start phases inside a step",
@@ -357,6 +377,7 @@ class ProfilerImpl {
   }
 
   void end_phase(PhaseId id) {
+    if (detached_) return;
     check_phase_id(id);
     STEPTRACE_CHECK(in_step_ && phase_start_ns_[id] != kUnset, UsageError,
                     "end of phase {:?} without its start", names_.name(id));
@@ -364,6 +385,11 @@ class ProfilerImpl {
   }
 
   void begin_data() {
+    if (detached_) return;
+    if (close_requested_.load(std::memory_order_relaxed) || fork_generation() != fork_generation_) {
+      detached_ = true;
+      return;
+    }
     STEPTRACE_CHECK(!in_step_, UsageError,
                     "data loader advanced inside step {}; advance it between steps", current_.step);
     STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
@@ -372,6 +398,7 @@ class ProfilerImpl {
   }
 
   void end_data() {
+    if (detached_) return;
     STEPTRACE_CHECK(data_begin_ns_ != kUnset, UsageError, "end_data without begin_data");
     data_accum_ns_ += clock_->now_ns() - data_begin_ns_;
     data_begin_ns_ = kUnset;
@@ -381,10 +408,14 @@ class ProfilerImpl {
   void set_step_memory(const MemorySample& s) { merge(external_memory_, s); }
 
   void set_stream(std::uintptr_t stream) noexcept {
-    if (device_) device_->set_stream(stream);
+    if (device_ && !detached_ && !close_requested_.load(std::memory_order_relaxed)) {
+      device_->set_stream(stream);
+    }
   }
   void clear_stream() noexcept {
-    if (device_) device_->clear_stream();
+    if (device_ && !detached_ && !close_requested_.load(std::memory_order_relaxed)) {
+      device_->clear_stream();
+    }
   }
   std::size_t steps_in_flight() const noexcept { return device_ ? device_->in_flight() : 0; }
   void set_external_profiler(bool active) noexcept {
@@ -393,10 +424,34 @@ class ProfilerImpl {
     activity_->set_yielding(active);
   }
 
+  // From the training thread: ends an open step (failed) and closes. From another thread
+  // (a foreign close): asks the training thread to stop recording at its next step
+  // boundary, waits (at most close_wait_s) for the step it is in to end, and closes
+  // without touching its state; its later steps are not recorded and raise nothing. In a
+  // forked child: abandons the run (nothing written).
   void close(EndReason reason, std::string_view error) {
-    if (closed_) return;
-    if (in_step_) end_step(/*failed=*/true);
-    if (device_) {
+    if (forked()) {
+      abandon();
+      return;
+    }
+    if (closed_.load(std::memory_order_acquire)) return;
+    const bool foreign = owner_.load(std::memory_order_relaxed) != std::this_thread::get_id();
+    bool step_left_running = false;
+    std::int64_t running_step = -1;
+    if (foreign) {
+      close_requested_.store(true, std::memory_order_seq_cst);
+      std::unique_lock<std::mutex> lock(busy_mu_);
+      const auto wait = std::chrono::duration<double>(config_.close_wait_s);
+      step_left_running =
+          !busy_cv_.wait_for(lock, wait, [&] { return !busy_.load(std::memory_order_seq_cst); });
+      if (step_left_running) running_step = inflight_step_.load(std::memory_order_acquire);
+    }
+    std::lock_guard<std::mutex> lock(close_mu_);
+    if (closed_.load(std::memory_order_acquire)) return;
+    if (!foreign && in_step_) end_step(/*failed=*/true);
+    // The device is the training thread's while its step runs: then neither drain it nor
+    // finish the device activity here.
+    if (device_ && !step_left_running) {
       device_->drain(*writer_);  // the one synchronization of the run
       report_device_failure();
     }
@@ -406,15 +461,64 @@ class ProfilerImpl {
     RunEnd end;
     end.reason = reason_name(reason);
     end.error = std::string(error);
+    if (step_left_running) {
+      if (!end.error.empty()) end.error += "; ";
+      end.error += fmt::format(
+          "closed from another thread while step {} was still running after close_wait_s={}; "
+          "that step and the steps waiting for device times are not recorded",
+          running_step, config_.close_wait_s);
+    }
     end.end_unix_ns = unix_ns_at(now);
     end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
-    writer_->close(end);
-    closed_ = true;
+    writer_->close(end, /*finish_device=*/!step_left_running);
+    closed_.store(true, std::memory_order_release);
     alerts_.finish();
   }
 
   void flush() {
-    if (!closed_) writer_->flush();
+    if (closed_.load(std::memory_order_acquire) || detached_ || forked()) return;
+    writer_->flush();
+  }
+
+  // ---- SIGTERM watcher (its thread) ----
+  void flush_for_signal() noexcept override {
+    try {
+      if (!closed_.load(std::memory_order_acquire)) writer_->flush(std::chrono::milliseconds(2000));
+    } catch (...) {
+    }
+  }
+  bool closed_for_signal() const noexcept override {
+    return closed_.load(std::memory_order_acquire);
+  }
+  // The program did not end the run within the grace period (its main thread may be
+  // blocked in native code, or in close() on a hung device): write what the writer holds
+  // and run_end, with no device call and without touching the training thread's state.
+  void close_for_signal() noexcept override {
+    try {
+      RunEnd end;
+      end.reason = "signal";
+      end.error =
+          "SIGTERM: the program did not end the run within the grace period; closed by "
+          "steptrace's signal watcher (a step in progress and steps waiting for device times "
+          "are not recorded)";
+      end.end_unix_ns = unix_now_ns();
+      end.wall_s = static_cast<double>(end.end_unix_ns - start_unix_ns_) / 1e9;
+      writer_->close(end, /*finish_device=*/false, std::chrono::milliseconds(2000));
+      closed_.store(true, std::memory_order_release);
+    } catch (...) {
+    }
+  }
+
+  // A forked child (only the forking thread exists there): forget the run without
+  // writing, joining or locking anything of the parent's.
+  bool forked() const noexcept { return fork_generation() != fork_generation_ || getpid() != pid_; }
+  void abandon() noexcept {
+    if (abandoned_) return;
+    abandoned_ = true;
+    detached_ = true;
+    closed_.store(true, std::memory_order_release);
+    writer_->abandon();
+    if (watchdog_.joinable()) new std::thread(std::move(watchdog_));  // NOLINT: leaked
   }
 
   PhaseId phase_id(std::string_view name) { return names_.intern(name); }
@@ -426,7 +530,9 @@ class ProfilerImpl {
   AlertLog& alerts() noexcept { return alerts_; }
   bool in_step() const noexcept { return in_step_; }
   std::int64_t step_index() const noexcept { return step_index_; }
-  bool closed() const noexcept { return closed_; }
+  bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+  std::int64_t write_errors() const noexcept { return writer_->write_errors(); }
+  int write_errno() const noexcept { return writer_->first_errno(); }
   const std::string& log_path() const noexcept { return log_path_; }
   const Config& config() const noexcept { return config_; }
 
@@ -436,8 +542,28 @@ class ProfilerImpl {
     return start_unix_ns_ + (clock_ns - start_ns_);
   }
 
+  // The training thread is inside a step from here to leave_step(): a close from another
+  // thread waits for that (Dekker-style: each side stores its flag, then reads the other's).
+  // False when such a close was requested first: the step is not recorded.
+  bool enter_step() noexcept {
+    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    busy_.store(true, std::memory_order_seq_cst);
+    if (!close_requested_.load(std::memory_order_seq_cst)) return true;
+    leave_step();
+    detached_ = true;
+    return false;
+  }
+  void leave_step() noexcept {
+    busy_.store(false, std::memory_order_seq_cst);
+    if (close_requested_.load(std::memory_order_seq_cst)) {
+      { std::lock_guard<std::mutex> lock(busy_mu_); }
+      busy_cv_.notify_all();
+    }
+  }
+
   void check_open() const {
-    STEPTRACE_CHECK(!closed_, UsageError, "the profiler is closed; create a new one");
+    STEPTRACE_CHECK(!closed_.load(std::memory_order_acquire), UsageError,
+                    "the profiler is closed; create a new one");
   }
   void check_phase_id(PhaseId id) const {
     STEPTRACE_CHECK(id < names_.size(), UsageError, "phase id {} was never interned", id);
@@ -692,7 +818,8 @@ class ProfilerImpl {
           {"matmul_dominated_pct", config_.matmul_dominated_pct},
           {"occupancy_min_pct", config_.occupancy_min_pct},
           {"dram_bound_pct", config_.dram_bound_pct},
-          {"comm_bound_pct", config_.comm_bound_pct}}},
+          {"comm_bound_pct", config_.comm_bound_pct},
+          {"close_wait_s", config_.close_wait_s}}},
         {"backends",
          {{"timer", timer_json()},
           {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}},
@@ -726,7 +853,7 @@ class ProfilerImpl {
   std::int64_t data_accum_ns_ = 0;
   bool data_wrapped_ = false;
   bool in_step_ = false;
-  bool closed_ = false;
+  std::atomic<bool> closed_{false};
   std::size_t ended_phases_ = 0;              // phases ended in this step, for phase_end_order
   std::array<PhaseId, kMaxPhases> active_{};  // running phases, innermost last
   std::size_t active_depth_ = 0;
@@ -759,6 +886,18 @@ class ProfilerImpl {
   std::condition_variable watchdog_cv_;
   bool watchdog_stop_ = false;  // guarded by watchdog_mu_
   std::thread watchdog_;
+
+  // Lifecycle: closes from other threads, forks (see close()).
+  const pid_t pid_;
+  const std::uint64_t fork_generation_;
+  std::atomic<std::thread::id> owner_{};      // the training thread: the last to begin a step
+  std::atomic<bool> busy_{false};             // the training thread is inside a step
+  std::atomic<bool> close_requested_{false};  // by a close from another thread
+  bool detached_ = false;  // training thread: record nothing more (foreign close, fork)
+  bool abandoned_ = false;
+  std::mutex busy_mu_;
+  std::condition_variable busy_cv_;
+  std::mutex close_mu_;  // one close() at a time
 
   // Last: destroyed first, so the writer thread stops before the names it reads go.
   std::unique_ptr<JsonlWriter> writer_;
@@ -810,6 +949,13 @@ Profiler::Profiler(Config config, RunInfo info, Backends backends)
                                                    std::move(backends))) {}
 
 Profiler::~Profiler() {
+  if (impl_ && impl_->forked()) {
+    // A forked child: its members name threads and locks of the parent; destroying them
+    // could block for ever. Leak it (the child's copy of the parent's memory).
+    impl_->abandon();
+    (void)impl_.release();
+    return;
+  }
   if (impl_ && !impl_->closed()) {
     impl_->close(std::uncaught_exceptions() > 0 ? EndReason::kException : EndReason::kNormal, {});
   }
@@ -843,6 +989,11 @@ std::int64_t Profiler::step_index() const noexcept { return impl_->step_index();
 void Profiler::flush() { impl_->flush(); }
 void Profiler::close(EndReason reason, std::string_view error) { impl_->close(reason, error); }
 bool Profiler::closed() const noexcept { return impl_->closed(); }
+std::int64_t Profiler::write_errors() const noexcept { return impl_->write_errors(); }
+std::string Profiler::write_error() const {
+  const int e = impl_->write_errno();
+  return e == 0 ? std::string() : std::string(std::strerror(e));
+}
 const std::string& Profiler::log_path() const noexcept { return impl_->log_path(); }
 const Config& Profiler::config() const noexcept { return impl_->config(); }
 
@@ -858,6 +1009,12 @@ std::optional<ProfilerEvent> Profiler::wait_event(int timeout_ms) {
 void Profiler::answer_stacks(std::string stacks) {
   impl_->alerts().answer_stacks(std::move(stacks));
 }
+
+bool install_sigterm_handler(bool terminate, double grace_s) {
+  const double ms = std::clamp(grace_s, 0.0, 86400.0) * 1000.0;
+  return detail::watch_sigterm(terminate, std::chrono::milliseconds(static_cast<std::int64_t>(ms)));
+}
+void remove_sigterm_handler() noexcept { detail::unwatch_sigterm(); }
 
 const char* version() noexcept { return STEPTRACE_VERSION; }
 

@@ -168,8 +168,15 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
   }
   fmt::format_to(it,
                  "\"end_unix_ns\":{},\"steps\":{},\"error_steps\":{},\"wall_s\":{:.3f},"
-                 "\"writer_waits\":{},\"alerts\":{{",
-                 end.end_unix_ns, totals.steps, totals.error_steps, end.wall_s, end.writer_waits);
+                 "\"writer_waits\":{},\"dropped_steps\":{},\"write_errors\":{},",
+                 end.end_unix_ns, totals.steps, totals.error_steps, end.wall_s, end.writer_waits,
+                 end.dropped_steps, end.write_errors);
+  if (!end.write_error.empty()) {
+    out.append(std::string_view("\"write_error\":"));
+    append_json_string(out, end.write_error);
+    out.push_back(',');
+  }
+  out.append(std::string_view("\"alerts\":{"));
   auto append_counts = [&](const std::map<std::string, std::int64_t>& counts) {
     bool first_entry = true;
     for (const auto& [type, count] : counts) {

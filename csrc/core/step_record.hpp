@@ -72,6 +72,7 @@ struct StepRecord {
   // Writer thread: when the record reached the writer, and the backends' deliveries then.
   std::chrono::steady_clock::time_point held_since{};
   std::uint64_t activity_deliveries_at_arrival = 0;
+  std::uint64_t activity_mark_at_arrival = 0;  // KernelActivitySource::delivery_mark()
   std::uint64_t sampler_deliveries_at_arrival = 0;
 };
 

@@ -567,6 +567,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("occupancy_min_pct", &steptrace::Config::occupancy_min_pct)
       .def_readwrite("dram_bound_pct", &steptrace::Config::dram_bound_pct)
       .def_readwrite("comm_bound_pct", &steptrace::Config::comm_bound_pct)
+      .def_readwrite("close_wait_s", &steptrace::Config::close_wait_s)
       .def("validate", &steptrace::Config::validate);
 
   init_step_scope_type(m);
@@ -666,12 +667,18 @@ PYBIND11_MODULE(_core, m) {
       .def("answer_stacks",
            [](PyProfiler& p, std::string stacks) { p.core().answer_stacks(std::move(stacks)); })
       .def_property_readonly("closed", [](PyProfiler& p) { return p.core().closed(); })
+      .def_property_readonly("write_errors", [](PyProfiler& p) { return p.core().write_errors(); })
+      .def_property_readonly("write_error", [](PyProfiler& p) { return p.core().write_error(); })
       .def_property_readonly("in_step", [](PyProfiler& p) { return p.core().in_step(); })
       .def_property_readonly("step_index", [](PyProfiler& p) { return p.core().step_index(); })
       .def_property_readonly("log_path", [](PyProfiler& p) { return p.core().log_path(); })
       .def_property_readonly("config", [](PyProfiler& p) { return p.core().config(); });
 
   m.def("version", &steptrace::version);
+  m.def("install_sigterm_handler", &steptrace::install_sigterm_handler, py::arg("terminate"),
+        py::arg("grace_s"),
+        "A C-level SIGTERM handler (chaining to the current one) and its watcher thread");
+  m.def("remove_sigterm_handler", &steptrace::remove_sigterm_handler);
   using ReplayTuple =
       std::tuple<std::int64_t, std::int64_t, double, double, bool,
                  std::vector<std::pair<std::string, double>>, std::array<std::int64_t, 7>, bool>;

@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+
+#include "../core/lifecycle.hpp"
 
 namespace steptrace::detail {
 namespace {
@@ -19,24 +22,43 @@ JsonlWriter::JsonlWriter(int fd, std::string first_line, int rank, const PhaseNa
       fd_(fd),
       observer_(observer),
       completer_(completer),
-      ring_(capacity) {
+      ring_(capacity),
+      fork_generation_(fork_generation()) {
   buf_.append(first_line.data(), first_line.data() + first_line.size());
   write_buffer();  // run_start reaches the file before the constructor returns
   thread_ = std::thread([this] { run(); });
 }
 
 JsonlWriter::~JsonlWriter() {
+  if (abandoned_) return;
   RunEnd end;
   end.reason = "exit";
   close(end);
 }
 
 StepRecord* JsonlWriter::begin_step_record() noexcept {
+  // Stopping or closed: nothing drains the ring any more (and a record pushed now could
+  // come after run_end), so drop it rather than wait for a slot that never frees.
+  if (stopping_.load(std::memory_order_acquire)) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
   StepRecord* slot = ring_.begin_push();
   if (slot != nullptr) return slot;
+  if (fork_generation() != fork_generation_) {  // a forked child: the writer thread is not here
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
   waits_.fetch_add(1, std::memory_order_relaxed);
   request_drain();
-  while ((slot = ring_.begin_push()) == nullptr) std::this_thread::yield();
+  // The writer runs: wait for it (back-pressure), but never past the start of a close.
+  while ((slot = ring_.begin_push()) == nullptr) {
+    if (stopping_.load(std::memory_order_acquire)) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
+    std::this_thread::yield();
+  }
   return slot;
 }
 
@@ -65,23 +87,39 @@ void JsonlWriter::push_line_now(std::string line) {
   wake_.notify_one();
 }
 
-void JsonlWriter::flush() {
+bool JsonlWriter::flush(std::chrono::milliseconds wait) {
+  if (abandoned_) return true;
   std::unique_lock<std::mutex> lock(mu_);
-  if (closed_) return;
+  if (closed_) return true;
   const std::uint64_t ticket = ++flush_requested_;
   wake_.notify_one();
-  done_.wait(lock, [&] { return flush_done_ >= ticket || closed_; });
+  const auto done = [&] { return flush_done_ >= ticket || closed_; };
+  if (wait == std::chrono::milliseconds::max()) {
+    done_.wait(lock, done);
+    return true;
+  }
+  return done_.wait_for(lock, wait, done);
 }
 
-void JsonlWriter::close(const RunEnd& end) {
+void JsonlWriter::close(const RunEnd& end, bool finish_device, std::chrono::milliseconds wait) {
+  if (abandoned_) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_ || stop_) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) return;
+    if (stop_) {  // another thread is closing: its close is complete when this returns
+      if (wait == std::chrono::milliseconds::max()) {
+        done_.wait(lock, [&] { return closed_; });
+      } else {
+        done_.wait_for(lock, wait, [&] { return closed_; });
+      }
+      return;
+    }
     stop_ = true;
+    stopping_.store(true, std::memory_order_release);
   }
   wake_.notify_one();
   thread_.join();
-  if (completer_ != nullptr) {
+  if (completer_ != nullptr && finish_device) {
     drain(/*force=*/false);
     completer_->finish();  // the device has synchronized: what is left arrives now
   }
@@ -89,6 +127,9 @@ void JsonlWriter::close(const RunEnd& end) {
   RunEnd final_end = end;
   if (completer_ != nullptr) final_end.extra_fields = completer_->run_end_fields();
   final_end.writer_waits = waits();
+  final_end.dropped_steps = dropped();
+  final_end.write_errors = write_errors();
+  if (const int e = first_errno(); e != 0) final_end.write_error = std::strerror(e);
   if (observer_ != nullptr) {
     observer_->on_finish(buf_);
     final_end.alerts = observer_->alert_counts();
@@ -103,6 +144,15 @@ void JsonlWriter::close(const RunEnd& end) {
     closed_ = true;
   }
   done_.notify_all();
+}
+
+void JsonlWriter::abandon() noexcept {
+  if (abandoned_) return;
+  abandoned_ = true;
+  stopping_.store(true, std::memory_order_release);
+  // The std::thread names a thread of the parent: neither join nor destroy it.
+  if (thread_.joinable()) new std::thread(std::move(thread_));  // NOLINT: leaked on purpose
+  ::close(fd_);  // the child's copy only; the parent's file is untouched
 }
 
 void JsonlWriter::run() {
@@ -164,9 +214,14 @@ void JsonlWriter::write_buffer() {
   while (left > 0) {
     const ssize_t n = ::write(fd_, p, left);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      last_errno_.store(errno, std::memory_order_relaxed);
-      break;  // keep training going; the error is reported by last_errno()
+      const int e = errno;
+      if (e == EINTR) continue;
+      // Keep training going: the batch is lost, counted, and reported in run_end.
+      int none = 0;
+      first_errno_.compare_exchange_strong(none, e, std::memory_order_relaxed);
+      last_errno_.store(e, std::memory_order_relaxed);
+      write_errors_.fetch_add(1, std::memory_order_relaxed);
+      break;
     }
     p += n;
     left -= static_cast<std::size_t>(n);

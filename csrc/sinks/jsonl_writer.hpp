@@ -44,11 +44,20 @@ class JsonlWriter {
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
 
-  /// Training thread: the slot to fill with the next step record. Never null: when the
-  /// ring is full it wakes the writer and waits for a free slot (counted in waits()).
+  /// Training thread: the slot to fill with the next step record. When the ring is full
+  /// it wakes the writer and waits for a free slot (counted in waits()) while the writer
+  /// runs. Null once the writer is stopping, closed or abandoned, or in a forked child
+  /// (a full ring then never waits: the record is dropped and counted in dropped()).
   StepRecord* begin_step_record() noexcept;
   /// Training thread: hands the filled slot to the writer; wakes it early when the ring
   /// is half full, so that a burst of short steps does not fill it.
+  /// Training thread: copies `r` into the ring (or drops it, see begin_step_record).
+  void push_step_record(const StepRecord& r) noexcept {
+    if (StepRecord* slot = begin_step_record()) {
+      *slot = r;
+      commit_step_record();
+    }
+  }
   void commit_step_record() noexcept {
     ring_.commit_push();
     if (ring_.size() >= ring_.capacity() / 2 && !drain_requested_.load(std::memory_order_relaxed)) {
@@ -62,15 +71,32 @@ class JsonlWriter {
   /// file while the step is still hung).
   void push_line_now(std::string line);
 
-  /// Blocks until everything handed over before the call is written to the file.
-  void flush();
-  /// Writes everything, then the run_end record, and closes the file. Idempotent.
-  void close(const RunEnd& end);
+  /// Blocks until everything handed over before the call is written to the file (or
+  /// `wait` passed: then false).
+  bool flush(std::chrono::milliseconds wait = std::chrono::milliseconds::max());
+  /// Writes everything, then the run_end record, and closes the file. Idempotent; a
+  /// second caller waits (at most `wait`) for the first one's close to complete.
+  /// `finish_device` false (a signal): the completer's finish() (device calls) is skipped
+  /// and the records waiting for device data are written with what is known.
+  void close(const RunEnd& end, bool finish_device = true,
+             std::chrono::milliseconds wait = std::chrono::milliseconds::max());
+  /// In a forked child: forgets the writer without writing, flushing or joining (its
+  /// thread does not exist there) and without locking (a lock may have been copied
+  /// held). The destructor and close() do nothing afterwards.
+  void abandon() noexcept;
 
   /// Times the training thread found the ring full.
   std::int64_t waits() const noexcept { return waits_.load(std::memory_order_relaxed); }
   std::size_t capacity() const noexcept { return ring_.capacity(); }
-  /// Write errors (e.g. disk full), first one's errno; the writer keeps going.
+  /// Step records dropped because the writer was stopping or gone (never while it runs).
+  std::int64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
+  /// Failed writes (e.g. disk full: the batch is lost, the writer keeps going), and the
+  /// first one's errno (0: none).
+  std::int64_t write_errors() const noexcept {
+    return write_errors_.load(std::memory_order_relaxed);
+  }
+  int first_errno() const noexcept { return first_errno_.load(std::memory_order_relaxed); }
+  /// The most recent failed write's errno (0: none).
   int last_errno() const noexcept { return last_errno_.load(std::memory_order_relaxed); }
 
  private:
@@ -104,7 +130,13 @@ class JsonlWriter {
   bool closed_ = false;                // guarded by mu_
   std::atomic<bool> drain_requested_{false};
   std::atomic<std::int64_t> waits_{0};
+  std::atomic<std::int64_t> dropped_{0};
+  std::atomic<std::int64_t> write_errors_{0};
+  std::atomic<int> first_errno_{0};
   std::atomic<int> last_errno_{0};
+  std::atomic<bool> stopping_{false};    // close() began: records are dropped from now on
+  bool abandoned_ = false;               // forked child: never touch the file or the thread
+  const std::uint64_t fork_generation_;  // fork_generation() at construction
   std::thread thread_;
 };
 

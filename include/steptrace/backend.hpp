@@ -113,16 +113,26 @@ class STEPTRACE_API KernelActivitySource {
   virtual const char* name() const noexcept = 0;
   /// Now on the clock of the records' timestamps. Training thread; cheap.
   virtual std::int64_t now_ns() noexcept = 0;
-  /// Training thread: device work launched from now until end_step belongs to `step`.
-  /// No allocation, no locks.
+  /// Training thread: device work launched from now until end_step belongs to `step`,
+  /// from whichever thread it is launched (autograd's backward thread, communication
+  /// hooks). No allocation, no locks.
   virtual void begin_step(std::int64_t step) noexcept = 0;
   virtual void end_step(std::int64_t step) noexcept = 0;
   /// Writer thread: appends the records delivered since the last call, and adds the
   /// records the backend lost since then (full buffers) to *dropped.
   virtual void take(std::vector<KernelRecord>& out, std::int64_t* dropped) = 0;
   /// Deliveries completed so far. A delivery that starts after a kernel finished brings
-  /// its record: work done before this returned g is delivered once it returns g + 2.
+  /// its record, provided delivered() says so too: work done before this returned g is
+  /// delivered once it returns g + 2 and delivered(delivery_mark() as read then) is true.
   virtual std::uint64_t deliveries() noexcept = 0;
+  /// Writer thread: a mark of what the backend holds undelivered now (CUPTI: the
+  /// activity buffers handed out so far, the one being filled included). Backends that
+  /// hand over whole batches at each delivery (the fakes) keep the default.
+  virtual std::uint64_t delivery_mark() noexcept { return 0; }
+  /// True once everything held at delivery_mark() == mark has been delivered (CUPTI:
+  /// those buffers have all come back, which on a busy device happens once the last of
+  /// them is full).
+  virtual bool delivered(std::uint64_t /*mark*/) noexcept { return true; }
   /// The kernel's name (as the device reports it, possibly mangled). Writer thread.
   virtual std::string kernel_name(std::uint32_t name_id) = 0;
   /// Any thread: another tool (torch.profiler) takes over activity collection (true)

@@ -97,6 +97,11 @@ struct STEPTRACE_API Config {
   double dram_bound_pct = 80.0;
   double comm_bound_pct = 25.0;
 
+  /// close() from a thread other than the one driving the steps waits at most this long
+  /// for the step in progress to end; after it, the run is closed without that step and
+  /// without the steps still waiting for device times.
+  double close_wait_s = 10.0;
+
   /// Throws ConfigError for the first bad value, naming it and what is allowed.
   void validate() const;
 };

@@ -2,7 +2,11 @@
 // per step to a background writer, which appends it to <log_dir>/rank<N>.jsonl.
 //
 // Thread-safety: one training thread drives a Profiler (steps, phases, data waits).
-// flush() and close() may be called from any thread, but not concurrently with each other.
+// flush() and close() may be called from any thread. A close() from another thread only
+// asks: it waits (at most Config::close_wait_s) for the step in progress to end, then
+// closes; the training thread's later steps and phases are not recorded and throw
+// nothing. In a forked child the profiler is abandoned: nothing is written, close() and
+// the destructor do nothing, steps are not recorded.
 #pragma once
 
 #include <cstdint>
@@ -155,6 +159,10 @@ class STEPTRACE_API Profiler {
   /// Idempotent: later calls do nothing.
   void close(EndReason reason = EndReason::kNormal, std::string_view error = {});
   bool closed() const noexcept;
+  /// Writes to the log that failed (e.g. disk full: those records are lost; run_end says
+  /// how many), and the first failure's error text ("" while there is none). Any thread.
+  std::int64_t write_errors() const noexcept;
+  std::string write_error() const;
   /// Calls `callback` with every alert and resolved record (one JSON line) as it is
   /// written, on the writer or watchdog thread: keep it short and thread-safe.
   void set_alert_callback(std::function<void(const std::string& json_line)> callback);
@@ -173,6 +181,19 @@ class STEPTRACE_API Profiler {
  private:
   std::unique_ptr<detail::ProfilerImpl> impl_;
 };
+
+/// Installs a C-level SIGTERM handler (sigaction; it chains to the handler it replaces)
+/// and a watcher thread it wakes through a self-pipe, so that a SIGTERM is handled even
+/// while every program thread is blocked in native code. The watcher flushes every live
+/// profiler at once. With `terminate` (the program leaves SIGTERM to its default action),
+/// it then waits `grace_s` for the program to end the runs itself, writes run_end (reason
+/// "signal") for those still open without any device call, and re-raises SIGTERM with the
+/// default action. Without it, the program's own handler decides (the watcher only
+/// flushes). Returns false when the handler could not be installed. Once per process is
+/// enough; a forked child must call it again.
+STEPTRACE_API bool install_sigterm_handler(bool terminate = true, double grace_s = 0.0);
+/// Puts back the SIGTERM handler install_sigterm_handler replaced (when ours is in place).
+STEPTRACE_API void remove_sigterm_handler() noexcept;
 
 /// Version of the steptrace library ("0.1.0").
 STEPTRACE_API const char* version() noexcept;

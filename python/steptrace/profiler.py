@@ -29,7 +29,7 @@ T = TypeVar("T")
 logger = logging.getLogger("steptrace")
 
 # Options handled here rather than by the core (None: any callable or None).
-_PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None, "cuda_memory": True}
+_PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None, "cuda_memory": True, "sigterm_grace_s": 2.0}
 _CORE_OPTIONS = sorted(
     name for name in dir(_core.Config) if not name.startswith("_") and name not in ("validate", "log_dir")
 )
@@ -74,6 +74,9 @@ def build_config(log_dir: "str | os.PathLike[str]", options: dict) -> tuple[Any,
             raise UnknownOptionError(f"unknown option {key!r}; allowed: {', '.join(ALLOWED_OPTIONS)}")
         _check_type(key, value, getattr(config, key))
         setattr(config, key, list(value) if isinstance(value, tuple) else value)
+    grace = python_options["sigterm_grace_s"]
+    if not 0 <= grace <= 3600:
+        raise ConfigError(f"option sigterm_grace_s={grace!r} is out of range; allowed: 0..3600 (seconds)")
     config.validate()
     return config, python_options
 
@@ -104,13 +107,58 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)  # die of SIGTERM as the process would have without us
 
 
-def _install_sigterm_handler() -> None:
+def _install_sigterm_handler(grace_s: float) -> None:
+    """The Python-level handler (runs between bytecodes, lossless: it ends the open step
+    and drains the device), and under it a C-level one whose watcher thread acts even while
+    the main thread is blocked in native code: it flushes at once and, when SIGTERM would
+    otherwise have its default action, gives the Python handler ``grace_s`` before it
+    writes run_end itself (no device call) and re-raises SIGTERM."""
     global _previous_sigterm, _sigterm_installed
-    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         return
-    _previous_sigterm = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    _sigterm_installed = True
+    if not _sigterm_installed:
+        _previous_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_installed = True
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # else the program took SIGTERM over since
+        terminate = _previous_sigterm in (signal.SIG_DFL, None)
+        if not _core.install_sigterm_handler(terminate, float(grace_s)):
+            logger.warning("steptrace could not install its C-level SIGTERM handler; SIGTERM is "
+                           "handled between Python bytecodes only")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (os.fork, multiprocessing's fork start method) inherits the parent's
+    profilers but none of their threads: abandon them (nothing written, close a no-op,
+    steps not recorded), and give SIGTERM back the handling it had before steptrace."""
+    global _previous_sigterm, _sigterm_installed
+    for prof in list(_live):
+        prof._abandon()
+    _live.clear()
+    if _sigterm_installed:
+        try:
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                previous = _previous_sigterm
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        except (ValueError, TypeError, OSError):
+            pass
+        _sigterm_installed = False
+        _previous_sigterm = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _warn_write_errors(core: Any, pending: list) -> None:
+    """Once per run (``pending`` holds one item until then): the log cannot be written."""
+    if not pending or not core.write_errors:
+        return
+    try:
+        pending.pop()  # atomic: one thread wins
+    except IndexError:
+        return
+    logger.warning("steptrace cannot write its log %s (%s); records are being lost, and run_end "
+                   "counts the failed writes in write_errors", core.log_path, core.write_error)
 
 
 def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
@@ -281,12 +329,14 @@ def _log_record(record: dict, limiter: _LogLimiter) -> None:
         logger.info("%s at step %d: %s%s", record["type"], record["step"], record["message"], more)
 
 
-def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]]) -> None:
+def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_warning: list) -> None:
     """The alert thread: logs alerts to the ``steptrace`` logger (rate-limited), calls
-    ``on_alert`` with every record, and answers the watchdog's requests for stacks. Ends
-    once the core is closed and everything queued is delivered."""
+    ``on_alert`` with every record, answers the watchdog's requests for stacks, and warns
+    once when the log cannot be written. Ends once the core is closed and everything
+    queued is delivered."""
     limiter = _LogLimiter()
     while True:
+        _warn_write_errors(core, write_warning)
         event = core.wait_event(200)
         if event is None:
             if core.closed:
@@ -322,7 +372,8 @@ class Profiler:
     value raises :class:`steptrace.errors.ConfigError`, an unknown name
     :class:`steptrace.errors.UnknownOptionError`, before any file is created.
 
-    Not thread-safe: one training thread drives steps and phases.
+    Not thread-safe: one training thread drives steps and phases; :meth:`close` and
+    :meth:`flush` may come from another thread (see the README's Lifecycle section).
     """
 
     def __init__(self, log_dir: "str | os.PathLike[str]", _fake_device: bool = False, **options: Any) -> None:
@@ -336,6 +387,8 @@ class Profiler:
         live = _cuda_live_bytes(torch) if cuda and python_options["cuda_memory"] else None
         self._core = _core.Profiler(config, _versions(), _fake_device, _torch_profiler_running(torch), live)
         self._signalled = False
+        self._abandoned = False  # a forked child's copy of the parent's profiler
+        self._write_warning = [True]  # until the first write error is logged
         # Bound C++ methods: calling them runs no Python code of ours.
         self.step = self._core.step_function()
         """``with prof.step():`` times one step."""
@@ -355,11 +408,11 @@ class Profiler:
         if config.detect:
             self._core.subscribe_events()
             self._alert_thread = threading.Thread(
-                target=_deliver_alerts, args=(self._core, python_options["on_alert"]),
+                target=_deliver_alerts, args=(self._core, python_options["on_alert"], self._write_warning),
                 name="steptrace-alerts", daemon=True)
             self._alert_thread.start()
         if python_options["handle_signals"]:
-            _install_sigterm_handler()
+            _install_sigterm_handler(python_options["sigterm_grace_s"])
 
     # ---- the loader ----
     def data(self, iterable: Iterable[T]) -> Iterator[T]:
@@ -391,17 +444,34 @@ class Profiler:
     def flush(self) -> None:
         """Blocks until every finished step is written to the log file."""
         self._core.flush()
+        _warn_write_errors(self._core, self._write_warning)
 
     def close(self, reason: str = "normal", error: str = "") -> None:
         """Ends an open step (as failed), writes ``run_end`` and closes the file.
-        ``reason`` is one of normal, exception, signal, exit. Idempotent."""
+        ``reason`` is one of normal, exception, signal, exit. Idempotent.
+
+        From a thread other than the one driving the steps, it waits for the step in
+        progress to end (at most ``close_wait_s``) and closes; that thread's later steps
+        are not recorded and raise nothing. In a forked child it does nothing."""
+        if self._abandoned:
+            return
         if self._signalled and reason in ("normal", "exit", "exception"):
             reason = "signal"
         self._core.close(reason, error)
         _live.discard(self)
+        _warn_write_errors(self._core, self._write_warning)
         thread = self._alert_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)  # the last alerts reach logging and on_alert first
+
+    def _abandon(self) -> None:
+        """In a forked child: forget the parent's run (its threads do not exist here)."""
+        self._abandoned = True
+        self._alert_thread = None
+        try:
+            self._core.close()  # the core sees the fork: it writes nothing and joins nothing
+        except Exception:
+            pass
 
     def __enter__(self) -> "Profiler":
         return self

@@ -1,7 +1,12 @@
 // The CUPTI activity backend's call layer (make_cupti_activity) against a stand-in
 // libcupti linked into this test under CUPTI's soname, so the backend's own loader picks
-// it up: which kinds it enables, the step ids it pushes, the flush thread and the
-// deliveries contract, yielding to another tool, finishing, and undoing a failed start.
+// it up. The stand-in behaves as the real library is documented to (fake_cupti.hpp):
+// records only for what is enabled, process-wide correlation ids, per-thread external
+// ids, buffers returned by a non-forced flush only once full and complete. Covered: which
+// kinds and calls it enables, attribution of kernels launched from other threads
+// (autograd's backward thread, a DDP hook launching NCCL), step records waiting for the
+// buffer that holds their kernels, yielding to another tool, finishing, and undoing a
+// failed start.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,28 +16,45 @@
 #include <thread>
 #include <vector>
 
+#include "core/device_activity.hpp"
 #include "fake_cupti/fake_cupti.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/profiler.hpp"
+#include "test_util.hpp"
 
 namespace steptrace {
 namespace {
 
-// CUpti_ActivityKind and CUptiResult values (cupti_activity.h, cupti_result.h)
+// CUpti_ActivityKind, CUptiResult and callback-id values (cupti_activity.h,
+// cupti_result.h, cupti_runtime_cbid.h, cupti_driver_cbid.h)
 constexpr int kKindKernel = 3;
+constexpr int kKindDriver = 4;
+constexpr int kKindRuntime = 5;
 constexpr int kKindConcurrentKernel = 10;
 constexpr int kKindExternalCorrelation = 39;
 constexpr int kCustom2 = 5;
 constexpr int kInsufficientPrivileges = 35;
+constexpr int kNotSupported = 27;
 constexpr int kUnknown = 999;
+constexpr int kCudaLaunchKernel = 211;
+constexpr int kCudaGraphLaunch = 311;
+constexpr int kCudaGetLastError = 10;
+constexpr int kCuLaunchKernel = 307;
+constexpr int kCuLaunchKernelEx = 652;
+constexpr int kCuEventRecord = 119;
 
 constexpr const char* kNvjet = "nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NTN";
 constexpr const char* kNccl =
     "_Z40ncclDevKernel_AllReduce_Sum_bf16_RING_LL24ncclDevKernelArgsStorageILm4096EE";
 constexpr const char* kTritonPoi = "triton_poi_fused_add_mul_0";
+constexpr const char* kAtenFill =
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+    "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)";
 
 class CuptiActivityFake : public ::testing::Test {
  protected:
   void SetUp() override { fake_cupti_reset(); }
+  void TearDown() override { fake_cupti_reset(); }
 
   static std::unique_ptr<KernelActivitySource> make() {
     std::string why;
@@ -46,21 +68,57 @@ class CuptiActivityFake : public ::testing::Test {
     source.take(out, dropped);
     return out;
   }
+
+  // Waits (on the flush thread's progress, not for a fixed time) until it has ticked n
+  // more times.
+  static bool wait_ticks(KernelActivitySource& source, std::uint64_t n) {
+    const std::uint64_t target = source.deliveries() + n;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (source.deliveries() < target && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    return source.deliveries() >= target;
+  }
+
+  // Runs f on another thread and waits for it (autograd's backward worker, a DDP hook).
+  template <typename F>
+  static void on_another_thread(F f) {
+    std::thread t(f);
+    t.join();
+  }
 };
 
-TEST_F(CuptiActivityFake, EnablesConcurrentKernelAndCorrelationOnlyAndFinishDisablesThem) {
+// The step of the taken kernel that ran from `start_ns`; -2 when it was not taken.
+std::int64_t step_of(const std::vector<KernelRecord>& out, std::int64_t start_ns) {
+  for (const auto& r : out) {
+    if (r.start_ns == start_ns) return r.step;
+  }
+  return -2;
+}
+
+TEST_F(CuptiActivityFake, EnablesKernelsAndTheLaunchCallsRecordsOnlyAndFinishUndoesIt) {
   auto source = make();
   ASSERT_NE(source, nullptr);
   EXPECT_GE(fake_cupti_registrations(), 1);  // it is the stand-in that was loaded
   EXPECT_STREQ(source->name(), "cupti");
   EXPECT_EQ(source->status(), "");
   EXPECT_TRUE(fake_cupti_kind_enabled(kKindConcurrentKernel));
-  EXPECT_TRUE(fake_cupti_kind_enabled(kKindExternalCorrelation));
   EXPECT_FALSE(fake_cupti_kind_enabled(kKindKernel));  // it serializes kernels
+  // the API records of the launch calls, runtime and driver (triton, NCCL), and no other
+  // call's: every call would cost time and buffer space
+  EXPECT_TRUE(fake_cupti_api_enabled(false, kCudaLaunchKernel));
+  EXPECT_TRUE(fake_cupti_api_enabled(false, kCudaGraphLaunch));
+  EXPECT_TRUE(fake_cupti_api_enabled(true, kCuLaunchKernel));
+  EXPECT_TRUE(fake_cupti_api_enabled(true, kCuLaunchKernelEx));
+  EXPECT_FALSE(fake_cupti_api_enabled(false, kCudaGetLastError));
+  EXPECT_FALSE(fake_cupti_api_enabled(true, kCuEventRecord));
+  EXPECT_FALSE(fake_cupti_kind_enabled(kKindRuntime));
+  EXPECT_FALSE(fake_cupti_kind_enabled(kKindDriver));
+  EXPECT_FALSE(fake_cupti_kind_enabled(kKindExternalCorrelation));  // not needed any more
   EXPECT_GT(source->now_ns(), 0);
   source->finish();
   EXPECT_FALSE(fake_cupti_kind_enabled(kKindConcurrentKernel));
-  EXPECT_FALSE(fake_cupti_kind_enabled(kKindExternalCorrelation));
+  EXPECT_EQ(fake_cupti_api_filters(), 0);
   const int disables = fake_cupti_disables();
   source->finish();  // idempotent
   source.reset();    // and the destructor does not do it again
@@ -70,56 +128,231 @@ TEST_F(CuptiActivityFake, EnablesConcurrentKernelAndCorrelationOnlyAndFinishDisa
 TEST_F(CuptiActivityFake, TagsKernelsWithTheStepThatLaunchedThem) {
   auto source = make();
   ASSERT_NE(source, nullptr);
+  fake_cupti_launch(kAtenFill, 50, 60, false);  // before the first step
   source->begin_step(4);
-  EXPECT_EQ(fake_cupti_stack_depth(kCustom2), 1);
   fake_cupti_launch(kNvjet, 100, 200, false);
-  fake_cupti_launch(kNccl, 150, 300, true);  // its record ahead of its correlation
+  fake_cupti_api_call(false, kCudaGetLastError);  // launches nothing, no record
+  fake_cupti_launch(kNccl, 150, 300, true);       // its record ahead of its launch's
   source->end_step(4);
-  EXPECT_EQ(fake_cupti_stack_depth(kCustom2), 0);
   fake_cupti_launch(kTritonPoi, 400, 500, false);  // between steps
+  source->begin_step(5);
+  fake_cupti_launch_via(true, kCuLaunchKernel, kTritonPoi, 600, 700, false, 1);  // triton
+  source->end_step(5);
+  source->finish();
+  std::int64_t dropped = 0;
+  const auto out = take(*source, &dropped);
+  ASSERT_EQ(out.size(), 5u);
+  EXPECT_EQ(dropped, 0);
+  EXPECT_EQ(step_of(out, 50), -1);
+  EXPECT_EQ(step_of(out, 100), 4);
+  EXPECT_EQ(step_of(out, 150), 4);
+  EXPECT_EQ(step_of(out, 400), -1);
+  EXPECT_EQ(step_of(out, 600), 5);
+  for (const auto& r : out) {
+    const std::string name = source->kernel_name(r.name_id);
+    if (r.start_ns == 100) {
+      EXPECT_EQ(name, kNvjet);
+      EXPECT_EQ(r.work, KernelWork::kMatmul);
+      EXPECT_EQ(r.end_ns, 200);
+    }
+    if (r.start_ns == 150) EXPECT_EQ(r.work, KernelWork::kCommunication);
+    if (r.start_ns == 400) EXPECT_EQ(r.work, KernelWork::kCompute);
+  }
+  EXPECT_EQ(fake_cupti_pushes(), 0);  // no per-thread external ids
+  EXPECT_EQ(fake_cupti_records(kKindRuntime), 4);
+  EXPECT_EQ(fake_cupti_records(kKindDriver), 1);
+}
+
+// The case external correlation ids missed: on CUDA, loss.backward() runs on autograd's
+// per-device worker thread, and DDP launches its all-reduce (NCCL, through the driver's
+// cuLaunchKernelEx) from a hook on that thread. Their kernels belong to the step during
+// which they were launched, whichever thread launched them.
+TEST_F(CuptiActivityFake, KernelsLaunchedFromOtherThreadsDuringTheStepBelongToIt) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  for (std::int64_t step = 0; step < 3; ++step) {
+    const std::uint64_t base = 1000 * static_cast<std::uint64_t>(step + 1);
+    source->begin_step(step);
+    fake_cupti_launch(kNvjet, base + 1, base + 2, false);  // forward, training thread
+    on_another_thread([&] {                                // backward
+      fake_cupti_launch(kNvjet, base + 3, base + 4, step % 2 == 0);
+      fake_cupti_launch(kTritonPoi, base + 5, base + 6, false);
+      on_another_thread([&] {  // a communication hook
+        fake_cupti_launch_via(true, kCuLaunchKernelEx, kNccl, base + 7, base + 8, true, 1);
+      });
+    });
+    fake_cupti_launch(kAtenFill, base + 9, base + 10, false);  // optimizer
+    source->end_step(step);
+    on_another_thread([&] { fake_cupti_launch(kAtenFill, base + 11, base + 12, false); });
+  }
+  source->finish();
+  std::int64_t dropped = 0;
+  const auto out = take(*source, &dropped);
+  ASSERT_EQ(out.size(), 18u);
+  for (std::int64_t step = 0; step < 3; ++step) {
+    const auto base = 1000 * (step + 1);
+    for (int k : {1, 3, 5, 7, 9}) EXPECT_EQ(step_of(out, base + k), step) << base + k;
+    EXPECT_EQ(step_of(out, base + 11), -1) << "launched after the step ended";
+  }
+}
+
+TEST_F(CuptiActivityFake, KernelsOfAGraphLaunchShareItsCorrelationAndStep) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  source->begin_step(2);
+  fake_cupti_launch_via(false, kCudaGraphLaunch, kNvjet, 10, 20, true, 3);
+  source->end_step(2);
   source->finish();
   std::int64_t dropped = 0;
   const auto out = take(*source, &dropped);
   ASSERT_EQ(out.size(), 3u);
-  EXPECT_EQ(dropped, 0);
-  for (const auto& r : out) {
-    const std::string name = source->kernel_name(r.name_id);
-    if (name == kNvjet) {
-      EXPECT_EQ(r.step, 4);
-      EXPECT_EQ(r.work, KernelWork::kMatmul);
-      EXPECT_EQ(r.start_ns, 100);
-      EXPECT_EQ(r.end_ns, 200);
-    } else if (name == kNccl) {
-      EXPECT_EQ(r.step, 4);
-      EXPECT_EQ(r.work, KernelWork::kCommunication);
-    } else {
-      EXPECT_EQ(name, kTritonPoi);
-      EXPECT_EQ(r.step, -1);
-      EXPECT_EQ(r.work, KernelWork::kCompute);
-    }
-  }
-  EXPECT_EQ(fake_cupti_pushes(), 1);
-  EXPECT_EQ(fake_cupti_pops(), 1);
+  for (const auto& r : out) EXPECT_EQ(r.step, 2);
 }
 
-TEST_F(CuptiActivityFake, BackgroundFlushDeliversWithinTwoDeliveries) {
+TEST_F(CuptiActivityFake, WithoutPerCallFiltersTheWholeApiKindsAreEnabled) {
+  fake_cupti_fail_api_filter(kNotSupported);  // a CUPTI without EnableRuntimeApi's effect
   auto source = make();
   ASSERT_NE(source, nullptr);
+  EXPECT_TRUE(fake_cupti_kind_enabled(kKindRuntime));
+  EXPECT_TRUE(fake_cupti_kind_enabled(kKindDriver));
   source->begin_step(0);
+  fake_cupti_api_call(false, kCudaGetLastError);  // records of calls that launch nothing
   fake_cupti_launch(kNvjet, 10, 20, false);
+  on_another_thread([] {
+    fake_cupti_api_call(true, kCuEventRecord);
+    fake_cupti_launch(kNccl, 30, 40, true);
+  });
   source->end_step(0);
-  const std::uint64_t g = source->deliveries();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (source->deliveries() < g + 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();  // waits for the flush thread, not for a fixed time
-  }
-  ASSERT_GE(source->deliveries(), g + 2);
+  fake_cupti_api_call(false, kCudaGetLastError);
+  fake_cupti_launch(kTritonPoi, 50, 60, false);
+  source->finish();
+  EXPECT_FALSE(fake_cupti_kind_enabled(kKindRuntime));
+  EXPECT_FALSE(fake_cupti_kind_enabled(kKindDriver));
   std::int64_t dropped = 0;
   const auto out = take(*source, &dropped);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].step, 0);
-  EXPECT_GE(fake_cupti_flushes(false), 2);
-  EXPECT_EQ(fake_cupti_flushes(true), 0);  // periodic flushes are never forced
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(step_of(out, 10), 0);
+  EXPECT_EQ(step_of(out, 30), 0);
+  EXPECT_EQ(step_of(out, 50), -1);
+}
+
+// Point 2 of the review: a step counted as complete after two flush ticks whether a
+// buffer had come or not, but a non-forced flush returns the buffer being filled only
+// once it is full (and all its records complete). The step record waits for it.
+TEST_F(CuptiActivityFake, AStepRecordWaitsForTheBufferHoldingItsKernels) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  Config config;
+  detail::DeviceActivityStage stage(config, source.get(), nullptr);
+  fake_cupti_set_busy(true);  // kernels run later than they are launched
+  source->begin_step(0);
+  for (std::uint64_t i = 0; i < 3; ++i) fake_cupti_launch(kNvjet, 10 * i + 10, 10 * i + 15, true);
+  source->end_step(0);
+  fake_cupti_complete_kernels();  // the device finished step 0: its record may go on
+  detail::StepRecord r0;
+  r0.step = 0;
+  r0.activity_begin_ns = 1;
+  r0.activity_end_ns = 2;
+  stage.arrived(r0);
+  ASSERT_TRUE(wait_ticks(*source, 3));
+  r0.held_since = std::chrono::steady_clock::now();  // the 2 s bound is not what is tested
+  EXPECT_FALSE(stage.complete(r0, false)) << "went out with " << r0.kernels.count << " kernels";
+  EXPECT_EQ(fake_cupti_buffers_returned(), 0);
+
+  // step 1 fills the buffer while its kernels are still running: full, not complete
+  const std::uint64_t size = fake_cupti_last_buffer_size();
+  EXPECT_GT(size, 0u);
+  source->begin_step(1);
+  int step1_kernels = 0;
+  while (fake_cupti_full_buffers() == 0) {
+    fake_cupti_launch(kTritonPoi, 1000 + step1_kernels, 1001 + step1_kernels, true);
+    ++step1_kernels;
+  }
+  source->end_step(1);
+  ASSERT_TRUE(wait_ticks(*source, 3));
+  r0.held_since = std::chrono::steady_clock::now();
+  EXPECT_FALSE(stage.complete(r0, false));
+  EXPECT_EQ(fake_cupti_buffers_returned(), 0);
+
+  // the device finishes step 1 as well: the next flush returns the full buffer
+  fake_cupti_complete_kernels();
+  detail::StepRecord r1;
+  r1.step = 1;
+  r1.activity_begin_ns = 1;
+  r1.activity_end_ns = 2;
+  stage.arrived(r1);  // its last kernels are in the buffer being filled now
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool done = false;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    r0.held_since = std::chrono::steady_clock::now();
+    done = stage.complete(r0, false);
+    if (!done) std::this_thread::yield();
+  }
+  ASSERT_TRUE(done);
+  EXPECT_EQ(r0.kernels.count, 3);
+  EXPECT_GE(fake_cupti_buffers_returned(), 1);
+  ASSERT_TRUE(wait_ticks(*source, 3));
+  r1.held_since = std::chrono::steady_clock::now();
+  EXPECT_FALSE(stage.complete(r1, false));  // part of it is still in the active buffer
+  stage.finish();                           // close: a forced flush brings the rest
+  EXPECT_TRUE(stage.complete(r1, false));
+  EXPECT_EQ(r1.kernels.count, step1_kernels);
+  const auto end = nlohmann::json::parse("{" + stage.run_end_fields() + "}");
+  const auto& k = end["device_activity"]["kernels"];
+  EXPECT_EQ(k["late_records"], 0);
+  EXPECT_EQ(k["outside_step_records"], 0);
+  EXPECT_EQ(k["records"], 3 + step1_kernels);
+}
+
+// A buffer CUPTI asked for but does not fill (one kept in reserve) must not hold every
+// step record back: once a later buffer has come back and it has been out a while, step
+// records stop waiting for it.
+TEST_F(CuptiActivityFake, ABufferCuptiKeepsInReserveDoesNotHoldStepsBackForever) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  Config config;
+  detail::DeviceActivityStage stage(config, source.get(), nullptr);
+  fake_cupti_hold_spare();
+  source->begin_step(0);
+  for (std::uint64_t i = 0; i < 3; ++i) fake_cupti_launch(kNvjet, 10 * i + 10, 10 * i + 15, true);
+  source->end_step(0);
+  detail::StepRecord r0;
+  r0.step = 0;
+  r0.activity_begin_ns = 1;
+  stage.arrived(r0);
+  while (fake_cupti_full_buffers() == 0) fake_cupti_launch(kTritonPoi, 1, 2, false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool done = false;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    r0.held_since = std::chrono::steady_clock::now();  // not the 2 s bound
+    done = stage.complete(r0, false);
+    if (!done) std::this_thread::yield();
+  }
+  ASSERT_TRUE(done);
+  EXPECT_EQ(r0.kernels.count, 3);
+  EXPECT_GE(fake_cupti_buffers_returned(), 1);
+  source->finish();
+}
+
+TEST_F(CuptiActivityFake, BuffersShrinkWhenTheyTakeLongToFill) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  fake_cupti_launch(kNvjet, 1, 2, false);
+  const std::uint64_t first = fake_cupti_last_buffer_size();
+  ASSERT_GT(first, 0u);
+  // a slow device: the buffer is still not full after 6 flush ticks (300 ms, longer than
+  // the 200 ms a buffer should take to fill)
+  ASSERT_TRUE(wait_ticks(*source, 6));
+  while (fake_cupti_full_buffers() == 0) fake_cupti_launch(kNvjet, 1, 2, false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (fake_cupti_buffers_returned() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();  // the next flush tick returns it
+  }
+  ASSERT_GE(fake_cupti_buffers_returned(), 1);
+  while (fake_cupti_buffers_requested() < 3) fake_cupti_launch(kNvjet, 1, 2, false);
+  EXPECT_LT(fake_cupti_last_buffer_size(), first);
+  EXPECT_GE(fake_cupti_last_buffer_size(), first / 4);  // at most 4x at once
+  source->finish();
 }
 
 TEST_F(CuptiActivityFake, DroppedRecordsAreReported) {
@@ -150,20 +383,18 @@ TEST_F(CuptiActivityFake, YieldsWithoutTouchingCuptiAndResumes) {
   EXPECT_EQ(fake_cupti_flushes(true), 1);  // our pending records came to us first
   EXPECT_EQ(fake_cupti_disables(), disables);
   EXPECT_TRUE(fake_cupti_kind_enabled(kKindConcurrentKernel));  // now the other tool's
-  // torch.profiler runs: its callbacks, its records; we push no ids
+  // torch.profiler runs: its callbacks, its records
   fake_cupti_register_other();
-  const int pushes = fake_cupti_pushes();
   source->begin_step(2);
   fake_cupti_launch(kTritonPoi, 30, 40, false);
   source->end_step(2);
-  EXPECT_EQ(fake_cupti_pushes(), pushes);
   fake_cupti_discard_pending();  // the other tool flushed them into its buffers
   source->set_yielding(false);
   EXPECT_EQ(source->status(), "");
   EXPECT_EQ(fake_cupti_registrations(), registrations + 2);  // the other's, then ours again
   EXPECT_TRUE(fake_cupti_first_callbacks_registered());
   EXPECT_TRUE(fake_cupti_kind_enabled(kKindConcurrentKernel));
-  EXPECT_TRUE(fake_cupti_kind_enabled(kKindExternalCorrelation));
+  EXPECT_TRUE(fake_cupti_api_enabled(false, kCudaLaunchKernel));
   source->begin_step(3);
   fake_cupti_launch(kNccl, 50, 60, false);
   source->end_step(3);
@@ -171,18 +402,30 @@ TEST_F(CuptiActivityFake, YieldsWithoutTouchingCuptiAndResumes) {
   std::int64_t dropped = 0;
   const auto out = take(*source, &dropped);
   ASSERT_EQ(out.size(), 2u);
-  EXPECT_EQ(out[0].step, 1);
-  EXPECT_EQ(out[1].step, 3);
+  EXPECT_EQ(step_of(out, 10), 1);
+  EXPECT_EQ(step_of(out, 50), 3);
+  EXPECT_TRUE(source->delivered(source->delivery_mark()));  // nothing left to wait for
 }
 
-TEST_F(CuptiActivityFake, AStepOpenWhenYieldingStillPopsItsId) {
+TEST_F(CuptiActivityFake, AStepOpenWhenYieldingIsStillClosedAtItsEnd) {
   auto source = make();
   ASSERT_NE(source, nullptr);
   source->begin_step(5);
+  fake_cupti_launch(kNvjet, 10, 20, false);
   source->set_yielding(true);
   source->end_step(5);
-  EXPECT_EQ(fake_cupti_stack_depth(kCustom2), 0);
-  EXPECT_EQ(fake_cupti_pops(), fake_cupti_pushes());
+  source->set_yielding(false);
+  fake_cupti_launch(kTritonPoi, 30, 40, false);  // after step 5 ended: outside
+  source->begin_step(6);
+  fake_cupti_launch(kNccl, 50, 60, false);
+  source->end_step(6);
+  source->finish();
+  std::int64_t dropped = 0;
+  const auto out = take(*source, &dropped);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(step_of(out, 10), 5);
+  EXPECT_EQ(step_of(out, 30), -1);
+  EXPECT_EQ(step_of(out, 50), 6);
 }
 
 TEST_F(CuptiActivityFake, FinishWhileYieldingLeavesTheOtherToolsKindsAlone) {
@@ -205,21 +448,24 @@ TEST_F(CuptiActivityFake, FailedResumeStopsWithAReason) {
   EXPECT_NE(source->status().find("no usable CUDA driver or GPU"), std::string::npos)
       << source->status();
   source->begin_step(7);
+  fake_cupti_launch(kNvjet, 10, 20, false);
   source->end_step(7);
-  EXPECT_EQ(fake_cupti_pushes(), 0);
   source->finish();
   EXPECT_EQ(fake_cupti_disables(), 0);
+  std::int64_t dropped = 0;
+  EXPECT_TRUE(take(*source, &dropped).empty());
 }
 
 TEST_F(CuptiActivityFake, FailedStartUndoesWhatItEnabledAndSaysWhy) {
-  fake_cupti_fail_enable(kKindExternalCorrelation, kInsufficientPrivileges);
+  fake_cupti_fail_api_filter(kNotSupported);
+  fake_cupti_fail_enable(kKindRuntime, kInsufficientPrivileges);
   std::string why;
   EXPECT_EQ(make_cupti_activity(&why), nullptr);
   EXPECT_NE(why.find("admin"), std::string::npos) << why;
-  EXPECT_NE(why.find("cuptiActivityEnable(EXTERNAL_CORRELATION)"), std::string::npos) << why;
+  EXPECT_NE(why.find("cuptiActivityEnable(RUNTIME)"), std::string::npos) << why;
   EXPECT_NE(why.find("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES (35)"), std::string::npos) << why;
   EXPECT_FALSE(fake_cupti_kind_enabled(kKindConcurrentKernel));  // undone
-  fake_cupti_fail_enable(kKindExternalCorrelation, 0);
+  fake_cupti_fail_enable(kKindRuntime, 0);
   EXPECT_NE(make(), nullptr);  // nothing left behind
 }
 
@@ -248,26 +494,73 @@ TEST_F(CuptiActivityFake, StartedWhileAnotherToolRunsItTouchesNothingUntilThatEn
   ASSERT_NE(source, nullptr) << why;
   EXPECT_EQ(fake_cupti_registrations(), registrations);  // the other tool's callbacks stay
   EXPECT_FALSE(fake_cupti_kind_enabled(kKindConcurrentKernel));
+  EXPECT_EQ(fake_cupti_api_filters(), 0);
   EXPECT_EQ(source->status(), "yielding to torch.profiler");
-  source->begin_step(0);
-  source->end_step(0);
-  EXPECT_EQ(fake_cupti_pushes(), 0);
   source->set_yielding(false);
   EXPECT_GT(fake_cupti_registrations(), registrations);
   EXPECT_TRUE(fake_cupti_kind_enabled(kKindConcurrentKernel));
   source->begin_step(1);
+  fake_cupti_launch(kNvjet, 10, 20, false);
   source->end_step(1);
-  EXPECT_EQ(fake_cupti_pushes(), 1);
   EXPECT_EQ(source->status(), "");
+  source->finish();
+  std::int64_t dropped = 0;
+  const auto out = take(*source, &dropped);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].step, 1);
 }
 
-TEST_F(CuptiActivityFake, NothingIsPushedAfterFinish) {
+TEST_F(CuptiActivityFake, NothingIsCollectedAfterFinish) {
   auto source = make();
   ASSERT_NE(source, nullptr);
   source->finish();
   source->begin_step(9);
+  fake_cupti_launch(kNvjet, 10, 20, false);
   source->end_step(9);
-  EXPECT_EQ(fake_cupti_pushes(), 0);
+  std::int64_t dropped = 0;
+  EXPECT_TRUE(take(*source, &dropped).empty());
+  EXPECT_FALSE(fake_cupti_kind_enabled(kKindConcurrentKernel));
+}
+
+// Through a Profiler: a short training loop whose backward pass and all-reduce run on
+// other threads; every step record carries all of its kernels and none comes late.
+TEST_F(CuptiActivityFake, ProfilerStepsCarryEveryKernelOfTheStepAndNoneLate) {
+  testing::TempDir tmp;
+  Config config = testing::run_config(tmp);
+  config.clock = "host";
+  Backends b;
+  std::string why;
+  b.kernel_activity = make_cupti_activity(&why);
+  ASSERT_NE(b.kernel_activity, nullptr) << why;
+  KernelActivitySource* source = b.kernel_activity.get();
+  Profiler prof(config, RunInfo{}, std::move(b));
+  constexpr int kSteps = 6;
+  for (int i = 0; i < kSteps; ++i) {
+    auto t = static_cast<std::uint64_t>(source->now_ns());
+    auto step = prof.step();
+    fake_cupti_launch(kNvjet, t + 1000, t + 2000, false);
+    on_another_thread([&] {
+      fake_cupti_launch(kNvjet, t + 2000, t + 3000, true);
+      fake_cupti_launch_via(true, kCuLaunchKernelEx, kNccl, t + 2500, t + 4000, false, 1);
+    });
+    fake_cupti_launch(kAtenFill, t + 4000, t + 4500, false);
+  }
+  prof.close();
+  const auto records = testing::read_jsonl(prof.log_path());
+  const auto steps = testing::of_kind(records, "step");
+  ASSERT_EQ(steps.size(), static_cast<std::size_t>(kSteps));
+  for (const auto& s : steps) {
+    ASSERT_TRUE(s.contains("kernels")) << s.dump();
+    EXPECT_EQ(s["kernels"]["count"], 4) << s.dump();
+    EXPECT_DOUBLE_EQ(s["kernels"]["nccl_ms"].get<double>(), 1.5e-3);
+  }
+  const auto end = testing::of_kind(records, "run_end").at(0);
+  ASSERT_TRUE(end.contains("device_activity")) << end.dump();
+  const auto& k = end["device_activity"]["kernels"];
+  EXPECT_EQ(k["records"], 4 * kSteps);
+  EXPECT_EQ(k["late_records"], 0);
+  EXPECT_EQ(k["outside_step_records"], 0);
+  EXPECT_EQ(k["dropped_records"], 0);
 }
 
 }  // namespace

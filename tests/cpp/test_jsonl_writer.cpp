@@ -2,8 +2,14 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
 #include <thread>
 
 #include "test_util.hpp"
@@ -111,6 +117,73 @@ TEST(JsonlWriter, DestructorWritesRunEnd) {
   const auto records = read_jsonl(path);
   ASSERT_EQ(records.size(), 4u);
   EXPECT_EQ(records.back()["reason"], "exit");
+}
+
+// Runs `body` on a thread and fails (ending the test binary: a hung thread cannot be
+// joined) when it does not return within `limit`.
+void within(std::chrono::seconds limit, const std::function<void()>& body) {
+  std::packaged_task<void()> task(body);
+  auto done = task.get_future();
+  std::thread t(std::move(task));
+  if (done.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "did not return within " << limit.count() << " s (a hang)";
+    std::_Exit(1);
+  }
+  t.join();
+}
+
+TEST(JsonlWriter, AClosedWriterDropsAndCountsInsteadOfWaiting) {
+  TempDir tmp;
+  const std::string path = tmp.str("log.jsonl");
+  PhaseNames names;
+  JsonlWriter w(open_file(path), "{\"kind\":\"run_start\"}\n", 0, names, 16,
+                std::chrono::milliseconds(60000));
+  push_steps(w, 0, 3);
+  w.close(RunEnd{"normal", {}, 1, 0.5, 0});
+  // Nothing drains the ring any more: far more records than it holds must not wait.
+  within(std::chrono::seconds(30), [&] {
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(w.begin_step_record(), nullptr);
+    StepRecord r;
+    w.push_step_record(r);
+  });
+  EXPECT_EQ(w.dropped(), 101);
+  EXPECT_EQ(w.waits(), 0);
+  const auto records = read_jsonl(path);
+  ASSERT_EQ(records.size(), 5u);  // run_start, 3 steps, run_end: nothing after run_end
+  EXPECT_EQ(records.back()["kind"], "run_end");
+  EXPECT_EQ(records.back()["dropped_steps"], 0);
+}
+
+TEST(JsonlWriter, WriteErrorsAreCountedAndReportedInRunEnd) {
+  TempDir tmp;
+  const std::string path = tmp.str("log.jsonl");
+  PhaseNames names;
+  // /dev/full fails every write with ENOSPC, like a full disk.
+  const int fd = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  JsonlWriter w(fd, "{\"kind\":\"run_start\"}\n", 0, names, 64, std::chrono::milliseconds(60000));
+  EXPECT_EQ(w.write_errors(), 1);  // run_start
+  push_steps(w, 0, 10);
+  w.flush();  // the batch is lost: counted, training goes on
+  EXPECT_EQ(w.write_errors(), 2);
+  EXPECT_EQ(w.first_errno(), ENOSPC);
+  EXPECT_EQ(w.last_errno(), ENOSPC);
+  // Space again (the same descriptor now names a real file): run_end says what was lost.
+  const int file = open_file(path);
+  ASSERT_GE(file, 0);
+  ASSERT_EQ(::dup2(file, fd), fd);
+  ::close(file);
+  push_steps(w, 10, 2);
+  w.close(RunEnd{"normal", {}, 1, 0.5, 0});
+  const auto records = read_jsonl(path);
+  ASSERT_EQ(records.size(), 3u);  // the two steps after the disk had room, and run_end
+  EXPECT_EQ(records[0]["step"], 10);
+  const auto& end = records.back();
+  EXPECT_EQ(end["kind"], "run_end");
+  EXPECT_EQ(end["write_errors"], 2);
+  EXPECT_EQ(end["write_error"], std::strerror(ENOSPC));
+  EXPECT_EQ(end["steps"], 12);  // handed over, including the ones the disk lost
+  EXPECT_EQ(w.write_errors(), 2);
 }
 
 }  // namespace

@@ -2,9 +2,17 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -330,6 +338,252 @@ TEST(Profiler, RealHostClockAndRss) {
   EXPECT_GT(steps[0]["memory"]["rss_bytes"].get<std::int64_t>(), 0);
   EXPECT_GE(steps[0]["step_ms"].get<double>(), steps[0]["phases_ms"]["forward"].get<double>());
   EXPECT_EQ(records.front()["backends"]["memory"]["active"][0], "rss");
+}
+
+// ---- lifecycle: close from another thread, fork, SIGTERM ----
+
+// A one-shot event between threads (no sleeps).
+class Event {
+ public:
+  void set() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      set_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool wait(std::chrono::seconds limit = std::chrono::seconds(60)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return set_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool set_ = false;
+};
+
+// Joins `t`, or ends the test binary when it does not finish in time (a hung thread
+// cannot be joined).
+void join_within(std::thread& t, std::future<void>& done, std::chrono::seconds limit) {
+  if (done.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "the thread did not finish within " << limit.count() << " s (a hang)";
+    std::_Exit(1);
+  }
+  t.join();
+}
+
+Config host_config(const TempDir& tmp) {
+  Config c;
+  c.log_dir = tmp.str();
+  c.overwrite = true;
+  c.queue_capacity = 16;  // small: steps not drained would fill it at once
+  c.flush_interval_ms = 1;
+  return c;
+}
+
+TEST(Profiler, CloseFromAnotherThreadWhileTheLoopKeepsStepping) {
+  TempDir tmp;
+  Profiler prof(host_config(tmp));
+  const std::string path = prof.log_path();
+  std::atomic<std::int64_t> steps_done{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  Event stepped;
+  std::packaged_task<void()> loop([&] {
+    const PhaseId fwd = prof.phase_id("forward");
+    while (!stop.load()) {
+      try {
+        auto s = prof.step();
+        auto p = s.phase(fwd);
+      } catch (const std::exception&) {
+        errors.fetch_add(1);  // nothing may reach the training loop
+      }
+      if (steps_done.fetch_add(1) + 1 == 20) stepped.set();
+    }
+  });
+  auto done = loop.get_future();
+  std::thread trainer(std::move(loop));
+  ASSERT_TRUE(stepped.wait());
+  prof.close();  // from this thread while the loop keeps stepping
+  EXPECT_TRUE(prof.closed());
+  // Many more steps than the ring holds after the close: none waits, none is recorded.
+  const std::int64_t at_close = steps_done.load();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (steps_done.load() < at_close + 200 &&
+         done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "the loop stopped stepping after the close (a hang)";
+      std::_Exit(1);
+    }
+    std::this_thread::yield();
+  }
+  stop.store(true);
+  join_within(trainer, done, std::chrono::seconds(60));
+  EXPECT_EQ(errors.load(), 0);
+  const auto records = read_jsonl(path);
+  const auto steps = of_kind(records, "step");
+  ASSERT_GE(steps.size(), 20u);
+  EXPECT_LE(static_cast<std::int64_t>(steps.size()), at_close + 1);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    ASSERT_EQ(steps[i]["step"], static_cast<std::int64_t>(i));
+    EXPECT_EQ(steps[i]["status"], "ok");  // the step in progress ended normally
+  }
+  EXPECT_EQ(of_kind(records, "run_end").size(), 1u);
+  EXPECT_EQ(records.back()["kind"], "run_end");
+  EXPECT_EQ(records.back()["steps"], steps.size());
+}
+
+TEST(Profiler, CloseFromAnotherThreadWaitsForTheStepInProgress) {
+  TempDir tmp;
+  Profiler prof(host_config(tmp));
+  const std::string path = prof.log_path();
+  Event in_step;
+  Event go;
+  Event closed;
+  std::packaged_task<void()> loop([&] {
+    {
+      auto s = prof.step();
+      auto p = s.phase("forward");
+      in_step.set();
+      go.wait();
+    }
+    closed.wait();
+    auto s = prof.step();  // after the close: not recorded, nothing thrown
+    auto p = s.phase("forward");
+  });
+  auto done = loop.get_future();
+  std::thread trainer(std::move(loop));
+  ASSERT_TRUE(in_step.wait());
+  std::thread closer([&] { prof.close(); });
+  go.set();  // whether the close request comes before the step ends or not, it ends normally
+  closer.join();
+  closed.set();
+  join_within(trainer, done, std::chrono::seconds(60));
+  const auto records = read_jsonl(path);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]["status"], "ok");
+  EXPECT_EQ(records.back()["kind"], "run_end");
+  EXPECT_EQ(records.back().count("error"), 0u);
+}
+
+TEST(Profiler, CloseFromAnotherThreadGivesUpOnAStepThatDoesNotEnd) {
+  TempDir tmp;
+  Config config = host_config(tmp);
+  config.close_wait_s = 0.2;
+  Profiler prof(config);
+  const std::string path = prof.log_path();
+  Event in_step;
+  Event go;
+  std::packaged_task<void()> loop([&] {
+    {
+      auto s = prof.step();
+      in_step.set();
+      go.wait();  // "hung" until the close has returned
+    }
+    auto s = prof.step();
+  });
+  auto done = loop.get_future();
+  std::thread trainer(std::move(loop));
+  ASSERT_TRUE(in_step.wait());
+  prof.close(EndReason::kSignal);
+  EXPECT_TRUE(prof.closed());
+  go.set();
+  join_within(trainer, done, std::chrono::seconds(60));
+  const auto records = read_jsonl(path);
+  EXPECT_TRUE(of_kind(records, "step").empty());
+  const auto& end = records.back();
+  EXPECT_EQ(end["kind"], "run_end");
+  EXPECT_EQ(end["reason"], "signal");
+  EXPECT_NE(end["error"].get<std::string>().find("close_wait_s"), std::string::npos);
+}
+
+// Runs `child` in a forked process (ended by _exit with its return value, or by a 60 s
+// alarm if it hangs) and returns its wait status.
+int run_forked(const std::function<int()>& child) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(60);
+    int rc = 1;
+    try {
+      rc = child();
+    } catch (...) {
+      rc = 2;
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+TEST(Profiler, AForkedChildWritesNothingToTheParentsLog) {
+  TempDir tmp;
+  auto prof = std::make_unique<Profiler>(host_config(tmp));
+  const std::string path = prof->log_path();
+  for (int i = 0; i < 5; ++i) auto s = prof->step();
+  prof->flush();
+  for (const bool close_in_child : {true, false}) {
+    const int status = run_forked([&] {
+      for (int i = 0; i < 100; ++i) {  // more than the ring holds: no writer thread here
+        auto s = prof->step();
+        auto p = s.phase("forward");
+      }
+      prof->flush();
+      if (close_in_child) prof->close();
+      prof.reset();  // the destructor neither writes nor joins the parent's threads
+      return 0;
+    });
+    ASSERT_TRUE(WIFEXITED(status)) << "child status " << status;
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+  for (int i = 0; i < 3; ++i) auto s = prof->step();
+  prof.reset();
+  const auto records = read_jsonl(path);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 8u);
+  for (std::size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i]["step"], i);
+  EXPECT_EQ(of_kind(records, "run_end").size(), 1u);
+  EXPECT_EQ(of_kind(records, "run_start").size(), 1u);
+}
+
+TEST(Profiler, SigtermWhileEveryThreadIsBlockedWritesRunEnd) {
+  TempDir tmp;
+  const std::string path = tmp.str("rank0.jsonl");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(60);
+    ::close(ready[0]);
+    Config config = host_config(tmp);
+    config.flush_interval_ms = 60000;  // only the signal path gets the steps out
+    Profiler prof(config);
+    for (int i = 0; i < 7; ++i) auto s = prof.step();
+    auto s = prof.step();  // still running when the signal comes
+    if (!install_sigterm_handler(/*terminate=*/true, /*grace_s=*/0.0)) ::_exit(3);
+    (void)!::write(ready[1], "r", 1);
+    std::mutex m;
+    m.lock();
+    m.lock();  // blocked for good in native code (signals do not interrupt it)
+    ::_exit(4);
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child status " << status;
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);  // re-raised with the default action
+  const auto records = read_jsonl(path);
+  EXPECT_EQ(of_kind(records, "step").size(), 7u);
+  const auto& end = records.back();
+  EXPECT_EQ(end["kind"], "run_end");
+  EXPECT_EQ(end["reason"], "signal");
+  EXPECT_EQ(end["steps"], 7);
 }
 
 }  // namespace

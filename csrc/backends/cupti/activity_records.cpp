@@ -25,20 +25,93 @@ KernelWork ActivityRecords::work_for(const std::string& name) {
   }
 }
 
-ActivityRecords::ActivityRecords(Options options) : options_(options) {}
+ActivityRecords::ActivityRecords(Options options) : options_(options) {
+  // the bitmap is a ring of whole words: a power-of-two window of at least 64 ids
+  std::uint64_t window = 64;
+  while (window < options_.seen_window) window <<= 1;
+  options_.seen_window = window;
+  seen_bits_.assign(window / 64, 0);
+}
 
 void ActivityRecords::add(const ParsedRecord& record) {
   switch (record.kind) {
     case ParsedRecord::Kind::kKernel:
       add_kernel(record);
       break;
-    case ParsedRecord::Kind::kExternalCorrelation:
-      add_correlation(record);
+    case ParsedRecord::Kind::kApi:
+      add_api(record);
       break;
     case ParsedRecord::Kind::kOther:
       ++stats_.other;
       break;
   }
+}
+
+void ActivityRecords::add_mark(std::int64_t step, bool begin, std::int64_t t_ns) {
+  ++stats_.marks;
+  if (!marks_.empty() && t_ns < marks_.back().t_ns) t_ns = marks_.back().t_ns;  // keep order
+  Mark m;
+  m.t_ns = t_ns;
+  m.step = begin ? step : -1;
+  marks_.push_back(m);
+  // the oldest segments go first: their kernels arrived long ago (2 marks per step)
+  while (marks_.size() > options_.max_marks) marks_.pop_front();
+}
+
+std::uint64_t ActivityRecords::unwrap(std::uint32_t id) noexcept {
+  if (!any_id_) {
+    any_id_ = true;
+    last_id_ = (std::uint64_t{1} << 32) + id;  // room below for ids a little older
+    return last_id_;
+  }
+  // ids within 2^31 of the newest seen: CUPTI's 32-bit counter wraps after 2^32 calls
+  const auto delta = static_cast<std::int32_t>(id - static_cast<std::uint32_t>(last_id_));
+  const std::uint64_t wide =
+      last_id_ + static_cast<std::uint64_t>(static_cast<std::int64_t>(delta));
+  if (delta > 0) last_id_ = wide;
+  return wide;
+}
+
+void ActivityRecords::mark_seen(std::uint64_t id) {
+  const std::uint64_t window = options_.seen_window;
+  if (id < seen_base_) return;  // older than the window: already treated as seen
+  if (id >= seen_base_ + window) {
+    // slide the window (word by word) so that it ends just past `id`
+    const std::uint64_t base = (id + 1 - window + 63) & ~std::uint64_t{63};
+    if (base - seen_base_ >= window) {
+      std::fill(seen_bits_.begin(), seen_bits_.end(), 0);
+    } else {
+      for (std::uint64_t x = seen_base_; x < base; x += 64) seen_bits_[(x % window) / 64] = 0;
+    }
+    seen_base_ = base;
+  }
+  seen_bits_[(id % window) / 64] |= std::uint64_t{1} << (id % 64);
+}
+
+bool ActivityRecords::seen(std::uint64_t id) const noexcept {
+  const std::uint64_t window = options_.seen_window;
+  if (id < seen_base_) return true;  // forgotten: its record came long ago, or never will
+  if (id >= seen_base_ + window) return false;
+  return (seen_bits_[(id % window) / 64] >> (id % 64) & 1) != 0;
+}
+
+void ActivityRecords::add_api(const ParsedRecord& r) {
+  ++stats_.api_records;
+  const std::uint64_t id = unwrap(r.correlation_id);
+  mark_seen(id);
+  const auto start = static_cast<std::int64_t>(r.start_ns);
+  if (marks_.empty() || start < marks_.front().t_ns) {
+    ++stats_.api_before_marks;  // before the first step kept: its kernels are outside
+    return;
+  }
+  // the segment it started in: nearly always the newest, else a binary search
+  auto it = marks_.end() - 1;
+  if (start < it->t_ns) {
+    it = std::upper_bound(marks_.begin(), marks_.end(), start,
+                          [](std::int64_t t, const Mark& m) { return t < m.t_ns; }) -
+         1;
+  }
+  it->min_id = std::min(it->min_id, id);
 }
 
 void ActivityRecords::add_kernel(const ParsedRecord& r) {
@@ -56,92 +129,56 @@ void ActivityRecords::add_kernel(const ParsedRecord& r) {
   // past the name table's bound the name is lost but the work still counts right
   rec.work = rec.name_id == overflow_id_ ? work_for(r.name != nullptr ? r.name : kUnnamed)
                                          : works_[rec.name_id];
-  if (find_step(r.correlation_id, &rec.step)) {
-    deliver(rec);
-    return;
-  }
-  if (waiting_.size() >= options_.max_waiting_kernels) release_waiting();
-  waiting_.push_back({rec, r.correlation_id});
-  ++waiting_ids_[r.correlation_id];
+  if (waiting_.size() >= options_.max_waiting_kernels) drain();  // bound: place them now
+  waiting_.push_back({rec, unwrap(r.correlation_id), buffer_mark_, false});
 }
 
-void ActivityRecords::add_correlation(const ParsedRecord& r) {
-  if (r.external_kind != options_.step_external_kind) {
-    ++stats_.foreign;
-    return;
+void ActivityRecords::prepare_placement() {
+  // suffix_min_[j]: the smallest launch id at or after mark j, so first(mark j) in the
+  // rule above; non-decreasing in j, hence a binary search per kernel
+  suffix_min_.resize(marks_.size());
+  std::uint64_t m = kNoId;
+  for (std::size_t j = marks_.size(); j-- > 0;) {
+    m = std::min(m, marks_[j].min_id);
+    suffix_min_[j] = m;
   }
-  if (r.external_id == 0) return;  // never pushed by us
-  ++stats_.correlations;
-  const auto step = static_cast<std::int64_t>(r.external_id - 1);
-  if (auto it = waiting_ids_.find(r.correlation_id); it != waiting_ids_.end()) {
-    waiting_ids_.erase(it);
-    auto keep = waiting_.begin();
-    for (auto& w : waiting_) {
-      if (w.correlation_id == r.correlation_id) {
-        w.record.step = step;
-        ++stats_.late;
-        deliver(w.record);
-      } else {
-        *keep++ = w;
-      }
-    }
-    waiting_.erase(keep, waiting_.end());
-    remember(r.correlation_id, step);  // more kernels of the same graph launch may follow
-    return;
-  }
-  current_[r.correlation_id] = step;
-  if (current_.size() >= options_.generation_capacity) rotate();
 }
 
-bool ActivityRecords::find_step(std::uint32_t correlation_id, std::int64_t* step) {
-  for (auto* map : {&current_, &previous_}) {
-    if (auto it = map->find(correlation_id); it != map->end()) {
-      *step = it->second;
-      map->erase(it);
-      remember(correlation_id, *step);
-      return true;
+std::int64_t ActivityRecords::place(std::uint64_t id) const {
+  // the last mark whose first id is at most `id`: the segment the launch started in
+  const auto it = std::upper_bound(suffix_min_.begin(), suffix_min_.end(), id);
+  if (it == suffix_min_.begin()) return -1;  // before the oldest mark kept
+  return marks_[static_cast<std::size_t>(it - suffix_min_.begin()) - 1].step;
+}
+
+void ActivityRecords::end_buffer(std::uint64_t done_through) {
+  if (waiting_.empty()) return;
+  prepare_placement();
+  auto keep = waiting_.begin();
+  for (Waiting& w : waiting_) {
+    const bool launch_seen = seen(w.id);
+    if (launch_seen || w.buffer_mark <= done_through) {
+      if (!launch_seen) ++stats_.placed_by_neighbours;
+      w.record.step = place(w.id);
+      deliver(w.record);
+    } else {
+      if (!w.counted) ++stats_.waited;
+      w.counted = true;
+      *keep++ = w;
     }
   }
-  for (const Recent& r : recent_) {
-    if (r.step >= 0 && r.correlation_id == correlation_id) {
-      *step = r.step;
-      return true;
-    }
-  }
-  return false;
-}
-
-void ActivityRecords::remember(std::uint32_t correlation_id, std::int64_t step) {
-  recent_[recent_next_] = {correlation_id, step};
-  recent_next_ = (recent_next_ + 1) % kRecent;
-}
-
-void ActivityRecords::end_delivery() {
-  ++delivery_;
-  release_waiting();
-  if (delivery_ - generation_start_ >= options_.generation_deliveries) rotate();
-}
-
-void ActivityRecords::rotate() {
-  stats_.correlations_expired += previous_.size();
-  previous_.swap(current_);
-  current_.clear();  // keeps its buckets for the next generation
-  generation_start_ = delivery_;
-}
-
-void ActivityRecords::release_waiting() {
-  for (const auto& w : waiting_) deliver(w.record);
-  waiting_.clear();
-  waiting_ids_.clear();
+  waiting_.erase(keep, waiting_.end());
 }
 
 void ActivityRecords::drain() {
-  release_waiting();
-  stats_.correlations_expired += current_.size() + previous_.size();
-  current_.clear();
-  previous_.clear();
-  std::fill(std::begin(recent_), std::end(recent_), Recent{});
-  generation_start_ = delivery_;
+  if (waiting_.empty()) return;
+  prepare_placement();
+  for (Waiting& w : waiting_) {
+    if (!seen(w.id)) ++stats_.placed_by_neighbours;
+    w.record.step = place(w.id);
+    deliver(w.record);
+  }
+  waiting_.clear();
 }
 
 void ActivityRecords::deliver(KernelRecord record) {

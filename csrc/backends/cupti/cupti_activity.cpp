@@ -1,15 +1,18 @@
-// Kernel activity through CUPTI's Activity API: CONCURRENT_KERNEL records tagged with the
-// step through external correlation ids (CUSTOM2, since Kineto uses CUSTOM0/1). libcupti
-// is dlopen'ed (the copy already in the process when torch loaded one); the headers only
-// give the record layouts. This file is the thin call layer: the correlation, naming and
-// classification logic is in activity_records.cpp. Without the headers it is a stub.
+// Kernel activity through CUPTI's Activity API: CONCURRENT_KERNEL records, and the API
+// records of the kernel launch calls (runtime and driver), which give each launch's
+// correlation id and host start time. A kernel is attributed to the step in which its
+// launch call started, on whichever thread: the rule and why it holds are at the top of
+// activity_records.hpp. libcupti is dlopen'ed (the copy already in the process when
+// torch loaded one); the headers only give the record layouts. This file is the thin
+// call layer and the buffer bookkeeping: the correlation, naming and classification
+// logic is in activity_records.cpp. Without the headers it is a stub.
 #include "steptrace/backend.hpp"
 
 #if !STEPTRACE_HAVE_CUPTI_HEADERS
 
 namespace steptrace {
 
-std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not) {
+std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not, bool /*yielding*/) {
   if (why_not != nullptr) {
     *why_not = "steptrace was built without the CUPTI headers: no kernel activity";
   }
@@ -21,9 +24,13 @@ std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not) 
 #else  // STEPTRACE_HAVE_CUPTI_HEADERS
 
 #include <cupti_activity.h>
+#include <cupti_driver_cbid.h>
 #include <cupti_result.h>
+#include <cupti_runtime_cbid.h>
+#include <cupti_version.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -42,6 +49,7 @@ namespace steptrace {
 namespace {
 
 using detail::cupti::ActivityRecords;
+using detail::cupti::MarkRing;
 using detail::cupti::ParsedRecord;
 
 // Kernel records are read through CUpti_ActivityKernel4, the oldest layout CUPTI 12 can
@@ -60,19 +68,66 @@ STEPTRACE_SAME_PREFIX(CUpti_ActivityKernel6);
 STEPTRACE_SAME_PREFIX(CUpti_ActivityKernel7);
 STEPTRACE_SAME_PREFIX(CUpti_ActivityKernel8);
 STEPTRACE_SAME_PREFIX(CUpti_ActivityKernel9);
+#if CUPTI_API_VERSION >= 130000  // CUPTI 13's headers (12.x headers, as torch bundles, stop at 9)
 STEPTRACE_SAME_PREFIX(CUpti_ActivityKernel10);
+#endif
 #undef STEPTRACE_SAME_PREFIX
-// The external-correlation record has kept one layout since CUDA 8.
-static_assert(offsetof(CUpti_ActivityExternalCorrelation, externalKind) == 4);
-static_assert(offsetof(CUpti_ActivityExternalCorrelation, externalId) == 8);
-static_assert(offsetof(CUpti_ActivityExternalCorrelation, correlationId) == 16);
-static_assert(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2 ==
-              ActivityRecords::Options{}.step_external_kind);
+// The API record (runtime, driver, internal launch) has kept one layout since CUDA 5.
+static_assert(offsetof(CUpti_ActivityAPI, start) == 8);
+static_assert(offsetof(CUpti_ActivityAPI, correlationId) == 32);
 
-constexpr CUpti_ExternalCorrelationKind kStepKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2;
-constexpr std::size_t kBufferBytes = std::size_t{4} << 20;
-constexpr std::size_t kBufferAlign = 8;  // CUPTI's requirement for activity buffers
-constexpr std::size_t kPoolMax = 8;      // free buffers kept for reuse (32 MiB)
+// The calls that launch kernels, whose API records are the only ones steptrace asks for
+// (cuptiActivityEnableRuntimeApi / EnableDriverApi, CUPTI 12.3+): the kernel records
+// carry their correlation ids. Any other call would only cost time and buffer space.
+// Unknown to an older CUPTI: that entry is skipped.
+constexpr CUpti_CallbackId kRuntimeLaunches[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunch_v3020,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunch_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernelMultiDevice_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+    505,  // __cudaLaunchKernel_v13000 (CUPTI 13)
+    506,  // __cudaLaunchKernel_ptsz_v13000
+};
+constexpr CUpti_CallbackId kDriverLaunches[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchGrid,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchGridAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,  // triton, and NCCL before cuLaunchKernelEx
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernelMultiDevice,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,  // NCCL 2.19+
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+};
+static_assert(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000 == 211);
+static_assert(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel == 307);
+
+// Activity buffers. A non-forced flush hands back only buffers whose records are all
+// complete, so while the device is busy the buffer being filled comes back once it is
+// full: its size bounds how long a step record waits for its kernels. It is adapted so
+// that a buffer fills in about kTargetFill (measured from request to return), within
+// [kMinBuffer, kMaxBuffer]: a few hundred KB on a busy GPU, smaller on a slow one.
+constexpr std::size_t kMinBuffer = std::size_t{32} << 10;
+constexpr std::size_t kMaxBuffer = std::size_t{4} << 20;
+constexpr std::size_t kInitialBuffer = std::size_t{512} << 10;
+constexpr std::int64_t kTargetFillNs = 200'000'000;
+constexpr std::size_t kBufferAlign = 8;       // CUPTI's requirement for activity buffers
+constexpr std::size_t kPoolMax = 8;           // free buffers kept for reuse
+constexpr std::size_t kMaxOutstanding = 256;  // buffers CUPTI holds at once (tracked)
+// A buffer still out this long after it was handed over, while a later one has come
+// back, is not the one being filled (CUPTI fills them in turn): records stop waiting for
+// it, so that one CUPTI keeps in reserve cannot hold every step back.
+constexpr std::int64_t kStaleBufferNs = 1'000'000'000;
 constexpr auto kFlushPeriod = std::chrono::milliseconds(50);
 constexpr int kOldestVersion = 18;  // cuptiGetVersion of CUDA 12.0's CUPTI
 
@@ -84,10 +139,11 @@ struct Api {
   decltype(&::cuptiActivityFlushAll) flush_all = nullptr;
   decltype(&::cuptiActivityGetNextRecord) next_record = nullptr;
   decltype(&::cuptiActivityGetNumDroppedRecords) dropped_records = nullptr;
-  decltype(&::cuptiActivityPushExternalCorrelationId) push_id = nullptr;
-  decltype(&::cuptiActivityPopExternalCorrelationId) pop_id = nullptr;
   decltype(&::cuptiGetTimestamp) timestamp = nullptr;
   decltype(&::cuptiGetResultString) result_string = nullptr;  // optional
+  // optional (CUPTI 12.3+): records of chosen calls only; else the whole API kinds
+  decltype(&::cuptiActivityEnableRuntimeApi) enable_runtime_api = nullptr;
+  decltype(&::cuptiActivityEnableDriverApi) enable_driver_api = nullptr;
 
   bool load(void* lib, std::string* missing) {
     bool ok = true;
@@ -99,16 +155,20 @@ struct Api {
         ok = false;
       }
     };
+    auto optional = [&](auto& fn, const char* name) {
+      using Fn = std::remove_reference_t<decltype(fn)>;
+      fn = reinterpret_cast<Fn>(dlsym(lib, name));
+    };
     resolve(register_callbacks, "cuptiActivityRegisterCallbacks");
     resolve(enable, "cuptiActivityEnable");
     resolve(disable, "cuptiActivityDisable");
     resolve(flush_all, "cuptiActivityFlushAll");
     resolve(next_record, "cuptiActivityGetNextRecord");
     resolve(dropped_records, "cuptiActivityGetNumDroppedRecords");
-    resolve(push_id, "cuptiActivityPushExternalCorrelationId");
-    resolve(pop_id, "cuptiActivityPopExternalCorrelationId");
     resolve(timestamp, "cuptiGetTimestamp");
-    result_string = reinterpret_cast<decltype(result_string)>(dlsym(lib, "cuptiGetResultString"));
+    optional(result_string, "cuptiGetResultString");
+    optional(enable_runtime_api, "cuptiActivityEnableRuntimeApi");
+    optional(enable_driver_api, "cuptiActivityEnableDriverApi");
     return ok;
   }
 
@@ -122,14 +182,50 @@ struct Api {
 
 class CuptiActivity;
 
+std::int64_t steady_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // What CUPTI's process-wide buffer callbacks reach. Leaked on purpose: CUPTI may call
 // them after the backend is gone (or at exit), when they only hand buffers back.
 struct Shared {
   std::mutex mu;                   // guards owner and the owner's collected state
   CuptiActivity* owner = nullptr;  // the live backend; null when there is none
-  std::mutex pool_mu;
-  std::uint8_t* pool[kPoolMax] = {};  // free buffers (fixed array: no allocation)
+
+  // buffers (lock order: mu, then buffers_mu; buffer_requested takes buffers_mu only)
+  std::mutex buffers_mu;
+  struct Pooled {
+    std::uint8_t* buffer;
+    std::size_t capacity;
+  };
+  Pooled pool[kPoolMax] = {};  // free buffers (fixed arrays: no allocation)
   std::size_t pooled = 0;
+  struct Outstanding {
+    std::uint8_t* buffer;
+    std::uint64_t seq;          // the order CUPTI asked for it in
+    std::int64_t requested_ns;  // steady clock
+    std::size_t size;           // as told to CUPTI
+    std::size_t capacity;       // as allocated
+  };
+  Outstanding outstanding[kMaxOutstanding] = {};
+  std::size_t n_outstanding = 0;
+  std::uint64_t returned_below = 0;            // 1 + the newest buffer (by number) that came back
+  std::atomic<std::uint64_t> requested{0};     // buffers handed to CUPTI so far
+  std::atomic<std::uint64_t> done_through{0};  // every buffer numbered below is back and parsed
+  std::atomic<std::size_t> buffer_bytes{kInitialBuffer};  // the size handed out next
+
+  // with buffers_mu held: the lowest number of a buffer CUPTI still holds (and fills)
+  std::uint64_t low_watermark(std::int64_t now_ns) const noexcept {
+    std::uint64_t low = requested.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < n_outstanding; ++i) {
+      const Outstanding& o = outstanding[i];
+      if (o.seq < returned_below && now_ns - o.requested_ns > kStaleBufferNs) continue;
+      low = std::min(low, o.seq);
+    }
+    return low;
+  }
 };
 
 Shared& shared() {
@@ -140,31 +236,65 @@ Shared& shared() {
 void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size,
                                std::size_t* max_records) noexcept {
   Shared& s = shared();
+  const std::size_t want = s.buffer_bytes.load(std::memory_order_relaxed);
   std::uint8_t* b = nullptr;
+  std::size_t capacity = want;
   {
-    std::lock_guard<std::mutex> lock(s.pool_mu);
-    if (s.pooled > 0) b = s.pool[--s.pooled];
+    std::lock_guard<std::mutex> lock(s.buffers_mu);
+    for (std::size_t i = s.pooled; i-- > 0;) {
+      if (s.pool[i].capacity >= want) {
+        b = s.pool[i].buffer;
+        capacity = s.pool[i].capacity;
+        s.pool[i] = s.pool[--s.pooled];
+        break;
+      }
+    }
   }
-  if (b == nullptr) b = static_cast<std::uint8_t*>(std::aligned_alloc(kBufferAlign, kBufferBytes));
+  if (b == nullptr) b = static_cast<std::uint8_t*>(std::aligned_alloc(kBufferAlign, capacity));
+  if (b != nullptr) {
+    const std::int64_t now = steady_ns();
+    std::lock_guard<std::mutex> lock(s.buffers_mu);
+    const std::uint64_t seq = s.requested.load(std::memory_order_relaxed);
+    if (s.n_outstanding < kMaxOutstanding) {  // past the bound it just counts as back
+      s.outstanding[s.n_outstanding++] = {b, seq, now, want, capacity};
+    }
+    s.requested.store(seq + 1, std::memory_order_release);
+  }
   *buffer = b;
-  *size = b != nullptr ? kBufferBytes : 0;  // no buffer: CUPTI drops records and counts them
+  *size = b != nullptr ? want : 0;  // no buffer: CUPTI drops records and counts them
   *max_records = 0;
 }
 
-void release_buffer(std::uint8_t* b) noexcept {
+void release_buffer(std::uint8_t* b, std::size_t capacity) noexcept {
   Shared& s = shared();
   {
-    std::lock_guard<std::mutex> lock(s.pool_mu);
-    if (s.pooled < kPoolMax) {
-      s.pool[s.pooled++] = b;
+    std::lock_guard<std::mutex> lock(s.buffers_mu);
+    // too small for what is handed out now (the size grew): not worth keeping
+    if (s.pooled < kPoolMax && capacity >= s.buffer_bytes.load(std::memory_order_relaxed)) {
+      s.pool[s.pooled++] = {b, capacity};
       return;
     }
   }
   std::free(b);  // NOLINT(cppcoreguidelines-no-malloc): from aligned_alloc
 }
 
+// A buffer that came back mostly filled tells how long filling one takes: size the next
+// ones so that it takes about kTargetFillNs (at most 4x larger or smaller at once).
+void adapt_buffer_size(const Shared::Outstanding& o, std::size_t valid_size) noexcept {
+  if (valid_size * 2 < o.size) return;  // returned early (forced, or all complete): no measure
+  const std::int64_t took = std::max<std::int64_t>(1, steady_ns() - o.requested_ns);
+  const double ideal =
+      static_cast<double>(o.size) * static_cast<double>(kTargetFillNs) / static_cast<double>(took);
+  const double lo = std::max<double>(kMinBuffer, static_cast<double>(o.size) / 4);
+  const double hi = std::min<double>(kMaxBuffer, static_cast<double>(o.size) * 4);
+  const auto next = static_cast<std::size_t>(std::clamp(ideal, lo, hi)) & ~std::size_t{4095};
+  shared().buffer_bytes.store(std::max(next, kMinBuffer), std::memory_order_relaxed);
+}
+
 void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uint8_t* buffer,
                                std::size_t size, std::size_t valid_size) noexcept;
+
+enum class LaunchRecords { kNone, kLaunchCalls, kWholeApiKinds };
 
 class CuptiActivity final : public KernelActivitySource {
  public:
@@ -183,6 +313,9 @@ class CuptiActivity final : public KernelActivitySource {
   // `yielding`: another tool owns the activity buffers now; touch nothing until
   // set_yielding(false).
   bool start(bool yielding, std::string* why) {
+    // a fresh start: no buffer of an earlier profiler is waited for, sizes start over
+    forget_outstanding();
+    shared().buffer_bytes.store(kInitialBuffer, std::memory_order_relaxed);
     if (!yielding && !enable_ours(why)) return false;
     std::lock_guard<std::mutex> control(control_mu_);
     enabled_ = !yielding;
@@ -194,8 +327,7 @@ class CuptiActivity final : public KernelActivitySource {
       flusher_ = std::thread([this] { flush_loop(); });
     } catch (const std::system_error& e) {
       enabled_ = false;
-      api_.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-      api_.disable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+      if (!yielding) disable_ours();
       *why = std::string("cannot start the CUPTI flush thread: ") + e.what();
       return false;
     }
@@ -211,22 +343,23 @@ class CuptiActivity final : public KernelActivitySource {
     return static_cast<std::int64_t>(t);
   }
 
+  // Training thread: a timestamp and a store into the mark ring, per boundary.
   void begin_step(std::int64_t step) noexcept override {
-    if (pushed_) end_step(step);  // an unbalanced begin: keep CUPTI's id stack balanced
     if (!active_.load(std::memory_order_acquire)) return;
-    pushed_ = api_.push_id(kStepKind, ActivityRecords::external_id_for_step(step)) == CUPTI_SUCCESS;
+    marks_.publish(step, /*begin=*/true, now_ns());
+    in_step_ = true;
   }
 
-  void end_step(std::int64_t /*step*/) noexcept override {
-    // pops whenever begin_step pushed, even if we started yielding in between
-    if (!pushed_) return;
-    std::uint64_t id = 0;
-    api_.pop_id(kStepKind, &id);
-    pushed_ = false;
+  void end_step(std::int64_t step) noexcept override {
+    // closes the step whenever begin_step opened it, even if we started yielding since
+    if (!in_step_) return;
+    marks_.publish(step, /*begin=*/false, now_ns());
+    in_step_ = false;
   }
 
   void take(std::vector<KernelRecord>& out, std::int64_t* dropped) override {
     std::lock_guard<std::mutex> lock(shared().mu);
+    pull_marks();
     records_.take(out);
     if (dropped != nullptr) *dropped += dropped_ + records_.take_lost();
     dropped_ = 0;
@@ -234,6 +367,17 @@ class CuptiActivity final : public KernelActivitySource {
 
   std::uint64_t deliveries() noexcept override {
     return deliveries_.load(std::memory_order_acquire);
+  }
+
+  // Every buffer CUPTI held when a step record arrived may hold that step's records
+  // (they were written when the step ran, into the buffers that existed then); the
+  // record is complete once all of those have come back.
+  std::uint64_t delivery_mark() noexcept override {
+    return shared().requested.load(std::memory_order_acquire);
+  }
+
+  bool delivered(std::uint64_t mark) noexcept override {
+    return shared().done_through.load(std::memory_order_acquire) >= mark;
   }
 
   std::string kernel_name(std::uint32_t name_id) override {
@@ -253,8 +397,10 @@ class CuptiActivity final : public KernelActivitySource {
       yielding_.store(true);
       {
         std::lock_guard<std::mutex> lock(shared().mu);
+        pull_marks();
         records_.drain();
       }
+      forget_outstanding();  // later buffers are requested through the other's callbacks
       deliveries_.fetch_add(1, std::memory_order_acq_rel);
       set_status("yielding to torch.profiler");
       return;
@@ -287,15 +433,16 @@ class CuptiActivity final : public KernelActivitySource {
       // flush, disable, flush again: the second flush brings whatever was recorded
       // between the first and the disable
       api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-      api_.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-      api_.disable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
+      disable_ours();
       api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     }
     {
       std::lock_guard<std::mutex> lock(shared().mu);
+      pull_marks();
       records_.drain();
       if (shared().owner == this) shared().owner = nullptr;  // a later profiler may collect
     }
+    forget_outstanding();
     deliveries_.fetch_add(1, std::memory_order_acq_rel);
   }
 
@@ -304,26 +451,38 @@ class CuptiActivity final : public KernelActivitySource {
     return status_;
   }
 
-  // The completion callback, with shared().mu held.
-  void parse(CUcontext context, std::uint32_t stream, std::uint8_t* buffer,
-             std::size_t valid_size) noexcept {
+  // The completion callback, with shared().mu held: `requested` buffers had been asked
+  // for, and every one numbered below `done_through` is back once this one is parsed.
+  void parse(CUcontext context, std::uint32_t stream, std::uint8_t* buffer, std::size_t valid_size,
+             std::uint64_t requested, std::uint64_t done_through) noexcept {
     if (yielding_.load()) return;  // a buffer of the other tool's time: not ours to read
+    pull_marks();
+    records_.begin_buffer(requested);
     CUpti_Activity* record = nullptr;
-    while (api_.next_record(buffer, valid_size, &record) == CUPTI_SUCCESS) {
+    while (buffer != nullptr && api_.next_record(buffer, valid_size, &record) == CUPTI_SUCCESS) {
       ParsedRecord p;
-      if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
-        const auto* k = reinterpret_cast<const KernelPrefix*>(record);
-        p.kind = ParsedRecord::Kind::kKernel;
-        p.start_ns = k->start;
-        p.end_ns = k->end;
-        p.correlation_id = k->correlationId;
-        p.name = k->name;
-      } else if (record->kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) {
-        const auto* c = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
-        p.kind = ParsedRecord::Kind::kExternalCorrelation;
-        p.external_kind = static_cast<int>(c->externalKind);
-        p.external_id = c->externalId;
-        p.correlation_id = c->correlationId;
+      switch (record->kind) {
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+          const auto* k = reinterpret_cast<const KernelPrefix*>(record);
+          p.kind = ParsedRecord::Kind::kKernel;
+          p.start_ns = k->start;
+          p.end_ns = k->end;
+          p.correlation_id = k->correlationId;
+          p.name = k->name;
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_RUNTIME:
+        case CUPTI_ACTIVITY_KIND_DRIVER:
+        case CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API: {
+          const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+          p.kind = ParsedRecord::Kind::kApi;
+          p.start_ns = a->start;
+          p.end_ns = a->end;
+          p.correlation_id = a->correlationId;
+          break;
+        }
+        default:
+          break;
       }
       try {
         records_.add(p);
@@ -332,6 +491,10 @@ class CuptiActivity final : public KernelActivitySource {
       }
     }
     // any result but MAX_LIMIT_REACHED (an incomplete record) ends the buffer too
+    try {
+      records_.end_buffer(done_through);
+    } catch (...) {
+    }
     std::size_t n = 0;
     if (api_.dropped_records(context, stream, &n) == CUPTI_SUCCESS) {
       dropped_ += static_cast<std::int64_t>(n);
@@ -351,13 +514,97 @@ class CuptiActivity final : public KernelActivitySource {
       *why = api_.reason("cuptiActivityEnable(CONCURRENT_KERNEL)", r);
       return false;
     }
-    r = api_.enable(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION);
-    if (r != CUPTI_SUCCESS) {
-      *why = api_.reason("cuptiActivityEnable(EXTERNAL_CORRELATION)", r);
+    if (!enable_launch_records(why)) {
       api_.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
       return false;
     }
+    // kernels the driver launches outside any API call (no cbid); absent before 12.x
+    internal_launches_ = api_.enable(CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API) == CUPTI_SUCCESS;
     return true;
+  }
+
+  // The launch calls' API records: only those calls where CUPTI lets us choose (the
+  // records of every runtime and driver call cost each call some time and fill buffers
+  // several times faster), else the whole RUNTIME and DRIVER kinds.
+  bool enable_launch_records(std::string* why) {
+    if (api_.enable_runtime_api != nullptr && api_.enable_driver_api != nullptr) {
+      const bool runtime = api_.enable_runtime_api(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+                                                   1) == CUPTI_SUCCESS;
+      const bool driver = runtime && api_.enable_driver_api(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+                                                            1) == CUPTI_SUCCESS;
+      if (driver) {
+        for (CUpti_CallbackId cbid : kRuntimeLaunches) api_.enable_runtime_api(cbid, 1);
+        for (CUpti_CallbackId cbid : kDriverLaunches) api_.enable_driver_api(cbid, 1);
+        launch_records_ = LaunchRecords::kLaunchCalls;
+        return true;
+      }
+      if (runtime) api_.enable_runtime_api(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, 0);
+    }
+    CUptiResult r = api_.enable(CUPTI_ACTIVITY_KIND_RUNTIME);
+    if (r != CUPTI_SUCCESS) {
+      *why = api_.reason("cuptiActivityEnable(RUNTIME)", r);
+      return false;
+    }
+    r = api_.enable(CUPTI_ACTIVITY_KIND_DRIVER);
+    if (r != CUPTI_SUCCESS) {
+      *why = api_.reason("cuptiActivityEnable(DRIVER)", r);
+      api_.disable(CUPTI_ACTIVITY_KIND_RUNTIME);
+      return false;
+    }
+    launch_records_ = LaunchRecords::kWholeApiKinds;
+    return true;
+  }
+
+  void disable_ours() noexcept {
+    api_.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    if (launch_records_ == LaunchRecords::kLaunchCalls) {
+      for (CUpti_CallbackId cbid : kRuntimeLaunches) api_.enable_runtime_api(cbid, 0);
+      for (CUpti_CallbackId cbid : kDriverLaunches) api_.enable_driver_api(cbid, 0);
+    } else if (launch_records_ == LaunchRecords::kWholeApiKinds) {
+      api_.disable(CUPTI_ACTIVITY_KIND_RUNTIME);
+      api_.disable(CUPTI_ACTIVITY_KIND_DRIVER);
+    }
+    launch_records_ = LaunchRecords::kNone;
+    if (internal_launches_) api_.disable(CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API);
+    internal_launches_ = false;
+  }
+
+  // With shared().mu held: the step boundaries published since the last call.
+  void pull_marks() {
+    const std::uint64_t lost =
+        marks_.consume([this](std::int64_t step, bool begin, std::int64_t t) {
+          records_.add_mark(step, begin, t);
+        });
+    records_.count_lost_marks(lost);
+  }
+
+  // Between completions: a buffer can turn stale (kStaleBufferNs) with none coming back.
+  void refresh_delivered() noexcept {
+    Shared& s = shared();
+    std::lock_guard<std::mutex> lock(s.mu);
+    std::uint64_t done = 0;
+    {
+      std::lock_guard<std::mutex> buffers(s.buffers_mu);
+      done = s.low_watermark(steady_ns());
+    }
+    if (done <= s.done_through.load(std::memory_order_relaxed)) return;
+    try {
+      records_.end_buffer(done);  // kernels whose launch record can no longer come
+    } catch (...) {
+    }
+    s.done_through.store(done, std::memory_order_release);
+  }
+
+  // After a forced flush handed back everything CUPTI would give us: a buffer still
+  // counted as out will not come back to us, so no step record waits for it.
+  static void forget_outstanding() noexcept {
+    Shared& s = shared();
+    std::lock_guard<std::mutex> lock(s.buffers_mu);
+    s.n_outstanding = 0;
+    const std::uint64_t all = s.requested.load(std::memory_order_relaxed);
+    if (s.done_through.load(std::memory_order_relaxed) < all) {
+      s.done_through.store(all, std::memory_order_release);
+    }
   }
 
   void flush_loop() noexcept {
@@ -365,18 +612,16 @@ class CuptiActivity final : public KernelActivitySource {
     while (!finished_) {
       stop_cv_.wait_for(control, kFlushPeriod, [this] { return finished_; });
       if (finished_) break;
-      // not forced: only completed records, so the device is never waited for; while
-      // yielding the buffers are the other tool's and nothing is flushed for us
+      // not forced: only buffers whose records are complete, so the device is never
+      // waited for; while yielding the buffers are the other tool's and nothing is
+      // flushed for us
       if (enabled_) {
         const CUptiResult r = api_.flush_all(0);
         if (r != CUPTI_SUCCESS && !flush_failed_) {
           flush_failed_ = true;
           set_status(api_.reason("cuptiActivityFlushAll", r));
         }
-      }
-      {
-        std::lock_guard<std::mutex> lock(shared().mu);
-        records_.end_delivery();
+        refresh_delivered();
       }
       deliveries_.fetch_add(1, std::memory_order_acq_rel);
     }
@@ -391,9 +636,9 @@ class CuptiActivity final : public KernelActivitySource {
   }
 
   const Api api_;
-  // training thread: whether an id is pushed now (begin_step and end_step only)
-  bool pushed_ = false;
-  std::atomic<bool> active_{false};  // tag steps and collect records
+  MarkRing marks_;                   // training thread -> parser
+  bool in_step_ = false;             // training thread: begin_step published a begin mark
+  std::atomic<bool> active_{false};  // mark steps and collect records
   std::atomic<bool> yielding_{false};
   std::atomic<std::uint64_t> deliveries_{0};
   // guarded by control_mu_ (flush thread, set_yielding, finish)
@@ -402,6 +647,8 @@ class CuptiActivity final : public KernelActivitySource {
   bool finished_ = false;
   bool enabled_ = false;  // our callbacks are registered and our kinds enabled
   bool flush_failed_ = false;
+  LaunchRecords launch_records_ = LaunchRecords::kNone;
+  bool internal_launches_ = false;
   std::thread flusher_;
   // guarded by shared().mu
   ActivityRecords records_;
@@ -411,12 +658,36 @@ class CuptiActivity final : public KernelActivitySource {
 };
 
 void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uint8_t* buffer,
-                               std::size_t /*size*/, std::size_t valid_size) noexcept {
+                               std::size_t size, std::size_t valid_size) noexcept {
+  Shared& s = shared();
+  Shared::Outstanding mine{};
+  bool ours = false;
   {
-    std::lock_guard<std::mutex> lock(shared().mu);
-    if (shared().owner != nullptr) shared().owner->parse(context, stream, buffer, valid_size);
+    std::lock_guard<std::mutex> lock(s.mu);
+    std::uint64_t requested = 0;
+    std::uint64_t done = 0;
+    {
+      std::lock_guard<std::mutex> buffers(s.buffers_mu);
+      for (std::size_t i = 0; i < s.n_outstanding; ++i) {
+        if (s.outstanding[i].buffer == buffer) {
+          mine = s.outstanding[i];
+          s.outstanding[i] = s.outstanding[--s.n_outstanding];
+          ours = true;
+          s.returned_below = std::max(s.returned_below, mine.seq + 1);
+          break;
+        }
+      }
+      requested = s.requested.load(std::memory_order_relaxed);
+      done = s.low_watermark(steady_ns());
+    }
+    if (s.owner != nullptr) s.owner->parse(context, stream, buffer, valid_size, requested, done);
+    // published after the parse: a step record that sees it finds its kernels taken in
+    if (s.done_through.load(std::memory_order_relaxed) < done) {
+      s.done_through.store(done, std::memory_order_release);
+    }
   }
-  if (buffer != nullptr) release_buffer(buffer);
+  if (ours) adapt_buffer_size(mine, valid_size);
+  if (buffer != nullptr) release_buffer(buffer, ours ? mine.capacity : size);
 }
 
 }  // namespace
