@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
@@ -22,10 +23,10 @@ class HeapSampler {
  public:
   /// False where the C library has no mallinfo2.
   static bool available() noexcept;
-  explicit HeapSampler(const Config& config) noexcept;
+  explicit HeapSampler(const Config& config);
 
   /// At the end of step `step`: fills out.heap_bytes when it reads this step.
-  void sample(std::int64_t step, std::int64_t now_ns, MemorySample& out) noexcept;
+  void sample(std::int64_t step, MemorySample& out) noexcept;
   /// In-use bytes now (phase attribution).
   static std::int64_t read() noexcept;
 
@@ -36,6 +37,7 @@ class HeapSampler {
   static constexpr int kBurstSteps = 40;
   static constexpr int kMaxStride = 1 << 20;
 
+  std::unique_ptr<Clock> clock_;
   std::int64_t baseline_from_step_;  // warmup_steps
   std::int64_t dense_until_step_;    // warmup + baseline steps
   double suspect_ratio_;             // 1 + half the tolerance

@@ -322,7 +322,7 @@ class ProfilerImpl final : public SignalClosable {
       }
       merge(current_.memory, source_samples_[i]);
     }
-    if (heap_) heap_->sample(current_.step, now, current_.memory);
+    if (heap_) heap_->sample(current_.step, current_.memory);
     merge(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
     if (current_.activity_begin_ns >= 0) {
