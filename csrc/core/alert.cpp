@@ -33,14 +33,30 @@ std::string alert_json_line(const AlertEvent& e, int rank) {
 }
 
 void AlertLog::publish(const AlertEvent& event, const std::string& json_line) {
+  if (event.update) {
+    deliver(json_line);
+  } else {
+    publish_line(event.type, event.resolved, event.repeats, json_line);
+  }
+}
+
+void AlertLog::publish_line(const std::string& type, bool resolved, std::int64_t repeats,
+                            const std::string& json_line) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (resolved) {
+      repeats_[type] += repeats;
+    } else {
+      ++counts_[type];
+    }
+  }
+  deliver(json_line);
+}
+
+void AlertLog::deliver(const std::string& json_line) {
   std::function<void(const std::string&)> callback;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (event.resolved) {
-      repeats_[event.type] += event.repeats;
-    } else if (!event.update) {
-      ++counts_[event.type];
-    }
     if (subscribed_) {  // also after close(): the final drain's alerts are delivered
       if (queue_.size() >= kMaxQueued) queue_.pop_front();
       queue_.push_back({SubscriberEvent::kAlert, json_line});

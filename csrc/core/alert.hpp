@@ -48,6 +48,9 @@ class AlertLog {
  public:
   /// Counts the event and queues it for subscribers (when subscribed) and the callback.
   void publish(const AlertEvent& event, const std::string& json_line);
+  /// The same for a record made outside the core (alert, or resolved with its repeats).
+  void publish_line(const std::string& type, bool resolved, std::int64_t repeats,
+                    const std::string& json_line);
 
   /// Alerts fired so far (episodes), by type.
   std::map<std::string, std::int64_t> counts() const;
@@ -68,6 +71,8 @@ class AlertLog {
   void finish();
 
  private:
+  // Queues the line for subscribers and calls the callback.
+  void deliver(const std::string& json_line);
   static constexpr std::size_t kMaxQueued = 1024;
   mutable std::mutex mu_;
   std::condition_variable event_cv_;

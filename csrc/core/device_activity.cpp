@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "sample_aggregation.hpp"
@@ -12,6 +13,9 @@ namespace steptrace::detail {
 namespace {
 
 constexpr double kNsPerMs = 1e6;
+// A step this long on CUDA events ran work on the device (back-to-back events are a few
+// microseconds apart).
+constexpr std::int64_t kDeviceWorkNs = 100'000;
 
 const char* work_name(KernelWork w) {
   switch (w) {
@@ -88,8 +92,9 @@ bool DeviceActivityStage::complete(StepRecord& r, bool force) {
   // once every activity buffer that was out then has come back (CUPTI returns the one
   // being filled only when it is full: a flush tick alone proves nothing).
   const bool kernels_in =
-      !wants_kernels || (activity_->deliveries() >= r.activity_deliveries_at_arrival + 2 &&
-                         activity_->delivered(r.activity_mark_at_arrival));
+      !wants_kernels || finished_ ||
+      (activity_->deliveries() >= r.activity_deliveries_at_arrival + 2 &&
+       activity_->delivered(r.activity_mark_at_arrival));
   const bool counters_in =
       !wants_counters || sampler_->deliveries() >= r.sampler_deliveries_at_arrival + 2;
   const bool ready = force || std::chrono::steady_clock::now() - r.held_since >= kMaxHold ||
@@ -101,10 +106,14 @@ bool DeviceActivityStage::complete(StepRecord& r, bool force) {
     auto it = by_step_.find(r.step);
     std::vector<KernelRecord> none;
     std::vector<KernelRecord>& kernels = it != by_step_.end() ? it->second : none;
-    const std::int64_t not_before = std::max(r.activity_begin_ns, prev_device_end_ns_);
-    r.kernels = kernel_stats(kernels, not_before);
-    if (r.kernels.count > 0) {
-      prev_device_end_ns_ = std::max(prev_device_end_ns_, r.kernels.window_end_ns);
+    if (kernels.empty() && !kernels_known(r, kernels_in)) {
+      r.kernels = KernelStats{};  // absent: unknown, not a step that ran no kernel
+    } else {
+      const std::int64_t not_before = std::max(r.activity_begin_ns, prev_device_end_ns_);
+      r.kernels = kernel_stats(kernels, not_before);
+      if (r.kernels.count > 0) {
+        prev_device_end_ns_ = std::max(prev_device_end_ns_, r.kernels.window_end_ns);
+      }
     }
   }
   by_step_.erase(by_step_.begin(), by_step_.upper_bound(r.step));
@@ -113,6 +122,22 @@ bool DeviceActivityStage::complete(StepRecord& r, bool force) {
   if (wants_counters) fill_counters(r);
   written_through_ = std::max(written_through_, r.step);
   return true;
+}
+
+bool DeviceActivityStage::kernels_known(const StepRecord& r, bool kernels_in) {
+  const ActivityReach reach = activity_->reach(r.activity_begin_ns);
+  NotCollected why = NotCollected::kCount;
+  if (reach == ActivityReach::kStopped) {
+    why = NotCollected::kStopped;
+  } else if (!kernels_in) {
+    why = NotCollected::kNotBack;  // written on the hold bound, or by flush()
+  } else if (reach == ActivityReach::kUnheard && r.device_clock && r.step_ns >= kDeviceWorkNs) {
+    // the device worked, yet no record of it reached the backend's callbacks
+    why = NotCollected::kElsewhere;
+  }
+  if (why == NotCollected::kCount) return true;
+  ++not_collected_[static_cast<std::size_t>(why)];
+  return false;
 }
 
 void DeviceActivityStage::take_kernels() {
@@ -195,12 +220,38 @@ void DeviceActivityStage::fill_counters(StepRecord& r) {
 void DeviceActivityStage::finish() noexcept {
   if (activity_ != nullptr) activity_->finish();
   if (sampler_ != nullptr) sampler_->finish();
+  finished_ = true;  // everything the backends held has been delivered
 }
 
 std::int64_t DeviceActivityStage::unused_pending() const {
   std::int64_t n = 0;
   for (const PendingSample& p : samples_) n += p.used ? 0 : 1;
   return n;
+}
+
+std::string DeviceActivityStage::not_collected_reason(std::int64_t total) const {
+  const auto n = [this](NotCollected w) { return not_collected_[static_cast<std::size_t>(w)]; };
+  std::string out = fmt::format("{} step records written without kernels, their kernels unknown:",
+                                total);
+  const char* sep = " ";
+  if (n(NotCollected::kNotBack) > 0) {
+    out += fmt::format("{}{} written before their activity buffers came back ({} ms bound, or "
+                       "flush; any that came later count as late_records)",
+                       sep, n(NotCollected::kNotBack), kMaxHold.count());
+    sep = "; ";
+  }
+  if (n(NotCollected::kElsewhere) > 0) {
+    out += fmt::format("{}{} that ran device work while no activity buffer reached steptrace's "
+                       "CUPTI callbacks: another tool (torch.profiler/Kineto on demand through "
+                       "dynolog, proton) had taken them",
+                       sep, n(NotCollected::kElsewhere));
+    sep = "; ";
+  }
+  if (n(NotCollected::kStopped) > 0) {
+    out += fmt::format("{}{} after kernel activity had stopped (see status)", sep,
+                       n(NotCollected::kStopped));
+  }
+  return out;
 }
 
 std::string DeviceActivityStage::run_end_fields() {
@@ -230,6 +281,15 @@ std::string DeviceActivityStage::run_end_fields() {
         {"records", kernel_records_},         {"dropped_records", dropped_records_},
         {"late_records", late_records_},      {"outside_step_records", outside_records_},
         {"distinct_kernels", totals_.size()}, {"top", list}};
+    std::int64_t not_collected = 0;
+    for (const std::int64_t n : not_collected_) not_collected += n;
+    if (not_collected > 0) {
+      out["kernels"]["not_collected_steps"] = not_collected;
+      out["kernels"]["not_collected"] = not_collected_reason(not_collected);
+    }
+    if (std::string status = activity_->status(); !status.empty()) {
+      out["kernels"]["status"] = std::move(status);
+    }
   }
   if (sampler_ != nullptr) {
     out["counters"] = {{"samples", sample_count_},
@@ -240,6 +300,10 @@ std::string DeviceActivityStage::run_end_fields() {
                        {"overflow", overflow_},
                        {"sampled_steps", sampled_steps_},
                        {"steps_with_counters", steps_with_counters_}};
+    // why sampling stopped (a CUPTI torn down under it), or how it ended and on which device
+    if (std::string status = sampler_->status(); !status.empty()) {
+      out["counters"]["status"] = std::move(status);
+    }
   }
   return "\"device_activity\":" + out.dump();
 }

@@ -48,6 +48,11 @@ class DeviceActivityStage final : public StepCompleter {
   static constexpr std::chrono::milliseconds kMaxHold{2000};
 
  private:
+  /// r's device work is unknown when no kernel of it arrived: false (and counted) when it
+  /// may have run kernels that never reached us, so that r goes out without `kernels`
+  /// rather than with zeros.
+  bool kernels_known(const StepRecord& r, bool kernels_in);
+  std::string not_collected_reason(std::int64_t total) const;
   void take_kernels();
   void take_samples();
   void fill_counters(StepRecord& r);
@@ -72,6 +77,14 @@ class DeviceActivityStage final : public StepCompleter {
   std::int64_t dropped_records_ = 0;
   std::int64_t late_records_ = 0;     // arrived after their step record was written
   std::int64_t outside_records_ = 0;  // launched outside any step
+  enum class NotCollected : std::size_t {
+    kNotBack,    // written before the buffers that may hold its kernels came back
+    kElsewhere,  // device work, no call of the backend's callbacks: another tool had them
+    kStopped,    // kernel activity had stopped (a foreign cuptiFinalize, a failed resume)
+    kCount,
+  };
+  std::int64_t not_collected_[static_cast<std::size_t>(NotCollected::kCount)] = {};
+  bool finished_ = false;  // finish() ran: nothing more can come
 
   std::vector<CounterSample> incoming_samples_;
   struct PendingSample {

@@ -3,7 +3,9 @@
 namespace steptrace::detail {
 
 DeviceTiming::DeviceTiming(std::unique_ptr<DeviceTimer> timer, std::size_t max_in_flight)
-    : timer_(std::move(timer)), ring_(max_in_flight) {}
+    : timer_(std::move(timer)), ring_(max_in_flight) {
+  open_begin_.fill(-1);
+}
 
 int DeviceTiming::record() noexcept {
   const int e = timer_->record(stream_);
@@ -13,6 +15,8 @@ int DeviceTiming::record() noexcept {
 
 void DeviceTiming::begin_step() noexcept {
   building_.interval_count = 0;
+  building_.folded_ns.fill(0);
+  building_.waited = false;
   step_ok_ = true;
   building_.begin = record();
   building_.end = -1;
@@ -23,14 +27,56 @@ void DeviceTiming::begin_phase(std::uint16_t slot) noexcept {
 }
 
 void DeviceTiming::end_phase(std::uint16_t slot) noexcept {
-  if (!step_ok_) return;
-  if (building_.interval_count == kMaxIntervals) {  // a phase repeated very often
-    step_ok_ = false;
+  const int begin = open_begin_[slot];
+  open_begin_[slot] = -1;
+  if (begin < 0) return;
+  // A phase repeated very often (micro-batches): make room rather than give up.
+  const bool room = step_ok_ && (building_.interval_count < kMaxIntervals || fold(building_));
+  const int end = room ? record() : -1;
+  if (end < 0) {  // a device error: the begin event is not in the list, so return it here
+    timer_->release(begin);
     return;
   }
-  const int end = record();
-  if (!step_ok_) return;
-  building_.intervals[building_.interval_count++] = Interval{slot, open_begin_[slot], end};
+  building_.intervals[building_.interval_count++] = Interval{slot, begin, end};
+}
+
+bool DeviceTiming::fold(Pending& p) noexcept {
+  using Status = DeviceTimer::Status;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < p.interval_count; ++i) {
+      const Interval iv = p.intervals[i];
+      const Status e = timer_->query(iv.end);
+      const Status b = e == Status::kReady ? timer_->query(iv.begin) : e;
+      float ms = 0;
+      if (e == Status::kError || b == Status::kError ||
+          (b == Status::kReady && !timer_->elapsed_ms(iv.begin, iv.end, &ms))) {
+        // Keep every unreleased interval listed: end_step releases them exactly once.
+        for (std::size_t j = i; j < p.interval_count; ++j) p.intervals[kept++] = p.intervals[j];
+        p.interval_count = kept;
+        step_ok_ = false;
+        return false;
+      }
+      if (b != Status::kReady) {
+        p.intervals[kept++] = iv;
+        continue;
+      }
+      p.folded_ns[iv.slot] += static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+      timer_->release(iv.begin);
+      timer_->release(iv.end);
+    }
+    p.interval_count = kept;
+    if (kept < kMaxIntervals) return true;
+    // None has completed yet (the host is far ahead): wait for the oldest. The device
+    // still has the later intervals queued, so this only bounds how far ahead we get.
+    if (!timer_->synchronize(p.intervals[0].begin) || !timer_->synchronize(p.intervals[0].end)) {
+      step_ok_ = false;
+      return false;
+    }
+    p.waited = true;
+  }
+  step_ok_ = false;  // unreachable with a timer whose synchronized events are ready
+  return false;
 }
 
 void DeviceTiming::end_step(const StepRecord& host_record, JsonlWriter& writer) noexcept {
@@ -96,7 +142,7 @@ bool DeviceTiming::resolve(Pending& p, JsonlWriter& writer) noexcept {
     return false;
   }
   r.step_ns = static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
-  for (std::uint16_t i = 0; i < r.phase_count; ++i) r.phase_ns[i] = 0;
+  for (std::uint16_t i = 0; i < r.phase_count; ++i) r.phase_ns[i] = p.folded_ns[i];
   for (std::size_t i = 0; i < p.interval_count; ++i) {
     const Interval& iv = p.intervals[i];
     if (!timer_->elapsed_ms(iv.begin, iv.end, &ms)) {
@@ -108,7 +154,7 @@ bool DeviceTiming::resolve(Pending& p, JsonlWriter& writer) noexcept {
     r.phase_ns[iv.slot] += static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
   }
   r.device_clock = true;
-  r.waited = waited_;
+  r.waited = waited_ || p.waited;
   waited_ = false;
   release(p);
   write(r, writer);

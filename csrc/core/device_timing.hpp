@@ -3,7 +3,10 @@
 // its events have completed (usually a step or two), and is then handed to the writer
 // with device times. Nothing synchronizes the device unless the ring is full (the record
 // then says "waited") or at close. A device error ends device timing for the run: the
-// steps in flight are written with host times and failure() says why.
+// steps in flight are written with host times and failure() says why. A step with more
+// phase intervals than its list holds (micro-batches under gradient accumulation) folds
+// its completed intervals into per-slot sums as it goes, waiting for the oldest when none
+// has completed (that record then says "waited"); that is not a device error.
 // Training thread only.
 #pragma once
 
@@ -62,13 +65,17 @@ class DeviceTiming {
     StepRecord record;
     int begin = -1;
     int end = -1;
+    bool waited = false;  // the step waited for the device to make room for intervals
     std::size_t interval_count = 0;
     std::array<Interval, kMaxIntervals> intervals;
+    std::array<std::int64_t, kMaxPhases> folded_ns{};  // per slot: intervals already resolved
   };
 
   // One record, or the failure; -1 on failure.
   int record() noexcept;
   bool ready(const Pending& p) noexcept;
+  // Makes room in the step's full interval list (see the top); false on a device error.
+  bool fold(Pending& p) noexcept;
   // Blocks until all of the step's events have completed; false on a device error.
   bool wait_for(const Pending& p) noexcept;
   // Fills device times, writes, releases the events. False on a device error.
@@ -80,12 +87,12 @@ class DeviceTiming {
 
   std::unique_ptr<DeviceTimer> timer_;
   std::vector<Pending> ring_;
-  std::size_t head_ = 0;                      // oldest step in flight
-  std::size_t count_ = 0;                     // steps in flight
-  Pending building_;                          // the step in progress
-  std::array<int, kMaxPhases> open_begin_{};  // per slot: begin event of the open interval
-  bool step_ok_ = false;                      // the step in progress has all its events
-  bool waited_ = false;                       // the next written record waited for the device
+  std::size_t head_ = 0;                    // oldest step in flight
+  std::size_t count_ = 0;                   // steps in flight
+  Pending building_;                        // the step in progress
+  std::array<int, kMaxPhases> open_begin_;  // per slot: begin event of the open interval
+  bool step_ok_ = false;                    // the step in progress has all its events
+  bool waited_ = false;                     // the next written record waited for the device
   std::uintptr_t stream_ = 0;
   bool stream_set_ = false;
   bool failed_ = false;

@@ -21,12 +21,14 @@
 #include "../sinks/jsonl_writer.hpp"
 #include "alert.hpp"
 #include "check.hpp"
+#include "collective_timer.hpp"
 #include "detectors.hpp"
 #include "device_activity.hpp"
 #include "device_timing.hpp"
 #include "heap_sampler.hpp"
 #include "lifecycle.hpp"
 #include "record_json.hpp"
+#include "stack_dump.hpp"
 #include "step_record.hpp"
 #include "steptrace/error.hpp"
 
@@ -311,6 +313,7 @@ class ProfilerImpl final : public SignalClosable {
     }
     current_.step_ns = now - step_start_ns_;
     current_.host_ns = current_.step_ns;
+    current_.comm = collectives_.take();
     current_.failed = failed;
     current_.rss_fresh = false;
     for (std::size_t i = 0; i < memory_sources_.size(); ++i) {
@@ -390,8 +393,13 @@ class ProfilerImpl final : public SignalClosable {
       detached_ = true;
       return;
     }
-    STEPTRACE_CHECK(!in_step_, UsageError,
-                    "data loader advanced inside step {}; advance it between steps", current_.step);
+    if (in_step_) {
+      // The loader advanced inside a step (e.g. a nested next()): that wait is part of the
+      // step, not data. Counted in run_end, never thrown into the training loop.
+      data_inside_step_.fetch_add(1, std::memory_order_relaxed);
+      data_ignored_ = true;
+      return;
+    }
     STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
                     "begin_data called twice without end_data");
     data_begin_ns_ = clock_->now_ns();
@@ -399,6 +407,10 @@ class ProfilerImpl final : public SignalClosable {
 
   void end_data() {
     if (detached_) return;
+    if (data_ignored_) {
+      data_ignored_ = false;
+      return;
+    }
     STEPTRACE_CHECK(data_begin_ns_ != kUnset, UsageError, "end_data without begin_data");
     data_accum_ns_ += clock_->now_ns() - data_begin_ns_;
     data_begin_ns_ = kUnset;
@@ -470,6 +482,7 @@ class ProfilerImpl final : public SignalClosable {
     }
     end.end_unix_ns = unix_ns_at(now);
     end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
+    end.data_inside_step = data_inside_step();
     writer_->close(end, /*finish_device=*/!step_left_running);
     closed_.store(true, std::memory_order_release);
     alerts_.finish();
@@ -503,6 +516,7 @@ class ProfilerImpl final : public SignalClosable {
           "are not recorded)";
       end.end_unix_ns = unix_now_ns();
       end.wall_s = static_cast<double>(end.end_unix_ns - start_unix_ns_) / 1e9;
+      end.data_inside_step = data_inside_step();
       writer_->close(end, /*finish_device=*/false, std::chrono::milliseconds(2000));
       closed_.store(true, std::memory_order_release);
     } catch (...) {
@@ -532,9 +546,50 @@ class ProfilerImpl final : public SignalClosable {
   std::int64_t step_index() const noexcept { return step_index_; }
   bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
   std::int64_t write_errors() const noexcept { return writer_->write_errors(); }
+  std::int64_t data_inside_step() const noexcept {
+    return data_inside_step_.load(std::memory_order_relaxed);
+  }
   int write_errno() const noexcept { return writer_->first_errno(); }
   const std::string& log_path() const noexcept { return log_path_; }
   const Config& config() const noexcept { return config_; }
+
+  std::int64_t collective_begin() noexcept {
+    const std::int64_t now = clock_->now_ns();
+    collectives_.begin(now);
+    return now;
+  }
+  void collective_end(std::int64_t begin_ns) noexcept {
+    collectives_.end(begin_ns, clock_->now_ns(), inflight_phase_.load(std::memory_order_relaxed));
+  }
+  int collectives_in_flight() const noexcept { return collectives_.in_flight(); }
+  std::string current_phase() const {
+    const int phase = inflight_phase_.load(std::memory_order_relaxed);
+    return phase >= 0 ? names_.name(static_cast<PhaseId>(phase)) : std::string();
+  }
+
+  void write_record(std::string_view text) {
+    auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    STEPTRACE_CHECK(j.is_object(), UsageError, "write_record: not a JSON object: {:.80}", text);
+    const auto kind_it = j.find("kind");
+    const std::string kind =
+        kind_it != j.end() && kind_it->is_string() ? kind_it->get<std::string>() : "";
+    STEPTRACE_CHECK(kind == "cluster" || kind == "alert" || kind == "resolved", UsageError,
+                    "write_record: kind {:?} cannot be written; allowed: cluster, alert, resolved",
+                    kind);
+    const auto type_it = j.find("type");
+    STEPTRACE_CHECK(kind == "cluster" || (type_it != j.end() && type_it->is_string()), UsageError,
+                    "write_record: an {} record needs a string \"type\"", kind);
+    const std::string type = kind == "cluster" ? "" : type_it->get<std::string>();
+    const auto repeats_it = j.find("repeats");
+    const std::int64_t repeats = repeats_it != j.end() && repeats_it->is_number_integer()
+                                     ? repeats_it->get<std::int64_t>()
+                                     : 0;
+    j["rank"] = config_.rank;  // may move the members: the iterators above are dead now
+    if (closed()) return;
+    std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    if (kind != "cluster") alerts_.publish_line(type, kind == "resolved", repeats, line);
+    writer_->push_line_now(std::move(line));
+  }
 
  private:
   // Unix time of a reading of clock_, on the run's one mapping (set at the start).
@@ -644,6 +699,7 @@ class ProfilerImpl final : public SignalClosable {
         if (!m.empty()) metrics[kCounterNames[i]] = m;
       }
       j["metrics"] = metrics;
+      if (std::string device = sampler_->device(); !device.empty()) j["device"] = device;
     }
     return j;
   }
@@ -703,10 +759,18 @@ class ProfilerImpl final : public SignalClosable {
       if (event) {
         event->unix_ns = unix_ns_at(poll.now_ns);
         if (!event->resolved) {
-          // Where every thread is, from Python when it answers within 2 s.
-          std::string stacks = alerts_.request_stacks(2000);
+          // Where every thread is: from the armed signal handler (faulthandler; no GIL, so
+          // also while the hung thread holds it), else from Python if it answers in 2 s.
+          std::string stacks = dump_stacks();
+          const char* source = "faulthandler";
+          if (stacks.empty()) {
+            stacks = alerts_.request_stacks(2000);
+            source = "python";
+          }
           event->details["stacks"] =
               stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(stacks);
+          event->details["stacks_source"] =
+              stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(source);
         }
         const std::string line = alert_json_line(*event, config_.rank);
         writer_->push_line_now(line);
@@ -852,6 +916,8 @@ class ProfilerImpl final : public SignalClosable {
   std::int64_t data_begin_ns_ = kUnset;
   std::int64_t data_accum_ns_ = 0;
   bool data_wrapped_ = false;
+  bool data_ignored_ = false;  // begin_data came inside a step: its end_data is ignored too
+  std::atomic<std::int64_t> data_inside_step_{0};  // read by close() on any thread
   bool in_step_ = false;
   std::atomic<bool> closed_{false};
   std::size_t ended_phases_ = 0;              // phases ended in this step, for phase_end_order
@@ -864,6 +930,7 @@ class ProfilerImpl final : public SignalClosable {
   std::atomic<int> inflight_phase_{-1};
   std::atomic<std::int64_t> last_done_step_{-1};  // the last step that ended, and its host time
   std::atomic<std::int64_t> last_done_ns_{0};
+  CollectiveTimer collectives_;  // any thread: collectives timed from the host
 
   std::unique_ptr<StreamSource> stream_source_;
   std::unique_ptr<DeviceTiming> device_;
@@ -990,12 +1057,20 @@ void Profiler::flush() { impl_->flush(); }
 void Profiler::close(EndReason reason, std::string_view error) { impl_->close(reason, error); }
 bool Profiler::closed() const noexcept { return impl_->closed(); }
 std::int64_t Profiler::write_errors() const noexcept { return impl_->write_errors(); }
+std::int64_t Profiler::data_inside_step() const noexcept { return impl_->data_inside_step(); }
 std::string Profiler::write_error() const {
   const int e = impl_->write_errno();
   return e == 0 ? std::string() : std::string(std::strerror(e));
 }
 const std::string& Profiler::log_path() const noexcept { return impl_->log_path(); }
 const Config& Profiler::config() const noexcept { return impl_->config(); }
+std::int64_t Profiler::collective_begin() noexcept { return impl_->collective_begin(); }
+void Profiler::collective_end(std::int64_t begin_token) noexcept {
+  impl_->collective_end(begin_token);
+}
+int Profiler::collectives_in_flight() const noexcept { return impl_->collectives_in_flight(); }
+std::string Profiler::current_phase() const { return impl_->current_phase(); }
+void Profiler::write_record(std::string_view json_object) { impl_->write_record(json_object); }
 
 void Profiler::set_alert_callback(std::function<void(const std::string&)> callback) {
   impl_->alerts().set_callback(std::move(callback));
@@ -1015,6 +1090,11 @@ bool install_sigterm_handler(bool terminate, double grace_s) {
   return detail::watch_sigterm(terminate, std::chrono::milliseconds(static_cast<std::int64_t>(ms)));
 }
 void remove_sigterm_handler() noexcept { detail::unwatch_sigterm(); }
+
+bool set_stack_dump_signal(int signum, int fd) noexcept {
+  return detail::arm_stack_dump(signum, fd);
+}
+int spare_signal() noexcept { return detail::spare_signal(); }
 
 const char* version() noexcept { return STEPTRACE_VERSION; }
 

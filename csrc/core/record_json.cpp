@@ -50,6 +50,24 @@ void append_kernels(fmt::memory_buffer& out, const KernelStats& k) {
   fmt::format_to(std::back_inserter(out), ",\"count\":{}}}", k.count);
 }
 
+// Host-timed collectives: compute_ms is the step's host time not blocked on them.
+void append_comm(fmt::memory_buffer& out, const StepRecord& r, const PhaseNames& names) {
+  const CommStats& c = r.comm;
+  out.append(std::string_view(",\"comm\":{\"method\":\"host\",\"comm_ms\":"));
+  append_ms(out, c.busy_ns);
+  out.append(std::string_view(",\"exposed_ms\":"));
+  append_ms(out, std::min(c.exposed_ns, r.host_ns));
+  out.append(std::string_view(",\"compute_ms\":"));
+  append_ms(out, std::max<std::int64_t>(0, r.host_ns - c.exposed_ns));
+  fmt::format_to(std::back_inserter(out), ",\"collectives\":{}", c.count);
+  if (c.exposed_phase >= 0 && static_cast<std::size_t>(c.exposed_phase) < names.size()) {
+    out.append(std::string_view(",\"exposed_in\":"));
+    const std::string& key = names.json_key(static_cast<std::uint16_t>(c.exposed_phase));
+    out.append(key.data(), key.data() + key.size());
+  }
+  out.push_back('}');
+}
+
 void append_counters(fmt::memory_buffer& out, const CounterStats& c) {
   auto it = std::back_inserter(out);
   out.append(std::string_view(",\"counters\":{"));
@@ -154,6 +172,7 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   append_memory(out, r.memory);
   if (r.kernels.present) append_kernels(out, r.kernels);
   if (r.counters.present) append_counters(out, r.counters);
+  if (r.comm.count > 0) append_comm(out, r, names);
   out.append(std::string_view("}\n"));
 }
 
@@ -168,9 +187,10 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
   }
   fmt::format_to(it,
                  "\"end_unix_ns\":{},\"steps\":{},\"error_steps\":{},\"wall_s\":{:.3f},"
-                 "\"writer_waits\":{},\"dropped_steps\":{},\"write_errors\":{},",
+                 "\"writer_waits\":{},\"dropped_steps\":{},\"write_errors\":{},"
+                 "\"data_inside_step\":{},",
                  end.end_unix_ns, totals.steps, totals.error_steps, end.wall_s, end.writer_waits,
-                 end.dropped_steps, end.write_errors);
+                 end.dropped_steps, end.write_errors, end.data_inside_step);
   if (!end.write_error.empty()) {
     out.append(std::string_view("\"write_error\":"));
     append_json_string(out, end.write_error);

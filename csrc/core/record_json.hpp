@@ -33,9 +33,10 @@ struct RunEnd {
   std::int64_t end_unix_ns = 0;
   double wall_s = 0;
   std::int64_t writer_waits = 0;
-  std::int64_t dropped_steps = 0;  // step records dropped because the writer was stopping
-  std::int64_t write_errors = 0;   // failed writes (e.g. disk full)
-  std::string write_error;         // the first one's error text; empty: none
+  std::int64_t dropped_steps = 0;     // step records dropped because the writer was stopping
+  std::int64_t write_errors = 0;      // failed writes (e.g. disk full)
+  std::string write_error;            // the first one's error text; empty: none
+  std::int64_t data_inside_step = 0;  // begin_data calls inside a step (not timed as data)
   std::map<std::string, std::int64_t> alerts;         // alert episodes, by type
   std::map<std::string, std::int64_t> alert_repeats;  // occurrences folded into them
   std::string extra_fields;  // more members (`"key":value,...`), e.g. device activity totals

@@ -30,6 +30,14 @@ struct KernelStats {
   std::int64_t window_end_ns = 0;
 };
 
+/// Collectives timed from the host during one step (see collective_timer.hpp).
+struct CommStats {
+  std::int64_t count = 0;        // collectives completed; 0: none timed
+  std::int64_t busy_ns = 0;      // time with a collective outstanding
+  std::int64_t exposed_ns = 0;   // from the last launch to the last completion: blocked
+  int exposed_phase = -1;        // phase id open when the last one completed (-1: none)
+};
+
 /// Hardware counters averaged over one step; NaN where not measured.
 struct CounterStats {
   bool present = false;
@@ -69,6 +77,7 @@ struct StepRecord {
   std::int64_t sampler_end_ns = -1;
   KernelStats kernels;
   CounterStats counters;
+  CommStats comm;
   // Writer thread: when the record reached the writer, and the backends' deliveries then.
   std::chrono::steady_clock::time_point held_since{};
   std::uint64_t activity_deliveries_at_arrival = 0;

@@ -103,6 +103,7 @@ class PyLiveBytesSource final : public steptrace::MemorySource {
 PyObject* g_config_error = nullptr;
 PyObject* g_usage_error = nullptr;
 PyObject* g_base_error = nullptr;
+PyObject* g_usage_warning = nullptr;
 
 // Sets the Python exception for a C++ one and returns nullptr (for raw C-API methods).
 PyObject* raise_python(const std::exception& e) {
@@ -405,10 +406,26 @@ PyObject* data_iterator_next(PyObject* self) {
   auto* it = reinterpret_cast<RawDataIterator*>(self);
   if (it->inner == nullptr) return nullptr;
   steptrace::Profiler& prof = **it->profiler;
+  const std::int64_t inside_before = prof.data_inside_step();
   try {
     prof.begin_data();
   } catch (const std::exception& e) {
     return raise_python(e);
+  }
+  if (inside_before == 0 && prof.data_inside_step() > 0) {
+    // Once per profiler: the core counts every time (run_end's data_inside_step). Only a
+    // warnings filter set to "error" makes this raise, and then no item was taken.
+    if (PyErr_WarnEx(g_usage_warning,
+                     "the loader wrapped by prof.data() was advanced inside a step; that wait "
+                     "is timed as part of the step, not as data_ms (advance it between steps; "
+                     "run_end counts these in data_inside_step)",
+                     1) < 0) {
+      try {
+        prof.end_data();
+      } catch (const std::exception&) {
+      }
+      return nullptr;
+    }
   }
   PyObject* item = PyIter_Next(it->inner);  // nullptr: exhausted, or the loader raised
   try {
@@ -514,6 +531,7 @@ PYBIND11_MODULE(_core, m) {
     g_config_error = py::object(errors.attr("ConfigError")).release().ptr();
     g_usage_error = py::object(errors.attr("UsageError")).release().ptr();
     g_base_error = py::object(errors.attr("SteptraceError")).release().ptr();
+    g_usage_warning = py::object(errors.attr("UsageWarning")).release().ptr();
   }
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -666,9 +684,27 @@ PYBIND11_MODULE(_core, m) {
           "Next alert event as (\"alert\", json) or (\"stacks\", \"\"), or None on timeout")
       .def("answer_stacks",
            [](PyProfiler& p, std::string stacks) { p.core().answer_stacks(std::move(stacks)); })
+      .def("collective_begin", [](PyProfiler& p) { return p.core().collective_begin(); })
+      .def(
+          "collective_end",
+          [](PyProfiler& p, std::int64_t token) { p.core().collective_end(token); },
+          py::arg("token"))
+      .def_property_readonly("collectives_in_flight",
+                             [](PyProfiler& p) { return p.core().collectives_in_flight(); })
+      .def_property_readonly("current_phase",
+                             [](PyProfiler& p) { return p.core().current_phase(); })
+      .def(
+          "write_record",
+          [](PyProfiler& p, const std::string& json) {
+            py::gil_scoped_release release;
+            p.core().write_record(json);
+          },
+          py::arg("json"), "Writes a cluster/alert/resolved record (one JSON object) now")
       .def_property_readonly("closed", [](PyProfiler& p) { return p.core().closed(); })
       .def_property_readonly("write_errors", [](PyProfiler& p) { return p.core().write_errors(); })
       .def_property_readonly("write_error", [](PyProfiler& p) { return p.core().write_error(); })
+      .def_property_readonly("data_inside_step",
+                             [](PyProfiler& p) { return p.core().data_inside_step(); })
       .def_property_readonly("in_step", [](PyProfiler& p) { return p.core().in_step(); })
       .def_property_readonly("step_index", [](PyProfiler& p) { return p.core().step_index(); })
       .def_property_readonly("log_path", [](PyProfiler& p) { return p.core().log_path(); })
@@ -679,6 +715,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("grace_s"),
         "A C-level SIGTERM handler (chaining to the current one) and its watcher thread");
   m.def("remove_sigterm_handler", &steptrace::remove_sigterm_handler);
+  m.def("spare_signal", &steptrace::spare_signal,
+        "A real-time signal nobody handles (default disposition), or -1");
+  m.def("set_stack_dump_signal", &steptrace::set_stack_dump_signal, py::arg("signum"),
+        py::arg("fd"),
+        "Hang stacks from the handler installed for signum (faulthandler.register), which "
+        "writes them to fd; False when no handler is installed for it");
   using ReplayTuple =
       std::tuple<std::int64_t, std::int64_t, double, double, bool,
                  std::vector<std::pair<std::string, double>>, std::array<std::int64_t, 7>, bool>;

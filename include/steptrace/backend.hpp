@@ -103,6 +103,15 @@ struct KernelRecord {
   KernelWork work = KernelWork::kCompute;
 };
 
+/// Whether the kernel records of work launched from some time on can reach a kernel
+/// activity backend (KernelActivitySource::reach).
+enum class ActivityReach : std::uint8_t {
+  kReaching,  // they can (or the backend cannot tell otherwise)
+  kUnheard,   // its buffer callbacks have not run since then: if work was launched, its
+              // records went to another tool's callbacks (on-demand Kineto, proton)
+  kStopped,   // collection had stopped by then; status() says why
+};
+
 /// Kernel activity of the device (CUPTI activity records; a fake in tests): which
 /// kernels ran when, tagged with the step that launched them. Records arrive in batches,
 /// well after the kernels ran; nothing waits for them per step.
@@ -135,6 +144,11 @@ class STEPTRACE_API KernelActivitySource {
   virtual bool delivered(std::uint64_t /*mark*/) noexcept { return true; }
   /// The kernel's name (as the device reports it, possibly mangled). Writer thread.
   virtual std::string kernel_name(std::uint32_t name_id) = 0;
+  /// Writer thread: whether the records of work launched from `t_ns` on (now_ns()'s
+  /// clock) can have reached the backend, so that a step without kernels is told apart
+  /// from a step whose kernels were not collected. Backends that always collect keep the
+  /// default.
+  virtual ActivityReach reach(std::int64_t /*t_ns*/) noexcept { return ActivityReach::kReaching; }
   /// Any thread: another tool (torch.profiler) takes over activity collection (true)
   /// or has stopped (false). While yielding, the backend tags and collects nothing and
   /// changes no CUPTI state, since the activity buffers and kinds are process-wide and
@@ -180,6 +194,9 @@ class STEPTRACE_API CounterSampler {
   virtual std::uint64_t deliveries() noexcept = 0;
   /// The device metric behind each counter, "" where it is not measured (for run_start).
   virtual std::string metric(std::size_t counter) const = 0;
+  /// The device sampled and how it was chosen ("device 3 (LOCAL_RANK=3)"), for run_start;
+  /// "" when the backend has no such notion.
+  virtual std::string device() const { return {}; }
   /// At close, after the device has synchronized: decodes everything and stops.
   virtual void finish() noexcept = 0;
   /// "" while sampling; else why it stopped (one line).
@@ -193,7 +210,8 @@ class STEPTRACE_API CounterSampler {
 STEPTRACE_API std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not,
                                                                         bool yielding = false);
 /// Hardware counters through CUPTI PM sampling on CUDA device `device_index` (-1: the
-/// current one), with the metric set chosen for its chip. nullptr when unavailable.
+/// rank's own: $LOCAL_RANK when it names a visible device, else the current context's,
+/// else device 0), with the metric set chosen for its chip. nullptr when unavailable.
 STEPTRACE_API std::unique_ptr<CounterSampler> make_cupti_counter_sampler(int device_index,
                                                                          std::string* why_not);
 

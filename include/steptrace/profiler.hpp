@@ -124,15 +124,19 @@ class STEPTRACE_API Profiler {
   const std::string& phase_name(PhaseId id) const;
 
   // Explicit calls for loops that cannot nest scopes. All throw UsageError when out of
-  // order and leave the profiler as it was.
+  // order (but see begin_data) and leave the profiler as it was.
   void begin_step();
   void end_step(bool failed = false);
   void begin_phase(PhaseId id);
   void end_phase(PhaseId id);
   /// Brackets a wait on the data loader between steps; the waits add up to the next
   /// step's data_ms. Without them, data_ms is the gap since the previous step ended.
+  /// Inside a step they do not throw: the wait stays part of the step, and the call is
+  /// counted (data_inside_step(), run_end's "data_inside_step").
   void begin_data();
   void end_data();
+  /// Times begin_data was called inside a step (a wrapped loader advanced there). Any thread.
+  std::int64_t data_inside_step() const noexcept;
 
   /// The stream device events are recorded on from the next step (or phase) on: a
   /// CUstream / cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream).
@@ -173,6 +177,23 @@ class STEPTRACE_API Profiler {
   /// Answers a stack request: the text goes into the hang alert's details.stacks.
   void answer_stacks(std::string stacks);
 
+  /// Times one collective from the host (e.g. a DDP bucket's all-reduce, from a
+  /// communication hook): collective_begin() as it is launched returns a token for
+  /// collective_end() when it completes. Any thread, lock-free. The step in progress
+  /// gets a "comm" object: the time a collective was outstanding, the time the step
+  /// stayed blocked after its last launch (exposed), and the rest (compute).
+  std::int64_t collective_begin() noexcept;
+  void collective_end(std::int64_t begin_token) noexcept;
+  /// Collectives begun and not yet ended. Any thread.
+  int collectives_in_flight() const noexcept;
+  /// The innermost phase in progress ("" outside phases). Any thread.
+  std::string current_phase() const;
+  /// Writes a record from outside the core into the log now: a JSON object whose kind is
+  /// cluster, alert or resolved (the cross-rank view and its alerts). Its "rank" is set
+  /// to this rank; alerts are counted in run_end and delivered like the core's own.
+  /// UsageError for anything else; nothing happens once closed. Any thread.
+  void write_record(std::string_view json_object);
+
   /// Path of this rank's log file.
   const std::string& log_path() const noexcept;
   /// The validated configuration, with rank, world size and run id resolved.
@@ -194,6 +215,17 @@ class STEPTRACE_API Profiler {
 STEPTRACE_API bool install_sigterm_handler(bool terminate = true, double grace_s = 0.0);
 /// Puts back the SIGTERM handler install_sigterm_handler replaced (when ours is in place).
 STEPTRACE_API void remove_sigterm_handler() noexcept;
+
+/// Hang alerts take details.stacks from the handler installed for `signum` (Python's
+/// faulthandler.register(signum, file=fd, all_threads=True), which needs no GIL): the
+/// watchdog raises it on its own thread and reads back what it wrote to `fd`, a regular
+/// file. Until then, and whenever that handler has been replaced, stacks come from
+/// subscribers (answer_stacks). False when no handler is installed for signum; a negative
+/// signum disarms. Process-wide.
+STEPTRACE_API bool set_stack_dump_signal(int signum, int fd) noexcept;
+/// A real-time signal left at its default disposition (unhandled), for
+/// set_stack_dump_signal; -1 when there is none.
+STEPTRACE_API int spare_signal() noexcept;
 
 /// Version of the steptrace library ("0.1.0").
 STEPTRACE_API const char* version() noexcept;

@@ -10,6 +10,7 @@ from steptrace.errors import (
     SteptraceError,
     UnknownOptionError,
     UsageError,
+    UsageWarning,
 )
 from steptrace.reader import read, validate_record
 
@@ -48,5 +49,6 @@ __all__ = [
     "ConfigError",
     "UnknownOptionError",
     "UsageError",
+    "UsageWarning",
     "LogFormatError",
 ]

@@ -22,7 +22,7 @@ NAN = float("nan")
 _EMPTY: dict = {}
 
 #: Nested numeric groups of a step record: (record key, column prefix).
-GROUPS = (("memory", ""), ("counters", ""), ("kernels", "kernel_"), ("telemetry", ""))
+GROUPS = (("memory", ""), ("counters", ""), ("kernels", "kernel_"), ("telemetry", ""), ("comm", "comm_"))
 #: Step fields with their own fixed columns (the names phases must not take).
 FIXED_COLUMNS = (
     "run_id", "rank", "step", "start_unix_ns", "clock", "status",

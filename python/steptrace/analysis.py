@@ -67,9 +67,12 @@ def require(module: str, extra: str, what: str) -> Any:
 class Run:
     """The records of one or more logs, with the steps and alerts as DataFrames."""
 
-    def __init__(self, table: StepTable, source: Optional[str] = None) -> None:
+    def __init__(self, table: StepTable, source: Optional[str] = None,
+                 reread: Optional[Any] = None) -> None:
         self.table = table
         self.source = source
+        self._reread = reread  # the records again (the cross-rank view needs whole records)
+        self._per_rank: Any = None
         self._steps: Any = None
         self._alerts: Any = None
         self._columns = table.column_names()
@@ -150,6 +153,22 @@ class Run:
         if self._alerts is None:
             self._alerts = self._build_alerts()
         return self._alerts
+
+    @property
+    def per_rank(self) -> Any:
+        """One row per rank, indexed by rank: the table of ``steptrace cluster`` (step
+        p50/p95, compute, comm, wait, data and own work in ms, ``straggler_pct`` against the
+        median of the other ranks, memory), over the whole run."""
+        if self._per_rank is None:
+            pd = require("pandas", "analysis", "Run.per_rank")
+            if self._reread is None:
+                raise SteptraceError("Run.per_rank needs a Run loaded from files (steptrace.load(run_dir))")
+            from steptrace.cluster import analyze_records
+
+            table = analyze_records(self._reread())["table"]
+            rows = [{k: v for k, v in row.items() if k != "hw"} for row in (table or {}).get("ranks", [])]
+            self._per_rank = pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
+        return self._per_rank
 
     def _run_id_codes(self, src: Any, np: Any) -> tuple[Any, list[str]]:
         ids = [self.table.run_id_of(i) or "" for i in range(len(self.table.run_starts))]
@@ -277,7 +296,7 @@ def load_table(path: Paths, *, skip_bad: bool = False, validate: bool = False,
     """:func:`load` without the pandas check (the DataFrames are built on first use)."""
     source = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     table = collect(read(path, skip_bad=skip_bad, validate=validate, progress=progress))
-    return Run(table, source=source)
+    return Run(table, source=source, reread=lambda: read(path, skip_bad=skip_bad))
 
 
 __all__ = ["load", "load_table", "Run", "MissingDependencyError", "require", "ALERT_COLUMNS"]

@@ -8,13 +8,16 @@
     steptrace export RUN --format chrome|csv -o FILE   Perfetto / chrome://tracing timeline, or CSV
     steptrace report RUN -o report.html                one self-contained HTML report
     steptrace metrics --chip GH100 [--json]            the CUPTI counter set for a chip (no GPU needed)
+    steptrace cluster RUN [--fail-on-straggler]        per-rank table, the straggler named (exit 1)
 
 RUN is a ``rank<N>.jsonl`` file or a run folder (every rank). Every command takes
-``--skip-bad`` (skip corrupt lines with a warning) and ``--no-progress``. Each subcommand
+``--skip-bad`` (skip records that are not steptrace records with a warning; torn lines
+are always skipped) and ``--no-progress``. Each subcommand
 is an ``_add_<name>(subparsers)`` function that registers its parser and sets ``func``
 to a ``_cmd_<name>(args) -> int``; add new ones to ``_COMMANDS``.
 
-Exit status: 0 on success; 1 from ``compare`` when a phase regressed; 2 for a usage
+Exit status: 0 on success; 1 from ``compare`` when a phase regressed (and from
+``cluster --fail-on-straggler`` when a straggler was found); 2 for a usage
 error or a log that cannot be read (one line ``steptrace: error: ...`` on stderr, never a
 traceback). Reader warnings (a truncated last line, skipped lines) are printed as
 ``steptrace: warning: ...``. On a terminal, a long read shows a progress bar on stderr
@@ -36,8 +39,10 @@ from steptrace.errors import SteptraceError
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
+EXIT_FOUND = 1  # cluster --fail-on-straggler found one
 EXIT_ERROR = 2
 _showwarning = warnings.showwarning
+_printed: set = set()  # reader warnings printed by this command (a file read twice warns once)
 
 
 def _print_warning(message: Any, category: type, filename: str, lineno: int,
@@ -51,7 +56,11 @@ def _print_warning(message: Any, category: type, filename: str, lineno: int,
     if not issubclass(category, ReaderWarning):  # a library's warning: Python's usual format
         _showwarning(message, category, filename, lineno, file, line)
         return
-    print(f"steptrace: warning: {_one_line(str(message))}", file=sys.stderr)
+    text = _one_line(str(message))
+    if text in _printed:
+        return
+    _printed.add(text)
+    print(f"steptrace: warning: {text}", file=sys.stderr)
 
 
 def _one_line(text: str) -> str:
@@ -89,7 +98,9 @@ def _rich_console() -> Any:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--skip-bad", action="store_true", help="skip corrupt lines with a warning instead of failing")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip records that are not steptrace records with a warning instead of failing "
+                        "(torn lines are always skipped)")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar (drawn only on a terminal)")
 
 
@@ -124,6 +135,23 @@ def _nonneg_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if v < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    v = _nonneg_int(text)
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 2")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
     return v
 
 
@@ -349,6 +377,42 @@ def _cmd_report(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- metrics
 
 
+def _add_cluster(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "cluster",
+        help="compare the ranks of a run: per-rank table, the straggler named",
+        description="Read every rank's log of a run folder, align the ranks by step in windows, and "
+                    "name the rank that holds the others up (the rules of the live cross-rank view).",
+        epilog="Exit status: 0 ok, 1 a straggler was found and --fail-on-straggler was given, 2 error.",
+    )
+    p.add_argument("path", metavar="RUN_DIR", help="a run folder (rank<N>.jsonl files)")
+    p.add_argument("--interval", type=_positive_int, default=None,
+                   help="steps per window (default: the run's cluster_interval, else 50)")
+    p.add_argument("--straggler-pct", type=_positive_float, default=None,
+                   help="own work above the other ranks' median by more than this %% (default 10)")
+    p.add_argument("--fail-on-straggler", action="store_true", help="exit 1 when a straggler is found (CI)")
+    p.add_argument("--json", action="store_true", help="print the windows, alerts and table as JSON")
+    _common(p)
+    p.set_defaults(func=_cmd_cluster)
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from steptrace.cluster import analyze_records, format_cluster, stragglers_found
+    from steptrace.reader import read
+
+    options = {}
+    if args.interval is not None:
+        options["cluster_interval"] = args.interval
+    if args.straggler_pct is not None:
+        options["straggler_pct"] = args.straggler_pct
+    result = analyze_records(read(args.path, skip_bad=args.skip_bad, progress=_progress(args)), options)
+    if args.json:
+        _print_json(result)
+    else:
+        print(format_cluster(result, source=args.path))
+    return EXIT_FOUND if args.fail_on_straggler and stragglers_found(result) else EXIT_OK
+
+
 def _add_metrics(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser(
         "metrics",
@@ -430,7 +494,7 @@ def _check_output(path: str, suffixes: Optional[tuple[str, ...]]) -> None:
 
 
 _COMMANDS: list[Callable[[Any], None]] = [_add_summary, _add_compare, _add_plot, _add_export, _add_report,
-                                          _add_metrics]
+                                          _add_cluster, _add_metrics]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -462,6 +526,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         warnings.simplefilter("always", ReaderWarning)
         warnings.showwarning = _print_warning
+        _printed.clear()
         try:
             return args.func(args)
         except BrokenPipeError:

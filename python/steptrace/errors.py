@@ -27,4 +27,9 @@ class LogFormatError(SteptraceError, ValueError):
     """A log file is not a readable steptrace log (corrupt line, wrong schema, ...)."""
 
 
-__all__ = ["SteptraceError", "ConfigError", "UnknownOptionError", "UsageError", "LogFormatError"]
+class UsageWarning(UserWarning):
+    """steptrace was used in a way it tolerates but cannot time as asked (e.g. the loader
+    wrapped by ``prof.data()`` advanced inside a step); training goes on."""
+
+
+__all__ = ["SteptraceError", "ConfigError", "UnknownOptionError", "UsageError", "LogFormatError", "UsageWarning"]

@@ -257,4 +257,41 @@ def png_bytes(run: Any, **kwargs: Any) -> bytes:
     return buf.getvalue()
 
 
-__all__ = ["plot_run", "png_bytes", "MAX_POINTS"]
+def rank_heatmap_png(run: Any, *, width: float = 12.0, dpi: int = 100, max_columns: int = 400) -> bytes:
+    """A heat map of step time by rank (rows) and step (columns; consecutive steps averaged
+    into at most ``max_columns`` bins), as PNG bytes: a straggler is a hot row, a cluster-
+    wide slowdown a hot column. With host-timed communication it shows each rank's own
+    work (the step minus the time blocked in collectives), since waiting evens out the
+    step times."""
+    Figure = _figure_class()
+    np = require("numpy", "plot", "steptrace report")
+    df = run.steps
+    df = df[df["status"] == "ok"] if "status" in df else df
+    label = "step ms"
+    if "comm_exposed_ms" in df and df["comm_exposed_ms"].notna().any():
+        # DDP makes every rank's step as long as the slowest one's: own work shows who it is
+        df = df.assign(own_ms=df["host_ms"] - df["comm_exposed_ms"].fillna(0.0))
+        label = "own work ms"
+    grid = df.pivot_table(index="rank", columns="step", values="own_ms" if label != "step ms" else "step_ms",
+                          aggfunc="mean")
+    values = grid.to_numpy(dtype=float)
+    bins = max(1, -(-values.shape[1] // max_columns))
+    if bins > 1:  # average runs of `bins` steps, padding the last with NaN
+        pad = (-values.shape[1]) % bins
+        values = np.pad(values, ((0, 0), (0, pad)), constant_values=np.nan)
+        values = np.nanmean(values.reshape(values.shape[0], -1, bins), axis=2)
+    fig = Figure(figsize=(width, 1.2 + 0.3 * len(grid.index)), dpi=dpi, layout="constrained")
+    ax = fig.add_subplot()
+    first, last = int(grid.columns.min()), int(grid.columns.max())
+    image = ax.imshow(values, aspect="auto", interpolation="nearest", cmap="magma",
+                      extent=(first - 0.5, last + 0.5, len(grid.index) - 0.5, -0.5))
+    ax.set_yticks(range(len(grid.index)), [str(r) for r in grid.index])
+    ax.set_ylabel("rank")
+    ax.set_xlabel("step")
+    fig.colorbar(image, ax=ax, label=label)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+__all__ = ["plot_run", "png_bytes", "rank_heatmap_png", "MAX_POINTS"]

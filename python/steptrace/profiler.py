@@ -22,6 +22,7 @@ import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from steptrace import _core
+from steptrace.cluster import CLUSTER_OPTIONS, ClusterExchange, check_cluster_options, wants_exchange
 from steptrace.errors import ConfigError, UnknownOptionError
 
 T = TypeVar("T")
@@ -29,7 +30,8 @@ T = TypeVar("T")
 logger = logging.getLogger("steptrace")
 
 # Options handled here rather than by the core (None: any callable or None).
-_PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None, "cuda_memory": True, "sigterm_grace_s": 2.0}
+_PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None, "cuda_memory": True, "sigterm_grace_s": 2.0,
+                         **CLUSTER_OPTIONS}
 _CORE_OPTIONS = sorted(
     name for name in dir(_core.Config) if not name.startswith("_") and name not in ("validate", "log_dir")
 )
@@ -77,6 +79,7 @@ def build_config(log_dir: "str | os.PathLike[str]", options: dict) -> tuple[Any,
     grace = python_options["sigterm_grace_s"]
     if not 0 <= grace <= 3600:
         raise ConfigError(f"option sigterm_grace_s={grace!r} is out of range; allowed: 0..3600 (seconds)")
+    check_cluster_options(python_options)
     config.validate()
     return config, python_options
 
@@ -272,8 +275,42 @@ def _torch_profiler_running(torch: Any) -> bool:
     return _unhooked_profiler_running
 
 
+# Hang stacks from faulthandler: it reads the thread states without the GIL, so it also
+# answers while the hung thread holds the GIL in native code (where the alert thread,
+# asked for _thread_stacks, never runs). Armed once per process: a real-time signal nobody
+# handles, whose faulthandler handler the watchdog raises on its own thread, writing into
+# an unlinked temporary file the watchdog reads back.
+_stack_dump: Optional[tuple] = None  # (pid, signum, file) once armed
+
+
+def _arm_stack_dump() -> None:
+    global _stack_dump
+    armed = _stack_dump
+    if armed is not None and armed[0] == os.getpid():
+        return
+    try:
+        import faulthandler
+        import tempfile
+
+        # A forked child keeps the parent's signal but needs a file of its own.
+        signum = armed[1] if armed is not None else _core.spare_signal()
+        if signum < 0:
+            return
+        f = tempfile.TemporaryFile()
+        # chain=False: the previous action is the default one, which would end the process.
+        faulthandler.register(signum, file=f, all_threads=True, chain=False)
+    except (ImportError, AttributeError, OSError, RuntimeError, ValueError):
+        return  # no faulthandler here: the alert thread answers with _thread_stacks
+    if not _core.set_stack_dump_signal(signum, f.fileno()):
+        faulthandler.unregister(signum)
+        f.close()
+        return
+    _stack_dump = (os.getpid(), signum, f)
+
+
 def _thread_stacks() -> str:
-    """The Python stack of every thread but the calling one (for hang alerts)."""
+    """The Python stack of every thread but the calling one (for hang alerts, when
+    faulthandler cannot dump them)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     parts = []
@@ -380,8 +417,10 @@ class Profiler:
         config, python_options = build_config(log_dir, options)
         torch = sys.modules.get("torch")  # never import torch ourselves: the user's loop did
         cuda = torch is not None and config.clock != "host" and torch.cuda.is_available()
-        if cuda and config.device_index < 0 and torch.cuda.is_initialized():
-            config.device_index = torch.cuda.current_device()  # what the counters sample
+        # what the counters sample; under a launcher the core takes LOCAL_RANK's GPU, which
+        # is the rank's own even while the current device is still 0 (before set_device)
+        if cuda and config.device_index < 0 and torch.cuda.is_initialized() and "LOCAL_RANK" not in os.environ:
+            config.device_index = torch.cuda.current_device()
         # _fake_device (tests): fake kernel activity and counters, fed by _core.fake_device_work
         # a torch profiler already running owns CUPTI's activity buffers: start yielded
         live = _cuda_live_bytes(torch) if cuda and python_options["cuda_memory"] else None
@@ -406,6 +445,7 @@ class Profiler:
         _live.add(self)
         self._alert_thread: Optional[threading.Thread] = None
         if config.detect:
+            _arm_stack_dump()
             self._core.subscribe_events()
             self._alert_thread = threading.Thread(
                 target=_deliver_alerts, args=(self._core, python_options["on_alert"], self._write_warning),
@@ -413,12 +453,34 @@ class Profiler:
             self._alert_thread.start()
         if python_options["handle_signals"]:
             _install_sigterm_handler(python_options["sigterm_grace_s"])
+        self._cluster: Optional[ClusterExchange] = None
+        if wants_exchange(python_options["cluster"], int(self._core.config.world_size)):
+            # the cross-rank view through torch.distributed's store (see steptrace.cluster)
+            self._cluster = ClusterExchange(self._core, python_options).start()
 
+    def watch(self, model: Any, hook: Optional[Callable[[Any, Any], Any]] = None, state: Any = None) -> Any:
+        """Times a DistributedDataParallel model's gradient all-reduces from the host, so
+        that every step record gets a ``comm`` object (communication, time blocked on it,
+        compute) and the cross-rank view can tell a straggler from the ranks that wait
+        for it. Registers a DDP communication hook: ``hook(state, bucket)`` (default:
+        DDP's own all-reduce, the same result) timed from launch to completion. Call it
+        once, before the first step, instead of ``model.register_comm_hook``. Returns
+        ``model``."""
+        from steptrace.comm import timed_comm_hook
+
+        register = getattr(model, "register_comm_hook", None)
+        if register is None:
+            raise ConfigError(f"watch(model): model must be a torch.nn.parallel.DistributedDataParallel "
+                              f"(it has register_comm_hook), got {type(model).__name__}")
+        register(state, timed_comm_hook(self._core, hook))
+        return model
     # ---- the loader ----
     def data(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yields the items of ``iterable``, timing each wait for the next one as the next
-        step's ``data_ms``. Advance it between steps, not inside one. (The iterator is a
-        C type: no Python frame per item.)"""
+        step's ``data_ms``. Advance it between steps: an item taken inside a step is still
+        returned, but its wait is part of the step (one :class:`steptrace.UsageWarning` per
+        run; run_end counts them in ``data_inside_step``). (The iterator is a C type: no
+        Python frame per item.)"""
         return self._core.data(iterable)
 
     # ---- state ----
@@ -457,6 +519,9 @@ class Profiler:
             return
         if self._signalled and reason in ("normal", "exit", "exception"):
             reason = "signal"
+        cluster, self._cluster = self._cluster, None
+        if cluster is not None:
+            cluster.stop()  # its last records go in before run_end
         self._core.close(reason, error)
         _live.discard(self)
         _warn_write_errors(self._core, self._write_warning)
@@ -468,6 +533,7 @@ class Profiler:
         """In a forked child: forget the parent's run (its threads do not exist here)."""
         self._abandoned = True
         self._alert_thread = None
+        self._cluster = None  # its thread stayed in the parent
         try:
             self._core.close()  # the core sees the fork: it writes nothing and joins nothing
         except Exception:

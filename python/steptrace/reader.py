@@ -6,9 +6,12 @@ A log is one file per rank (``rank<N>.jsonl``) in a run folder. Each file starts
 bounded memory; :func:`validate_record` checks one record against the JSON schema.
 
 A truncated last line (the process died mid-write) is skipped with a
-:class:`TruncatedLogWarning`, never an error. Anything else that is not a steptrace
-record raises :class:`steptrace.errors.LogFormatError` naming the file and line, and so
-does a folder whose files come from different runs.
+:class:`TruncatedLogWarning`, never an error; so are torn lines in the middle of a file
+(lines that are not JSON: a write cut off mid-line, e.g. by a crash before the file was
+appended to again, or a full disk), counted in one :class:`TornLineWarning` per file.
+Anything else that is not a steptrace record raises
+:class:`steptrace.errors.LogFormatError` naming the file and line, and so does a folder
+whose files come from different runs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ SCHEMA_NAME = f"steptrace/{SCHEMA_VERSION}"
 _SCHEMA_FILE = "steptrace-1.schema.json"
 _SCHEMA_RE = re.compile(r"steptrace/(\d+)")
 _RANK_RE = re.compile(r"rank(\d+)\.jsonl$")
+_RECORD_START = re.compile(rb'\{\s*"kind"\s*:')
+_TORN_LINES_NAMED = 5  # line numbers a TornLineWarning lists
 
 
 class ReaderWarning(UserWarning):
@@ -45,6 +50,15 @@ class TruncatedLogWarning(ReaderWarning):
 
 class CorruptLineWarning(ReaderWarning):
     """A corrupt line was skipped because ``skip_bad=True``."""
+
+
+class TornLineWarning(ReaderWarning):
+    """Lines in the middle of a log that are not JSON (torn writes) were skipped; one
+    warning per file, once its reading ends: ``path``, ``count`` and the first ``lines``."""
+
+    def __init__(self, message: str, path: str = "", count: int = 0, lines: tuple = ()) -> None:
+        super().__init__(message)
+        self.path, self.count, self.lines = path, count, lines
 
 
 def _reject_constant(name: str) -> Any:
@@ -129,9 +143,12 @@ def read(path: Paths, *, skip_bad: bool = False, validate: bool = False,
     and one ``run_id`` (ids the profiler generated per process, as under torchrun without
     a rendezvous id, may differ when the ranks started within ten minutes). Each record is a dict with at least ``"kind"``. Paths are checked
     now (missing path, folder without logs raise :class:`LogFormatError` at once); file
-    contents are read lazily, one line at a time. ``skip_bad=True`` turns a corrupt line
-    (or, with ``validate``, an invalid record) after the first into a
-    :class:`CorruptLineWarning`; the first record must always be a valid ``run_start``.
+    contents are read lazily, one line at a time. A torn line after the first (not JSON:
+    a write cut off mid-line) is always skipped, and counted in one
+    :class:`TornLineWarning` per file. ``skip_bad=True`` also turns a record that is not a
+    steptrace record (JSON that is not an object, or has no ``"kind"``; with ``validate``,
+    an invalid record) into a :class:`CorruptLineWarning`; the first record must always
+    be a valid ``run_start``.
     ``validate=True`` checks every record against the JSON schema (slow: use it in tests
     and tools, not on large logs). ``progress=True`` draws a progress bar on stderr when
     stderr is a terminal and the read takes more than half a second.
@@ -274,42 +291,80 @@ def _read_file(path: Path, skip_bad: bool, validate: bool,
             raise LogFormatError(f"{name}: empty log (no records)")
 
         # Body: the hot loop; keep the per-line work to one parse and two cheap checks.
-        for lineno, line in lines:
-            if tick is not None and not lineno & 0xFFF:
-                tick(fh.tell())
-            try:
-                rec = loads(line)
-            except ValueError as exc:
-                if line.isspace():
-                    continue
-                if not line.endswith(b"\n"):  # only the last line can lack its newline
-                    warnings.warn(
-                        f"{name}:{lineno}: truncated last line skipped (the run crashed mid-write)",
-                        TruncatedLogWarning,
-                        stacklevel=3,
-                    )
-                    break
-                _bad(f"{name}:{lineno}", f"corrupt line (not JSON: {_one_line(exc)})", skip_bad)
-                continue
-            if type(rec) is not dict:
-                _bad(f"{name}:{lineno}", f"record is not a JSON object (got {type(rec).__name__})", skip_bad)
-                continue
-            if "kind" not in rec:
-                _bad(f"{name}:{lineno}", 'record has no "kind"', skip_bad)
-                continue
-            if validate:
+        torn: list[int] = []  # line numbers of torn lines (the first few), and their count
+        torn_count = recovered = 0
+        try:
+            for lineno, line in lines:
+                if tick is not None and not lineno & 0xFFF:
+                    tick(fh.tell())
                 try:
-                    _validate_at(name, lineno, rec)
-                except LogFormatError as exc:
-                    if not skip_bad:
-                        raise
-                    warnings.warn(f"skipped: {exc}", CorruptLineWarning, stacklevel=3)
+                    rec = loads(line)
+                except ValueError:
+                    if line.isspace():
+                        continue
+                    if not line.endswith(b"\n"):  # only the last line can lack its newline
+                        warnings.warn(
+                            f"{name}:{lineno}: truncated last line skipped (the run crashed mid-write)",
+                            TruncatedLogWarning,
+                            stacklevel=3,
+                        )
+                        break
+                    # A torn line (a write cut off mid-line): skipped and counted, reading
+                    # goes on; a complete record it ends with (the next write) is kept.
+                    torn_count += 1
+                    if len(torn) < _TORN_LINES_NAMED:
+                        torn.append(lineno)
+                    rec = _record_after_tear(line)
+                    if rec is None:
+                        continue
+                    recovered += 1
+                if type(rec) is not dict:
+                    _bad(f"{name}:{lineno}", f"record is not a JSON object (got {type(rec).__name__})", skip_bad)
                     continue
-            yield rec
+                if "kind" not in rec:
+                    _bad(f"{name}:{lineno}", 'record has no "kind"', skip_bad)
+                    continue
+                if validate:
+                    try:
+                        _validate_at(name, lineno, rec)
+                    except LogFormatError as exc:
+                        if not skip_bad:
+                            raise
+                        warnings.warn(f"skipped: {exc}", CorruptLineWarning, stacklevel=3)
+                        continue
+                yield rec
+        finally:
+            if torn_count:
+                _warn_torn(name, torn_count, torn, recovered)
 
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+def _record_after_tear(line: bytes) -> Optional[dict[str, Any]]:
+    """The complete record a torn line ends with: the write after the cut-off one (say,
+    a resumed run appending to the file) starts mid-line; None when there is none."""
+    starts = [m.start() for m in _RECORD_START.finditer(line, 1)]
+    for start in reversed(starts):
+        try:
+            rec = _loads(line[start:])
+        except ValueError:
+            continue
+        return rec if type(rec) is dict else None
+    return None
+
+
+def _warn_torn(name: str, count: int, lines: list[int], recovered: int) -> None:
+    """One warning for a file's torn lines, with their count."""
+    if count == 1:
+        where = f"{name}:{lines[0]}: torn line skipped"
+    else:
+        named = ", ".join(map(str, lines)) + (", ..." if count > len(lines) else "")
+        where = f"{name}: {count} torn lines skipped (lines {named})"
+    kept = f"; {recovered} complete record{'s' if recovered != 1 else ''} after a tear kept" if recovered else ""
+    message = f"{where}: not JSON, a write cut off mid-line (a crash, a full disk){kept}; reading went on"
+    warnings.warn(TornLineWarning(message, name, count, tuple(lines)), stacklevel=4)
 
 
 # --------------------------------------------------------------------------- schema
@@ -404,6 +459,7 @@ __all__ = [
     "ReaderWarning",
     "TruncatedLogWarning",
     "CorruptLineWarning",
+    "TornLineWarning",
     "SCHEMA_VERSION",
     "SCHEMA_NAME",
 ]

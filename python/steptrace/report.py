@@ -19,6 +19,7 @@ import os
 from typing import Any, Optional
 
 from steptrace.analysis import Run, load, require
+from steptrace.errors import SteptraceError
 from steptrace.summary import (
     _ms,
     _pct,
@@ -164,6 +165,34 @@ def _alert_list(run: Run) -> str:
     return "<h3>Every alert</h3>" + _table(rows, left=(2, 3), msg_col=7, cls={2: "alert-type"}) + more
 
 
+def _ranks_section(run: Run) -> str:
+    """Per-rank table (the cross-rank view over the run) and the step-time heat map."""
+    from steptrace.plot import rank_heatmap_png
+
+    png = base64.b64encode(rank_heatmap_png(run)).decode("ascii")
+    rows = [["rank", "host", "steps", "p50 ms", "p95 ms", "compute ms", "comm ms", "wait ms", "data ms",
+             "straggler"]]
+    try:
+        per_rank = run.per_rank
+    except SteptraceError:
+        per_rank = None
+    if per_rank is not None and len(per_rank):
+        for r, row in per_rank.iterrows():
+            def ms(key: str) -> str:
+                v = row.get(key)
+                return "-" if v is None or v != v else f"{v:.2f}"
+            pct = row.get("straggler_pct")
+            rows.append([str(r), str(row.get("host") or "?"), str(int(row["steps"])), ms("step_ms"), ms("step_p95_ms"),
+                         ms("compute_ms"), ms("comm_ms"), ms("wait_ms"), ms("data_ms"),
+                         "-" if pct is None or pct != pct else f"{pct:+.1f}%"])
+    table = _table(rows, left=(0, 1)) if len(rows) > 1 else ""
+    return ("<h2>Ranks</h2>" + table
+            + "<p class='sub'>straggler: own work (compute + data, waiting excluded) against the median of "
+              "the other ranks (see <code>steptrace cluster</code>).</p>"
+            + '<img class="plot" alt="step time by rank and step" '
+              f'src="data:image/png;base64,{png}">')
+
+
 def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] = None) -> str:
     """The report of ``run`` (a path or :class:`~steptrace.analysis.Run`) as an HTML string."""
     require("matplotlib", "plot", "steptrace report")
@@ -200,6 +229,8 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
         sections.append("<h2>Step time by phase</h2><p>No completed steps recorded.</p>")
     sections.append('<h2>Timeline</h2><img class="plot" alt="step time stacked by phase, memory and counters '
                     f'over the steps" src="data:image/png;base64,{png}">')
+    if len(run.ranks) > 1:
+        sections.append(_ranks_section(run))
     if summary.get("memory"):
         sections.append("<h2>Memory</h2>" + _table(memory_rows(summary), left=(0, 4))
                         + "<p class='sub'>start, peak and end: the largest across ranks; trend: the "

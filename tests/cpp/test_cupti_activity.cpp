@@ -2,11 +2,13 @@
 // libcupti linked into this test under CUPTI's soname, so the backend's own loader picks
 // it up. The stand-in behaves as the real library is documented to (fake_cupti.hpp):
 // records only for what is enabled, process-wide correlation ids, per-thread external
-// ids, buffers returned by a non-forced flush only once full and complete. Covered: which
-// kinds and calls it enables, attribution of kernels launched from other threads
-// (autograd's backward thread, a DDP hook launching NCCL), step records waiting for the
-// buffer that holds their kernels, yielding to another tool, finishing, and undoing a
-// failed start.
+// ids, buffers returned by a non-forced flush only once full and complete, completed
+// buffers handed to whichever callbacks are registered then. Covered: which kinds and
+// calls it enables, attribution of kernels launched from other threads (autograd's
+// backward thread, a DDP hook launching NCCL), step records waiting for the buffer that
+// holds their kernels, yielding to another tool and who owns which buffer then, a tool
+// that takes CUPTI's callbacks without telling us, a foreign cuptiFinalize, finishing,
+// and undoing a failed start.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -378,9 +380,10 @@ TEST_F(CuptiActivityFake, YieldsWithoutTouchingCuptiAndResumes) {
   source->end_step(1);
   const int disables = fake_cupti_disables();
   const int registrations = fake_cupti_registrations();
+  const int forced = fake_cupti_flushes(true);
   source->set_yielding(true);
   EXPECT_EQ(source->status(), "yielding to torch.profiler");
-  EXPECT_EQ(fake_cupti_flushes(true), 1);  // our pending records came to us first
+  EXPECT_EQ(fake_cupti_flushes(true), forced + 1);  // our pending records came to us first
   EXPECT_EQ(fake_cupti_disables(), disables);
   EXPECT_TRUE(fake_cupti_kind_enabled(kKindConcurrentKernel));  // now the other tool's
   // torch.profiler runs: its callbacks, its records
@@ -388,7 +391,8 @@ TEST_F(CuptiActivityFake, YieldsWithoutTouchingCuptiAndResumes) {
   source->begin_step(2);
   fake_cupti_launch(kTritonPoi, 30, 40, false);
   source->end_step(2);
-  fake_cupti_discard_pending();  // the other tool flushed them into its buffers
+  fake_cupti_other_stop(/*flush=*/true);  // Kineto flushes its buffers at its stop
+  EXPECT_EQ(fake_cupti_other_buffers_received(), 1);
   source->set_yielding(false);
   EXPECT_EQ(source->status(), "");
   EXPECT_EQ(fake_cupti_registrations(), registrations + 2);  // the other's, then ours again
@@ -405,6 +409,200 @@ TEST_F(CuptiActivityFake, YieldsWithoutTouchingCuptiAndResumes) {
   EXPECT_EQ(step_of(out, 10), 1);
   EXPECT_EQ(step_of(out, 50), 3);
   EXPECT_TRUE(source->delivered(source->delivery_mark()));  // nothing left to wait for
+  EXPECT_EQ(fake_cupti_other_unknown_buffers(), 0);
+}
+
+// Point 3 of the review: after a yield, buffers of one side reach the other's callbacks
+// (CUPTI completes a buffer into whichever are registered then). Ours never reach the
+// other tool (which would leak them, and lose the records it wants), and the other
+// tool's are neither read, freed, pooled nor handed back to CUPTI by us.
+TEST_F(CuptiActivityFake, AfterAYieldEachSideKeepsItsOwnBuffers) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  source->begin_step(1);
+  fake_cupti_launch(kNvjet, 10, 20, false);
+  source->end_step(1);
+  source->set_yielding(true);  // torch.profiler is about to set CUPTI up
+  // a launch before Kineto registers its callbacks: CUPTI asks ours, which decline (a
+  // buffer of ours would be completed into Kineto's callbacks)
+  const int requested = fake_cupti_buffers_requested();
+  fake_cupti_launch(kAtenFill, 22, 24, false);
+  EXPECT_EQ(fake_cupti_buffers_requested(), requested);
+  fake_cupti_register_other();
+  fake_cupti_launch(kTritonPoi, 30, 40, false);  // into the other tool's buffer
+  // a tool that leaves its buffer with CUPTI (no flush at its stop): our resume hands it
+  // back to its callbacks before ours replace them
+  fake_cupti_other_stop(/*flush=*/false);
+  ASSERT_EQ(fake_cupti_other_buffers_out(), 1);
+  // a launch on another thread races with our registration: its record goes into a new
+  // buffer of the other tool, which CUPTI then completes into our callbacks
+  fake_cupti_before_next_registration([] { fake_cupti_launch(kAtenFill, 35, 36, false); });
+  source->set_yielding(false);
+  EXPECT_EQ(fake_cupti_other_buffers_received(), 1);
+  source->begin_step(3);
+  fake_cupti_launch(kNccl, 50, 60, false);
+  source->end_step(3);
+  source->finish();
+  std::int64_t dropped = 0;
+  const auto out = take(*source, &dropped);
+  EXPECT_EQ(step_of(out, 10), 1);
+  EXPECT_EQ(step_of(out, 50), 3);
+  EXPECT_EQ(step_of(out, 30), -2) << "the other tool's record was read as ours";
+  EXPECT_EQ(step_of(out, 22), -2);
+  EXPECT_EQ(step_of(out, 35), -2) << "the other tool's buffer was read";
+  EXPECT_EQ(out.size(), 2u);
+  EXPECT_EQ(dropped, 0) << "what CUPTI dropped while we yielded is not ours to count";
+  EXPECT_EQ(fake_cupti_other_unknown_buffers(), 0) << "a buffer of ours reached the other tool";
+  EXPECT_EQ(fake_cupti_other_buffers_out(), 1) << "its buffer was freed or handed back";
+  EXPECT_EQ(fake_cupti_stolen_buffers(), 0) << "its buffer was pooled and given to CUPTI";
+}
+
+// The step record of a step with device work whose kernel records went to another
+// tool's callbacks (one that took them without the Python hook: on-demand Kineto through
+// dynolog, proton) goes out without `kernels`, not with zeros; a step that ran nothing
+// still says 0.
+TEST_F(CuptiActivityFake, AStepWhoseRecordsWentToAnotherToolHasNoKernelsRatherThanZero) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  Config config;
+  detail::DeviceActivityStage stage(config, source.get(), nullptr);
+  fake_cupti_register_other();  // nothing of ours is out: every record goes to it
+  auto run_step = [&](std::int64_t step, int launches, std::int64_t device_ns) {
+    detail::StepRecord r;
+    r.step = step;
+    r.device_clock = true;
+    r.step_ns = device_ns;
+    r.activity_begin_ns = source->now_ns();
+    source->begin_step(step);
+    for (int i = 0; i < launches; ++i) {
+      const auto t = static_cast<std::uint64_t>(100 * step + i);
+      fake_cupti_launch(kNvjet, t, t + 1, false);
+    }
+    source->end_step(step);
+    r.activity_end_ns = source->now_ns();
+    stage.arrived(r);
+    return r;
+  };
+  detail::StepRecord busy = run_step(1, 3, 2'000'000);  // 2 ms of device work
+  detail::StepRecord idle = run_step(2, 0, 4'000);      // back-to-back events
+  ASSERT_TRUE(wait_ticks(*source, 3));
+  busy.held_since = idle.held_since = std::chrono::steady_clock::now();  // not the 2 s bound
+  ASSERT_TRUE(stage.complete(busy, false));
+  EXPECT_FALSE(busy.kernels.present) << "went out with " << busy.kernels.count << " kernels";
+  ASSERT_TRUE(stage.complete(idle, false));
+  EXPECT_TRUE(idle.kernels.present);
+  EXPECT_EQ(idle.kernels.count, 0);
+  fake_cupti_other_stop(/*flush=*/true);
+  EXPECT_EQ(fake_cupti_other_buffers_received(), 1);  // the other tool got its records
+  stage.finish();
+  const auto end = nlohmann::json::parse("{" + stage.run_end_fields() + "}");
+  const auto& k = end["device_activity"]["kernels"];
+  EXPECT_EQ(k["not_collected_steps"], 1) << k.dump();
+  EXPECT_NE(k.value("not_collected", "").find("another tool"), std::string::npos) << k.dump();
+}
+
+// A step record written (flush, the 2 s bound) before the buffer holding its kernels
+// came back does not know its kernels: no `kernels`, not zeros; they count as late.
+TEST_F(CuptiActivityFake, AStepWrittenBeforeItsBufferCameBackHasNoKernelsRatherThanZero) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  Config config;
+  detail::DeviceActivityStage stage(config, source.get(), nullptr);
+  fake_cupti_set_busy(true);
+  detail::StepRecord r;
+  r.step = 0;
+  r.activity_begin_ns = source->now_ns();
+  source->begin_step(0);
+  fake_cupti_launch(kNvjet, 10, 20, true);
+  fake_cupti_launch(kNvjet, 20, 30, true);
+  source->end_step(0);
+  stage.arrived(r);
+  ASSERT_TRUE(stage.complete(r, /*force=*/true));  // flush(): written as it is
+  EXPECT_FALSE(r.kernels.present) << "went out with " << r.kernels.count << " kernels";
+  fake_cupti_complete_kernels();
+  stage.finish();
+  const auto end = nlohmann::json::parse("{" + stage.run_end_fields() + "}");
+  const auto& k = end["device_activity"]["kernels"];
+  EXPECT_EQ(k["late_records"], 2);
+  EXPECT_EQ(k["not_collected_steps"], 1) << k.dump();
+}
+
+// Without any word from the Python hook, our callbacks unheard over many steps with
+// launches: the backend says so, and leaves the kinds (now the other tool's) alone at
+// close.
+TEST_F(CuptiActivityFake, CallbacksTakenWithoutAWordAreNoticedAndTheOtherToolIsLeftAlone) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  fake_cupti_register_other();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::int64_t step = 0;
+  while (source->status().empty() && std::chrono::steady_clock::now() < deadline) {
+    source->begin_step(step);
+    fake_cupti_launch(kNvjet, 10, 20, false);
+    source->end_step(step);
+    ++step;
+    wait_ticks(*source, 1);
+  }
+  EXPECT_NE(source->status().find("taken CUPTI's activity callbacks"), std::string::npos)
+      << source->status();
+  EXPECT_GE(step, 8);
+  const int disables = fake_cupti_disables();
+  const int forced = fake_cupti_flushes(true);
+  source->finish();
+  EXPECT_EQ(fake_cupti_disables(), disables) << "the other tool's kinds were disabled";
+  EXPECT_EQ(fake_cupti_flushes(true), forced);
+  EXPECT_TRUE(fake_cupti_kind_enabled(kKindConcurrentKernel));
+  EXPECT_EQ(fake_cupti_other_unknown_buffers(), 0);
+}
+
+// Kineto's TEARDOWN_CUPTI=1: a forced flush and cuptiFinalize, under our kernel activity.
+// The backend notices, says so once, calls CUPTI no more (its callbacks and kinds are
+// gone), later steps go out without `kernels`; the next resume registers ours again.
+TEST_F(CuptiActivityFake, AForeignFinalizeStopsKernelActivityUntilTheNextResume) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  Config config;
+  detail::DeviceActivityStage stage(config, source.get(), nullptr);
+  source->begin_step(0);
+  fake_cupti_launch(kNvjet, 10, 20, false);
+  source->end_step(0);
+  fake_cupti_finalize(/*flush_first=*/true);  // our buffer comes back to us first
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (source->status().empty() && std::chrono::steady_clock::now() < deadline) {
+    wait_ticks(*source, 1);
+  }
+  const std::string status = source->status();
+  EXPECT_NE(status.find("cuptiFinalize"), std::string::npos) << status;
+  EXPECT_NE(status.find("kernel activity stopped"), std::string::npos) << status;
+  std::int64_t dropped = 0;
+  const auto before = take(*source, &dropped);
+  EXPECT_EQ(step_of(before, 10), 0);  // what the forced flush brought us before the teardown
+  const int flushes = fake_cupti_flushes(false);
+  detail::StepRecord r;
+  r.step = 1;
+  r.activity_begin_ns = source->now_ns();
+  source->begin_step(1);
+  fake_cupti_launch(kNvjet, 30, 40, false);
+  source->end_step(1);
+  stage.arrived(r);
+  ASSERT_TRUE(wait_ticks(*source, 3));
+  EXPECT_EQ(fake_cupti_flushes(false), flushes) << "CUPTI still called after the teardown";
+  r.held_since = std::chrono::steady_clock::now();
+  ASSERT_TRUE(stage.complete(r, false));
+  EXPECT_FALSE(r.kernels.present);
+  EXPECT_EQ(source->status(), status);  // said once
+  // torch.profiler runs again through the hook: at its end ours are registered again
+  source->set_yielding(true);
+  source->set_yielding(false);
+  EXPECT_EQ(source->status(), "");
+  EXPECT_TRUE(fake_cupti_kind_enabled(kKindConcurrentKernel));
+  source->begin_step(2);
+  fake_cupti_launch(kNccl, 50, 60, false);
+  source->end_step(2);
+  source->finish();
+  const auto out = take(*source, &dropped);
+  EXPECT_EQ(step_of(out, 50), 2);
+  EXPECT_EQ(step_of(out, 30), -2);
 }
 
 TEST_F(CuptiActivityFake, AStepOpenWhenYieldingIsStillClosedAtItsEnd) {

@@ -2,18 +2,23 @@
 // libcupti without PM sampling and a stand-in libcuda (tests/cpp/fake_cupti/fake_profiler.hpp),
 // linked into this test under their sonames: the fallback order, lazy setup on the first
 // sampled step with a context, ranges only on sampled steps and never without a context,
-// samples per step, finishing. Everything is checked after finish(), which decodes
-// synchronously: nothing waits on the decode thread's timing.
+// samples per step, finishing, the device chosen for the rank (LOCAL_RANK), and a CUPTI
+// torn down under it (another tool's cuptiFinalize). Everything is checked after
+// finish(), which decodes synchronously: nothing waits on the decode thread's timing.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fake_cupti/fake_cupti.hpp"
 #include "fake_cupti/fake_profiler.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/profiler.hpp"
+#include "test_util.hpp"
 
 namespace steptrace {
 namespace {
@@ -25,7 +30,11 @@ void* const kCtxB = &g_ctx_b;
 
 class RangeProfilerFake : public ::testing::Test {
  protected:
-  void SetUp() override { fake_rp_reset(); }
+  void SetUp() override {
+    fake_rp_reset();
+    unsetenv("LOCAL_RANK");
+  }
+  void TearDown() override { unsetenv("LOCAL_RANK"); }
 
   static std::unique_ptr<CounterSampler> make(int device = 0) {
     std::string why;
@@ -173,6 +182,95 @@ TEST_F(RangeProfilerFake, WhenBothFailTheReasonNamesBoth) {
   EXPECT_NE(why.find("; range profiler: "), std::string::npos) << why;
   EXPECT_NE(why.find("cuptiProfilerInitialize failed"), std::string::npos) << why;
   EXPECT_NE(why.find("admin"), std::string::npos) << why;
+}
+
+// Point 4 of the review: the range profiler is set up lazily on the first sampled step
+// whose context is on its device; with no context at creation that device was 0 on every
+// torchrun rank. LOCAL_RANK names the rank's own.
+TEST_F(RangeProfilerFake, ProfilesTheDeviceLocalRankNames) {
+  setenv("LOCAL_RANK", "1", 1);
+  fake_cuda_set_device_count(2);
+  auto sampler = make(-1);
+  ASSERT_NE(sampler, nullptr);
+  EXPECT_EQ(sampler->device(), "device 1 (LOCAL_RANK=1)");
+  EXPECT_EQ(fake_rp_chip_device(), 1);
+  fake_cuda_set_current(kCtxA, 0);  // a context on GPU 0 (made before set_device)
+  step(*sampler, 0, true);
+  EXPECT_EQ(fake_rp_enables(), 0);
+  fake_cuda_set_current(kCtxB, 1);  // the rank's own GPU
+  step(*sampler, 1, true);
+  EXPECT_EQ(fake_rp_enables(), 1);
+  EXPECT_EQ(fake_rp_enabled_context(), kCtxB);
+  sampler->finish();
+  ASSERT_EQ(fake_rp_pushes(), 1);
+  EXPECT_STREQ(fake_rp_pushed_name(0), "1");
+}
+
+// Point 3 of the review: cuptiFinalize from another tool (Kineto with TEARDOWN_CUPTI=1)
+// under a running pass. Whatever the destroyed objects' calls return, the range profiler
+// stops at the first failing call, says why once, and calls into them no more, not even
+// Disable or cuptiProfilerDeInitialize at close.
+class RangeProfilerFinalized : public RangeProfilerFake,
+                               public ::testing::WithParamInterface<int> {};
+
+TEST_P(RangeProfilerFinalized, StopsWithoutTouchingTheDestroyedObjects) {
+  fake_rp_set_stale_result(GetParam());
+  auto sampler = make(0);
+  ASSERT_NE(sampler, nullptr);
+  fake_cuda_set_current(kCtxA, 0);
+  step(*sampler, 1, true);
+  step(*sampler, 2, true);
+  fake_cupti_finalize(/*flush_first=*/true);
+  step(*sampler, 3, true);  // its push meets the destroyed object
+  const std::string status = sampler->status();
+  EXPECT_NE(status.find("cuptiFinalize"), std::string::npos) << status;
+  EXPECT_NE(status.find("cuptiRangeProfilerPushRange"), std::string::npos) << status;
+  EXPECT_NE(status.find("noticed at step 3"), std::string::npos) << status;
+  EXPECT_EQ(fake_rp_stale_calls(), 1);
+  for (int n = 4; n < 20; ++n) step(*sampler, n, n % 2 == 0);
+  sampler->finish();
+  EXPECT_EQ(fake_rp_stale_calls(), 1) << "called into a destroyed object again";
+  EXPECT_EQ(fake_rp_stale_teardowns(), 0) << "disabled or deinitialized destroyed objects";
+  EXPECT_EQ(sampler->status(), status);
+}
+
+INSTANTIATE_TEST_SUITE_P(StaleResults, RangeProfilerFinalized,
+                         ::testing::Values(15 /* NOT_INITIALIZED */, 3 /* INVALID_CONTEXT */,
+                                           7 /* INVALID_OPERATION */, 1 /* INVALID_PARAMETER */));
+
+// Through a Profiler: the counters stop, the run goes on with its own timing, and
+// run_end says why; run_start names the device the counters sample.
+TEST_F(RangeProfilerFake, AFinalizeUnderTheCountersLeavesTheRunGoingAndSaysWhy) {
+  testing::TempDir tmp;
+  Config config = testing::run_config(tmp);
+  config.clock = "host";
+  config.counter_every = 2;  // sampled: 0, 2, 4, ...; each pass ends at the next step
+  Backends b;
+  std::string why;
+  b.counter_sampler = make_cupti_counter_sampler(0, &why);
+  ASSERT_NE(b.counter_sampler, nullptr) << why;
+  fake_cuda_set_current(kCtxA, 0);
+  Profiler prof(config, RunInfo{}, std::move(b));
+  constexpr int kSteps = 12;
+  for (int i = 0; i < kSteps; ++i) {
+    if (i == 6) fake_cupti_finalize(/*flush_first=*/true);
+    auto scope = prof.step();
+  }
+  prof.close();
+  const auto records = testing::read_jsonl(prof.log_path());
+  const auto start = testing::of_kind(records, "run_start").at(0);
+  EXPECT_EQ(start["backends"]["counters"].value("device", ""), "device 0 (as configured)")
+      << start["backends"].dump();
+  const auto steps = testing::of_kind(records, "step");
+  ASSERT_EQ(steps.size(), static_cast<std::size_t>(kSteps));
+  for (const auto& s : steps) {
+    if (s["step"].get<int>() >= 6) EXPECT_FALSE(s.contains("counters")) << s.dump();
+  }
+  const auto end = testing::of_kind(records, "run_end").at(0);
+  const auto& counters = end["device_activity"]["counters"];
+  EXPECT_NE(counters.value("status", "").find("cuptiFinalize"), std::string::npos)
+      << counters.dump();
+  EXPECT_EQ(fake_rp_stale_teardowns(), 0);
 }
 
 }  // namespace

@@ -179,6 +179,104 @@ TEST(DeviceTiming, ADeviceThatDisappearsFallsBackToTheHostClock) {
   EXPECT_EQ(f.device->live_events(), 0);
 }
 
+// Gradient accumulation: 50 micro-batches of forward + backward, 100 phase intervals in
+// one step, more than a step's interval list holds. The device is far behind (nothing
+// completes on its own), so making room means waiting for the oldest interval.
+TEST(DeviceTiming, ManyPhaseIntervalsInOneStepStayOnTheDeviceClock) {
+  TempDir tmp;
+  DeviceFixture f(tmp, 4);
+  {
+    auto s = f.prof->step();
+    for (int micro = 0; micro < 50; ++micro) {
+      {
+        auto p = s.phase("forward");
+        f.clock->advance(kMs);
+        f.device->advance_device(3 * kMs);
+      }
+      {
+        auto p = s.phase("backward");
+        f.clock->advance(kMs);
+        f.device->advance_device(5 * kMs);
+      }
+    }
+  }
+  EXPECT_GT(f.device->syncs, 0);               // it waited (for the oldest intervals) ...
+  EXPECT_LE(f.device->pool_size, 2 * 64 + 4);  // ... so the events in use stay bounded
+  for (int i = 0; i < 3; ++i) f.step();
+  f.prof->close();
+  const auto records = read_jsonl(f.path);
+  for (const auto& a : of_kind(records, "alert")) EXPECT_NE(a["type"], "timer_fallback") << a;
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_EQ(steps[0]["clock"], "cuda");
+  EXPECT_EQ(steps[0]["waited"], true);
+  EXPECT_NEAR(steps[0]["phases_ms"]["forward"].get<double>(), 150.0, 1e-3);  // 50 x 3 ms
+  EXPECT_NEAR(steps[0]["phases_ms"]["backward"].get<double>(), 250.0, 1e-3);
+  EXPECT_NEAR(steps[0]["step_ms"].get<double>(), 400.0, 1e-3);
+  EXPECT_DOUBLE_EQ(steps[0]["host_phases_ms"]["forward"].get<double>(), 50.0);
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(steps[i]["clock"], "cuda") << i;  // later steps too: no run-wide fallback
+    EXPECT_DOUBLE_EQ(steps[i]["phases_ms"]["forward"].get<double>(), 3.0);
+  }
+  EXPECT_EQ(f.device->live_events(), 0);  // every event back in the pool
+}
+
+// The same with a device that keeps up: completed intervals are folded, nobody waits.
+TEST(DeviceTiming, ManyPhaseIntervalsFoldWithoutWaitingWhenTheDeviceKeepsUp) {
+  TempDir tmp;
+  DeviceFixture f(tmp, 4);
+  f.device->complete_all(/*from_now_on=*/true);
+  for (int step = 0; step < 3; ++step) {
+    auto s = f.prof->step();
+    for (int micro = 0; micro < 100; ++micro) {
+      auto p = s.phase("forward");
+      f.device->advance_device(2 * kMs);
+    }
+  }
+  f.prof->close();
+  EXPECT_EQ(f.device->syncs, 0);
+  EXPECT_EQ(f.device->live_events(), 0);
+  EXPECT_LE(f.device->pool_size, 2 * (2 * 64 + 2));
+  const auto records = read_jsonl(f.path);
+  EXPECT_TRUE(of_kind(records, "alert").empty());
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 3u);
+  for (const auto& st : steps) {
+    EXPECT_EQ(st["clock"], "cuda");
+    EXPECT_FALSE(st.contains("waited"));
+    EXPECT_NEAR(st["phases_ms"]["forward"].get<double>(), 200.0, 1e-3);
+  }
+}
+
+// A device lost while a long step's intervals are being folded is a device error (the
+// run falls back, once), and every event goes back to the pool exactly once.
+TEST(DeviceTiming, ADeviceLostWhileFoldingIntervalsReleasesEachEventOnce) {
+  TempDir tmp;
+  DeviceFixture f(tmp, 4);
+  {
+    auto s = f.prof->step();  // event 0; interval k: events 2k+1 and 2k+2
+    for (int k = 0; k < 65; ++k) {
+      if (k == 64) {
+        for (int e = 1; e <= 20; ++e) f.device->complete(e);  // the first 10 intervals
+        f.device->fail_after_queries(10);  // 5 of them fold, then the device is lost
+      }
+      auto p = s.phase("forward");
+      f.clock->advance(kMs);
+    }
+  }
+  f.step();
+  f.prof->close();
+  EXPECT_EQ(f.device->live_events(), 0);
+  const auto records = read_jsonl(f.path);
+  const auto alerts = of_kind(records, "alert");
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0]["type"], "timer_fallback");
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0]["clock"], "host");
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 65.0);
+}
+
 // A stream source that hands out a given stream, or none.
 class ScriptedStreams final : public StreamSource {
  public:

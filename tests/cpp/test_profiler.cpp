@@ -103,6 +103,37 @@ TEST(Profiler, DataIsTheGapBetweenStepsUnlessTheLoaderIsWrapped) {
   EXPECT_DOUBLE_EQ(steps[2]["data_ms"].get<double>(), 4.0);
 }
 
+// A loader advanced inside a step (a nested next()) must not throw into training: the
+// wait stays part of the step, and run_end counts it.
+TEST(Profiler, DataInsideAStepIsCountedNotThrown) {
+  TempDir tmp;
+  Fixture f(tmp);
+  f.prof->begin_data();
+  f.clock->advance(2 * kMs);
+  f.prof->end_data();
+  f.prof->begin_step();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NO_THROW(f.prof->begin_data());
+    f.clock->advance(3 * kMs);
+    EXPECT_NO_THROW(f.prof->end_data());
+  }
+  f.prof->end_step();
+  EXPECT_EQ(f.prof->data_inside_step(), 2);
+  f.prof->begin_data();  // between steps it is timed as before
+  f.clock->advance(5 * kMs);
+  f.prof->end_data();
+  { auto s = f.prof->step(); }
+  EXPECT_THROW(f.prof->end_data(), UsageError);  // an end without a begin is still misuse
+  const auto records = f.close_and_read();
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(steps[0]["data_ms"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(steps[0]["step_ms"].get<double>(), 6.0);  // the inner waits stay in the step
+  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 5.0);
+  EXPECT_EQ(records.back()["kind"], "run_end");
+  EXPECT_EQ(records.back()["data_inside_step"], 2);
+}
+
 TEST(Profiler, RepeatedPhaseAddsUpAndOpenPhaseEndsWithStep) {
   TempDir tmp;
   Fixture f(tmp);
@@ -145,7 +176,8 @@ TEST(Profiler, MisuseThrowsAndLeavesTheLogValid) {
   EXPECT_THROW(f.prof->end_phase(fwd), UsageError);  // end without start
   f.prof->begin_phase(fwd);
   EXPECT_THROW(f.prof->begin_phase(fwd), UsageError);  // nested in itself
-  EXPECT_THROW(f.prof->begin_data(), UsageError);      // loader inside a step
+  f.prof->begin_data();  // loader inside a step: counted, not thrown (DataInsideAStep...)
+  f.prof->end_data();
   f.clock->advance(kMs);
   f.prof->end_phase(fwd);
   f.prof->end_step();

@@ -14,7 +14,14 @@
    there has all of its kernels in the step record (the count torch.profiler sees for the
    same step), none outside any step or late, busy + idle = step time, and NCCL time
    where NCCL launched a kernel. DDP runs as one NCCL rank (two ranks cannot share a GPU
-   in NCCL; tried first, reported, not required).
+   in NCCL; tried first, reported, not required);
+8. coexistence: a Kineto session started without torch.profiler's Python entry point (as
+   dynolog's on-demand trace starts one) takes CUPTI's activity callbacks: steptrace's
+   steps then carry no `kernels` (never zeros), run_end says why, and Kineto's trace has
+   its kernels; with TEARDOWN_CUPTI=1 (cuptiFinalize after a torch.profiler session, in a
+   subprocess) the run survives, the counters stop with the reason in run_end and no step
+   has zero kernels; LOCAL_RANK picks the GPU the counters sample (on a 1-GPU machine: a
+   LOCAL_RANK beyond the visible devices falls back to the current device).
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import textwrap
+import time
 import traceback
 
 import torch
@@ -127,10 +137,11 @@ def main() -> int:
                 tp.__exit__(None, None, None)
     recs = steps(d)
     ours = ["kernels" in r for r in recs]
+    zeros = [r["step"] for r in recs if "kernels" in r and r["kernels"]["count"] == 0]
     device_us = sum(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) for e in tp.key_averages())
     check("torch.profiler coexistence", f"steptrace kernels per step {''.join('k' if x else '.' for x in ours)}, "
-          f"torch.profiler device time {device_us / 1e3:.1f} ms",
-          device_us > 0 and all(ours[:4]) and all(ours[9:]))
+          f"zero-kernel steps {zeros}, torch.profiler device time {device_us / 1e3:.1f} ms",
+          device_us > 0 and all(ours[:4]) and all(ours[9:]) and not zeros)
 
     # 6. overhead on step time (device step_ms medians, A/B/A)
     def median_step(**opts) -> float:
@@ -150,6 +161,11 @@ def main() -> int:
 
     # 7. backward and all-reduce kernels launched from other threads are in the step
     check_attribution_across_threads(dev)
+
+    # 8. other CUPTI users: unhooked Kineto, TEARDOWN_CUPTI=1, LOCAL_RANK
+    check_unhooked_kineto(matmul)
+    check_teardown_cupti()
+    check_local_rank()
 
     return check.table()
 
@@ -312,3 +328,159 @@ def check_attribution_across_threads(dev) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---- 8. other CUPTI users ----
+
+def check_unhooked_kineto(matmul) -> None:
+    """A Kineto session that bypasses torch.profiler's Python entry point (steptrace's
+    hook), as dynolog's on-demand trace does: its callbacks replace steptrace's."""
+    from torch.autograd import profiler as ap
+
+    d = tempfile.mkdtemp(prefix="steptrace-cupti-unhooked-")
+    result = None
+    try:
+        kp = ap.profile(use_device="cuda", use_kineto=True)
+        with steptrace.Profiler(d, counters="off") as prof:
+            for _ in range(10):
+                with prof.step():
+                    matmul(0)
+            ap._prepare_profiler(kp.config(create_trace_id=True), kp.kineto_activities)
+            ap._enable_profiler(kp.config(), kp.kineto_activities)
+            t0 = time.monotonic()
+            n = 0
+            while n < 10 or time.monotonic() - t0 < 4.0:  # past the 8 steps / 3 s it takes
+                with prof.step():
+                    matmul(0)
+                n += 1
+            torch.cuda.synchronize()
+            result = ap._disable_profiler()
+            for _ in range(5):
+                with prof.step():
+                    matmul(0)
+    except Exception:  # noqa: BLE001 - the check fails with the reason
+        check("unhooked Kineto session", traceback.format_exc().splitlines()[-1], False)
+        return
+    recs = records(d)
+    all_steps = [r for r in recs if r["kind"] == "step"]
+    end = [r for r in recs if r["kind"] == "run_end"][0]
+    k_end = end.get("device_activity", {}).get("kernels", {})
+    before = all_steps[WARMUP:8]  # the last ones' records may be in the buffer Kineto then gets
+    during = all_steps[10:10 + n]
+    zeros = [r["step"] for r in all_steps if "kernels" in r and r["kernels"]["count"] == 0]
+    theirs = 0
+    try:
+        theirs = sum(1 for e in result.events() if e.device_type() == torch.autograd.DeviceType.CUDA)
+    except Exception:  # noqa: BLE001 - counted as none
+        pass
+    check("unhooked Kineto: steps without kernels, not zeros",
+          f"before {sum('kernels' in r for r in before)}/{len(before)} with kernels, during "
+          f"{sum('kernels' in r for r in during)}/{len(during)}, zero-kernel steps {zeros}, "
+          f"not_collected_steps {k_end.get('not_collected_steps')}, Kineto's CUDA events {theirs}",
+          all("kernels" in r for r in before) and sum("kernels" in r for r in during) <= 2
+          and not zeros and (k_end.get("not_collected_steps") or 0) >= len(during) - 2 and theirs > 0)
+    check("unhooked Kineto: reason in run_end",
+          f"not_collected: {k_end.get('not_collected', '')[:160]!r}; status: {k_end.get('status', '')[:160]!r}",
+          "another tool" in k_end.get("not_collected", "") and "callbacks" in k_end.get("status", ""))
+
+
+_TEARDOWN_CHILD = textwrap.dedent("""
+    import os, sys
+    os.environ["TEARDOWN_CUPTI"] = "1"
+    import torch, steptrace
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    with steptrace.Profiler(sys.argv[1], counter_every=1) as prof:
+        for i in range(60):
+            if i == 10:
+                tp = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+                tp.__enter__()
+            with prof.step():
+                for _ in range(8):
+                    a @ a
+            if i == 13:
+                torch.cuda.synchronize()
+                tp.__exit__(None, None, None)  # Kineto tears CUPTI down shortly after
+    print("child done")
+""")
+
+
+def check_teardown_cupti() -> None:
+    """Kineto's TEARDOWN_CUPTI=1 calls cuptiFinalize under the PM sampler (or range
+    profiler): the run must survive and say so; run in a child so that a crash inside
+    libcupti is reported instead of ending this script."""
+    d = tempfile.mkdtemp(prefix="steptrace-cupti-teardown-")
+    proc = subprocess.run([sys.executable, "-c", _TEARDOWN_CHILD, d], capture_output=True, text=True, timeout=600)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+    if proc.returncode != 0:
+        check("TEARDOWN_CUPTI=1: run survives", f"child exit {proc.returncode}: {' | '.join(tail)}", False)
+        return
+    recs = records(d)
+    all_steps = [r for r in recs if r["kind"] == "step"]
+    ends = [r for r in recs if r["kind"] == "run_end"]
+    da = ends[0].get("device_activity", {}) if ends else {}
+    c_status = da.get("counters", {}).get("status", "")
+    k = da.get("kernels", {})
+    late = all_steps[30:]
+    zeros = [r["step"] for r in all_steps if "kernels" in r and r["kernels"]["count"] == 0]
+    with_counters = sum("counters" in r for r in late)
+    check("TEARDOWN_CUPTI=1: run survives", f"{len(all_steps)} steps, run_end {bool(ends)}, clock "
+          f"{sorted({r['clock'] for r in all_steps})}", len(all_steps) == 60 and bool(ends))
+    # either CUPTI's teardown reached the sampler (then it says so and samples no more) or
+    # sampling went on; both are honest, silence about a stop is not
+    torn = "cuptiFinalize" in c_status
+    check("TEARDOWN_CUPTI=1: counters stop with a reason",
+          f"counters on steps 30+: {with_counters}/{len(late)}; counters.status {c_status[:200]!r}",
+          (torn and with_counters == 0) or (not torn and with_counters >= 0.8 * len(late)))
+    check("TEARDOWN_CUPTI=1: no zero-kernel steps",
+          f"zero-kernel steps {zeros}; kernels on steps 30+: {sum('kernels' in r for r in late)}/{len(late)}; "
+          f"kernels.status {k.get('status', '')[:160]!r}; not_collected_steps {k.get('not_collected_steps')}",
+          not zeros)
+
+
+_LOCAL_RANK_CHILD = textwrap.dedent("""
+    import sys
+    import torch, steptrace
+    work = int(sys.argv[2])
+    torch.cuda.set_device(work)
+    a = torch.randn(8192, 8192, device=f"cuda:{work}", dtype=torch.bfloat16)
+    with steptrace.Profiler(sys.argv[1], counter_every=1) as prof:
+        for i in range(30):
+            with prof.step():
+                for _ in range(8):
+                    a @ a
+""")
+
+
+def _local_rank_run(local_rank: int, work: int):
+    d = tempfile.mkdtemp(prefix="steptrace-cupti-localrank-")
+    env = dict(os.environ, LOCAL_RANK=str(local_rank))
+    proc = subprocess.run([sys.executable, "-c", _LOCAL_RANK_CHILD, d, str(work)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return None, "child failed: " + " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-2:])
+    recs = records(d)
+    dev = recs[0]["backends"].get("counters", {}).get("device", "")
+    tc = mean(s["counters"]["tensor_active_pct"] for s in recs[WARMUP + 1:]
+              if s["kind"] == "step" and "tensor_active_pct" in s.get("counters", {}))
+    return (dev, tc), ""
+
+
+def check_local_rank() -> None:
+    """The counters sample LOCAL_RANK's GPU, not device 0, whatever the current device."""
+    n = torch.cuda.device_count()
+    if n >= 2:
+        own, err = _local_rank_run(local_rank=n - 1, work=n - 1)
+        other, err2 = _local_rank_run(local_rank=n - 1, work=0)  # work on another GPU
+        ok = own is not None and other is not None
+        check("LOCAL_RANK picks the sampled GPU",
+              f"LOCAL_RANK={n - 1}: {own or err}; same rank, work on GPU 0: {other or err2}",
+              ok and own[0].startswith(f"device {n - 1} (LOCAL_RANK={n - 1})") and own[1] > 20
+              and other[1] < max(5.0, own[1] / 4))
+    else:
+        own, err = _local_rank_run(local_rank=0, work=0)
+        beyond, err2 = _local_rank_run(local_rank=3, work=0)  # per-rank CUDA_VISIBLE_DEVICES
+        ok = own is not None and beyond is not None
+        check("LOCAL_RANK picks the sampled GPU (1 GPU)",
+              f"LOCAL_RANK=0: {own or err}; LOCAL_RANK=3: {beyond or err2}",
+              ok and own[0].startswith("device 0 (LOCAL_RANK=0)") and own[1] > 20
+              and "not among the 1 visible devices" in beyond[0] and beyond[1] > 20)

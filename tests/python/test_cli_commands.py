@@ -201,11 +201,11 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[Path, str]]:
     newer = lf.write_log(tmp / "newer" / "rank0.jsonl", [lf.run_start(schema="steptrace/2"), lf.step(0)])
     out["newer schema"] = (newer, "newer steptrace")
     text = lf.lines(lf.run_records(30))
-    text.insert(12, '{"kind": "step", "rank": 0, "step": 11, oops')  # line 13
+    text.insert(12, '{"rank": 0, "step": 11}')  # line 13: JSON, but not a record (torn lines are skipped)
     corrupt = tmp / "corrupt" / "rank0.jsonl"
     corrupt.parent.mkdir()
     corrupt.write_text("\n".join(text) + "\n")
-    out["corrupt line"] = (corrupt, f"{corrupt}:13: corrupt line")
+    out["corrupt line"] = (corrupt, f'{corrupt}:13: record has no "kind"')
     mixed = tmp / "mixed"
     lf.write_log(mixed / "rank0.jsonl", [lf.run_start(0, 2, run_id="run-a")] + [lf.step(i) for i in range(20)])
     lf.write_log(mixed / "rank1.jsonl", [lf.run_start(1, 2, run_id="run-b")] + [lf.step(i, rank=1) for i in range(20)])
@@ -265,10 +265,34 @@ def test_skip_bad_reads_past_the_corrupt_line(tmp_path: Path, cmd: str) -> None:
     proc = lf.run_cli(*args, "--skip-bad")
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("steptrace: warning: ")]
-    assert len(warnings) == 1 and ":13: skipped: corrupt line" in warnings[0]
+    assert len(warnings) == 1 and ':13: skipped: record has no "kind"' in warnings[0]
     assert "Traceback" not in proc.stderr
     if output is not None:
         assert output.stat().st_size > 0
+
+
+@pytest.mark.parametrize("cmd", ["summary", "compare", "plot", "export", "report"])
+def test_a_torn_line_is_one_warning_and_the_command_works(tmp_path: Path, cmd: str) -> None:
+    text = lf.lines(lf.run_records(30))
+    text.insert(12, '{"kind": "step", "rank": 0, "step": 11, "data_ms": 0.1')  # line 13: cut off
+    text.insert(20, "\x00\x00\x00")  # line 21: what a crash can leave
+    path = tmp_path / "torn" / "rank0.jsonl"
+    path.parent.mkdir()
+    path.write_text("\n".join(text) + "\n")
+    good = lf.write_log(tmp_path / "good" / "rank0.jsonl", lf.run_records(30))
+    args, output = _command(cmd, path, tmp_path, good) if cmd != "summary" else (["summary", path], None)
+    proc = lf.run_cli(*args)  # no --skip-bad needed
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "error" not in proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("steptrace: warning: ")]
+    assert len(warnings) == 1, proc.stderr
+    assert f"{path}: 2 torn lines skipped (lines 13, 21)" in warnings[0]
+    if output is not None:
+        assert output.stat().st_size > 0
+    elif cmd == "compare":
+        assert "no regression" in proc.stdout  # the same 30 steps as the intact log
+    else:
+        assert "30 steps" in proc.stdout  # every record after the torn lines was read
 
 
 @pytest.mark.parametrize(

@@ -207,7 +207,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path: Path, content, needle: st
 
 def test_cli_corrupt_line_and_skip_bad(tmp_path: Path) -> None:
     text = lf.lines(lf.run_records(3))
-    text.insert(2, "{broken")
+    text.insert(2, '{"no_kind": 1}')
     path = tmp_path / "rank0.jsonl"
     path.write_text("\n".join(text) + "\n")
     proc = _cli("summary", str(path))
@@ -218,6 +218,18 @@ def test_cli_corrupt_line_and_skip_bad(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "3 steps" in proc.stdout
     assert proc.stderr.startswith("steptrace: warning: ") and ":3:" in proc.stderr
+
+
+def test_cli_torn_line_warns_once_and_succeeds(tmp_path: Path) -> None:
+    text = lf.lines(lf.run_records(3))
+    text.insert(2, "{broken")
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join(text) + "\n")
+    proc = _cli("summary", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "3 steps" in proc.stdout
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("steptrace: warning: ") and f"{path}:3: torn line skipped" in proc.stderr
 
 
 def test_cli_truncated_last_line_warns_once_and_succeeds(tmp_path: Path) -> None:

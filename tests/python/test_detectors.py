@@ -168,6 +168,7 @@ def test_hang_is_written_while_the_step_is_still_blocked(tmp_path, caplog):
     assert hang["step"] == 30 and hang["phase"] == "forward"
     assert hang["value"] >= 1000.0
     assert "forward_extra" in hang["details"]["stacks"]  # the Python stack of the hung thread
+    assert hang["details"]["stacks_source"] == "faulthandler"
     records = list(steptrace.read(tmp_path, validate=True))
     kinds = [(r["kind"], r.get("type"), r.get("step")) for r in records if r["kind"] in ("alert", "resolved")]
     assert ("alert", "hang", 30) in kinds

@@ -129,12 +129,12 @@ def test_csv_missing_values_are_empty_cells(tmp_path: Path) -> None:
 def test_export_to_a_file_is_atomic(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     text = lf.lines(lf.run_records(5))
-    text.insert(3, "{oops")
+    text.insert(3, "[1, 2]")  # JSON, not a record (a torn line would just be skipped)
     bad.write_text("\n".join(text) + "\n")
     out = tmp_path / "t.json"
     from steptrace.errors import LogFormatError
 
-    with pytest.raises(LogFormatError, match=":4: corrupt"):
+    with pytest.raises(LogFormatError, match=":4: record is not a JSON object"):
         export(bad, "chrome", out)
     assert not out.exists() and list(tmp_path.iterdir()) == [bad]
     from steptrace.reader import CorruptLineWarning

@@ -11,7 +11,7 @@ import pytest
 import logfactory as lf
 import steptrace
 from steptrace.errors import LogFormatError
-from steptrace.reader import CorruptLineWarning, TruncatedLogWarning, read, validate_record
+from steptrace.reader import CorruptLineWarning, TornLineWarning, TruncatedLogWarning, read, validate_record
 
 
 def _read_all(path, **kw) -> list[dict]:
@@ -115,23 +115,67 @@ def test_truncated_only_line_is_an_empty_log(tmp_path: Path) -> None:
             _read_all(path)
 
 
-def test_corrupt_middle_line_raises_with_file_and_line(tmp_path: Path) -> None:
+def test_torn_middle_line_is_skipped_with_a_warning_and_reading_goes_on(tmp_path: Path) -> None:
     recs = lf.run_records(3)
     text = lf.lines(recs)
-    text.insert(2, '{"kind": "step", "rank": 0, oops')  # becomes line 3
+    text.insert(2, '{"kind": "step", "rank": 0, oops')  # becomes line 3: a write cut off
     path = tmp_path / "rank0.jsonl"
     path.write_text("\n".join(text) + "\n")
-    with pytest.raises(LogFormatError) as info:
-        _read_all(path)
-    msg = str(info.value)
-    assert f"{path}:3:" in msg and "corrupt" in msg
-    assert "\n" not in msg
+    with pytest.warns(TornLineWarning) as caught:
+        got = _read_all(path)
+    assert got == recs  # every record after the torn line too
+    assert len(caught) == 1
+    w = caught[0].message
+    assert (w.path, w.count, w.lines) == (str(path), 1, (3,))
+    msg = str(w)
+    assert f"{path}:3: torn line skipped" in msg and "reading went on" in msg and "\n" not in msg
 
 
-def test_corrupt_line_with_newline_at_end_is_not_truncation(tmp_path: Path) -> None:
-    # a bad LAST line that does end in a newline was written whole: it is corruption
+def test_torn_lines_are_counted_in_one_warning_per_file(tmp_path: Path) -> None:
+    recs = lf.run_records(20)
+    text = lf.lines(recs)
+    for at in (3, 6, 9, 12, 16, 23):  # becomes lines 4, 7, 10, 13, 17, 24
+        text.insert(at, json.dumps(lf.step(99))[:25])
+    text.insert(len(text) - 1, "\x00\x00\x00\x00")  # NULs a crash left behind
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join(text) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _read_all(path, validate=True)
+    assert got == recs
+    (w,) = [c.message for c in caught]
+    assert isinstance(w, TornLineWarning)
+    assert w.count == 7 and w.lines == (4, 7, 10, 13, 17)
+    assert "7 torn lines skipped (lines 4, 7, 10, 13, 17, ...)" in str(w)
+
+
+def test_a_record_written_after_a_tear_is_kept(tmp_path: Path) -> None:
+    # the writer died mid-line and a resumed run appended to the same file: the next
+    # record starts on the torn line
+    recs = lf.run_records(3)
+    text = lf.lines(recs)
+    text[2] = json.dumps(lf.step(7))[:33] + text[2]
+    path = tmp_path / "rank0.jsonl"
+    path.write_text("\n".join(text) + "\n")
+    with pytest.warns(TornLineWarning, match=r":3: torn line skipped.*1 complete record after a tear kept"):
+        got = _read_all(path)
+    assert got == recs
+
+
+def test_torn_line_with_newline_at_end_is_not_truncation(tmp_path: Path) -> None:
+    # a bad LAST line that does end in a newline is torn, not a truncated last write
     path = lf.write_log(tmp_path / "rank0.jsonl", lf.run_records(1), tail="{garbage\n")
-    with pytest.raises(LogFormatError, match=r":4: corrupt"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _read_all(path) == lf.run_records(1)
+    assert [type(c.message) for c in caught] == [TornLineWarning]
+    assert ":4: torn line skipped" in str(caught[0].message)
+
+
+def test_a_torn_first_line_is_still_not_a_log(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.jsonl"
+    path.write_text(json.dumps(lf.run_start())[:30] + "\n" + "\n".join(lf.lines(lf.run_records(1)[1:])) + "\n")
+    with pytest.raises(LogFormatError, match=r":1: not a steptrace log"):
         _read_all(path)
 
 
@@ -143,14 +187,15 @@ def test_skip_bad_warns_and_continues(tmp_path: Path) -> None:
     text.insert(5, '{"no_kind": true}')
     path = tmp_path / "rank0.jsonl"
     path.write_text("\n".join(text) + "\n")
-    with pytest.warns(CorruptLineWarning) as caught:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         got = _read_all(path, skip_bad=True)
     assert got == recs
-    messages = [str(w.message) for w in caught]
-    assert len(messages) == 3
-    assert any(":3:" in m for m in messages)
-    assert any("not a JSON object" in m for m in messages)
-    assert any('no "kind"' in m for m in messages)
+    messages = [str(w.message) for w in caught if w.category is CorruptLineWarning]
+    assert len(messages) == 2
+    assert any(":5: skipped: record is not a JSON object" in m for m in messages)
+    assert any(':6: skipped: record has no "kind"' in m for m in messages)
+    assert [w.message.lines for w in caught if w.category is TornLineWarning] == [(3,)]  # skipped anyway
 
 
 def test_record_that_is_not_an_object_raises(tmp_path: Path) -> None:

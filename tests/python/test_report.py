@@ -46,7 +46,9 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
     assert "<title>steptrace report: nightly</title>" in text
     # nothing loaded from anywhere: no external src/href, only data: images, a CSP to enforce it
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
-    assert re.findall(r'<img [^>]*src="([^"]{0,22})', text) == ["data:image/png;base64,"]
+    # the timeline, and (two ranks) the step-time heat map by rank
+    assert re.findall(r'<img [^>]*src="([^"]{0,22})', text) == ["data:image/png;base64,"] * 2
+    assert "<h2>Ranks</h2>" in text and 'alt="step time by rank and step"' in text
     assert "default-src 'none'" in text
     # the summary table, memory, counters, the alerts (escaped) and the run details
     for needle in ("<td>forward</td>", "p99 ms", "rising +2.0 MiB/step", "tensor_active", "55.0%",

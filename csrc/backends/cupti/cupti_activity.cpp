@@ -41,6 +41,8 @@ std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not, 
 #include <thread>
 #include <type_traits>
 
+#include <fmt/format.h>
+
 #include "activity_records.hpp"
 #include "cupti_errors.hpp"
 #include "cupti_host.hpp"
@@ -123,12 +125,16 @@ constexpr std::size_t kInitialBuffer = std::size_t{512} << 10;
 constexpr std::int64_t kTargetFillNs = 200'000'000;
 constexpr std::size_t kBufferAlign = 8;       // CUPTI's requirement for activity buffers
 constexpr std::size_t kPoolMax = 8;           // free buffers kept for reuse
-constexpr std::size_t kMaxOutstanding = 256;  // buffers CUPTI holds at once (tracked)
+constexpr std::size_t kMaxHeld = 256;         // buffers of ours CUPTI holds at once
 // A buffer still out this long after it was handed over, while a later one has come
 // back, is not the one being filled (CUPTI fills them in turn): records stop waiting for
 // it, so that one CUPTI keeps in reserve cannot hold every step back.
 constexpr std::int64_t kStaleBufferNs = 1'000'000'000;
 constexpr auto kFlushPeriod = std::chrono::milliseconds(50);
+// Our callbacks unheard over this many steps and this long (a step that launches work
+// makes CUPTI ask for a buffer or hand one back): another tool has taken them.
+constexpr std::uint64_t kQuietSteps = 8;
+constexpr std::int64_t kQuietNs = 3'000'000'000;
 constexpr int kOldestVersion = 18;  // cuptiGetVersion of CUDA 12.0's CUPTI
 
 // The entry points used, resolved from the loaded library.
@@ -190,6 +196,15 @@ std::int64_t steady_ns() noexcept {
 
 // What CUPTI's process-wide buffer callbacks reach. Leaked on purpose: CUPTI may call
 // them after the backend is gone (or at exit), when they only hand buffers back.
+//
+// Buffer ownership. CUPTI hands a completed buffer to whichever callbacks are registered
+// when it completes, not to those that gave it: after a yield to torch.profiler (or a
+// tool that took the callbacks on its own) steptrace's buffers can reach the other
+// tool's callbacks and the other tool's buffers ours. Kineto ignores (leaks) buffers it
+// did not allocate and frees its own with its own allocator; so do we: `held` lists every
+// buffer of ours that CUPTI holds, a completed buffer not in it is never read, freed or
+// pooled, and while yielding no buffer of ours is handed out (one would be completed into
+// the other tool's callbacks), after a forced flush has brought ours back.
 struct Shared {
   std::mutex mu;                   // guards owner and the owner's collected state
   CuptiActivity* owner = nullptr;  // the live backend; null when there is none
@@ -202,25 +217,34 @@ struct Shared {
   };
   Pooled pool[kPoolMax] = {};  // free buffers (fixed arrays: no allocation)
   std::size_t pooled = 0;
-  struct Outstanding {
+  struct Held {
     std::uint8_t* buffer;
     std::uint64_t seq;          // the order CUPTI asked for it in
     std::int64_t requested_ns;  // steady clock
     std::size_t size;           // as told to CUPTI
     std::size_t capacity;       // as allocated
+    bool gating;  // step records wait for it (false: it went to another tool's time)
   };
-  Outstanding outstanding[kMaxOutstanding] = {};
-  std::size_t n_outstanding = 0;
+  Held held[kMaxHeld] = {};  // the registry of our buffers CUPTI holds
+  std::size_t n_held = 0;
   std::uint64_t returned_below = 0;            // 1 + the newest buffer (by number) that came back
   std::atomic<std::uint64_t> requested{0};     // buffers handed to CUPTI so far
   std::atomic<std::uint64_t> done_through{0};  // every buffer numbered below is back and parsed
   std::atomic<std::size_t> buffer_bytes{kInitialBuffer};  // the size handed out next
+  std::atomic<bool> declining{false};  // hand CUPTI no buffer (yielding, or closed)
+
+  // Whether the callbacks are ours: every call of either one, and when (CUPTI's clock).
+  std::atomic<decltype(&::cuptiGetTimestamp)> timestamp{nullptr};
+  std::atomic<std::uint64_t> callbacks{0};
+  std::atomic<std::int64_t> callback_ns{INT64_MIN};
+  std::atomic<std::uint64_t> foreign{0};  // other tools' buffers handed to us, left alone
 
   // with buffers_mu held: the lowest number of a buffer CUPTI still holds (and fills)
   std::uint64_t low_watermark(std::int64_t now_ns) const noexcept {
     std::uint64_t low = requested.load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < n_outstanding; ++i) {
-      const Outstanding& o = outstanding[i];
+    for (std::size_t i = 0; i < n_held; ++i) {
+      const Held& o = held[i];
+      if (!o.gating) continue;
       if (o.seq < returned_below && now_ns - o.requested_ns > kStaleBufferNs) continue;
       low = std::min(low, o.seq);
     }
@@ -233,9 +257,29 @@ Shared& shared() {
   return *s;
 }
 
+// Either callback ran: they are registered (ours), as of now.
+void note_callback(Shared& s) noexcept {
+  std::uint64_t t = 0;
+  auto* timestamp = s.timestamp.load(std::memory_order_relaxed);
+  if (timestamp != nullptr && timestamp(&t) == CUPTI_SUCCESS) {
+    const auto now = static_cast<std::int64_t>(t);
+    std::int64_t last = s.callback_ns.load(std::memory_order_relaxed);
+    while (last < now && !s.callback_ns.compare_exchange_weak(last, now)) {
+    }
+  }
+  s.callbacks.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void release_buffer(std::uint8_t* b, std::size_t capacity) noexcept;
+
 void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size,
                                std::size_t* max_records) noexcept {
   Shared& s = shared();
+  note_callback(s);
+  *buffer = nullptr;  // declined: CUPTI drops records and counts them
+  *size = 0;
+  *max_records = 0;
+  if (s.declining.load(std::memory_order_acquire)) return;
   const std::size_t want = s.buffer_bytes.load(std::memory_order_relaxed);
   std::uint8_t* b = nullptr;
   std::size_t capacity = want;
@@ -251,18 +295,34 @@ void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size,
     }
   }
   if (b == nullptr) b = static_cast<std::uint8_t*>(std::aligned_alloc(kBufferAlign, capacity));
-  if (b != nullptr) {
+  if (b == nullptr) return;
+  bool tracked = false;
+  {
     const std::int64_t now = steady_ns();
     std::lock_guard<std::mutex> lock(s.buffers_mu);
-    const std::uint64_t seq = s.requested.load(std::memory_order_relaxed);
-    if (s.n_outstanding < kMaxOutstanding) {  // past the bound it just counts as back
-      s.outstanding[s.n_outstanding++] = {b, seq, now, want, capacity};
+    if (s.n_held == kMaxHeld) {
+      // full of buffers lost to another tool's callbacks: forget one (if it ever comes
+      // back it is left alone as a stranger's, a leak as the other tool leaks ours)
+      for (std::size_t i = 0; i < s.n_held; ++i) {
+        if (!s.held[i].gating) {
+          s.held[i] = s.held[--s.n_held];
+          break;
+        }
+      }
     }
-    s.requested.store(seq + 1, std::memory_order_release);
+    if (s.n_held < kMaxHeld) {
+      const std::uint64_t seq = s.requested.load(std::memory_order_relaxed);
+      s.held[s.n_held++] = {b, seq, now, want, capacity, true};
+      s.requested.store(seq + 1, std::memory_order_release);
+      tracked = true;
+    }
+  }
+  if (!tracked) {  // an untracked buffer could not be told from a stranger's later
+    release_buffer(b, capacity);
+    return;
   }
   *buffer = b;
-  *size = b != nullptr ? want : 0;  // no buffer: CUPTI drops records and counts them
-  *max_records = 0;
+  *size = want;
 }
 
 void release_buffer(std::uint8_t* b, std::size_t capacity) noexcept {
@@ -280,7 +340,7 @@ void release_buffer(std::uint8_t* b, std::size_t capacity) noexcept {
 
 // A buffer that came back mostly filled tells how long filling one takes: size the next
 // ones so that it takes about kTargetFillNs (at most 4x larger or smaller at once).
-void adapt_buffer_size(const Shared::Outstanding& o, std::size_t valid_size) noexcept {
+void adapt_buffer_size(const Shared::Held& o, std::size_t valid_size) noexcept {
   if (valid_size * 2 < o.size) return;  // returned early (forced, or all complete): no measure
   const std::int64_t took = std::max<std::int64_t>(1, steady_ns() - o.requested_ns);
   const double ideal =
@@ -313,12 +373,18 @@ class CuptiActivity final : public KernelActivitySource {
   // `yielding`: another tool owns the activity buffers now; touch nothing until
   // set_yielding(false).
   bool start(bool yielding, std::string* why) {
-    // a fresh start: no buffer of an earlier profiler is waited for, sizes start over
-    forget_outstanding();
+    // a fresh start: no buffer of an earlier profiler is waited for (one that comes back
+    // is still freed as ours), sizes start over
+    stop_waiting_for_held();
     shared().buffer_bytes.store(kInitialBuffer, std::memory_order_relaxed);
-    if (!yielding && !enable_ours(why)) return false;
+    shared().declining.store(yielding, std::memory_order_release);
+    if (!yielding && !take_over(why)) {
+      shared().declining.store(true, std::memory_order_release);
+      return false;
+    }
     std::lock_guard<std::mutex> control(control_mu_);
     enabled_ = !yielding;
+    heard_reset();
     if (yielding) {
       yielding_.store(true);
       set_status("yielding to torch.profiler");
@@ -346,6 +412,8 @@ class CuptiActivity final : public KernelActivitySource {
   // Training thread: a timestamp and a store into the mark ring, per boundary.
   void begin_step(std::int64_t step) noexcept override {
     if (!active_.load(std::memory_order_acquire)) return;
+    steps_begun_.store(steps_begun_.load(std::memory_order_relaxed) + 1,
+                       std::memory_order_relaxed);
     marks_.publish(step, /*begin=*/true, now_ns());
     in_step_ = true;
   }
@@ -385,13 +453,26 @@ class CuptiActivity final : public KernelActivitySource {
     return records_.name(name_id);
   }
 
+  // Records of work launched at t_ns went into a buffer of ours that CUPTI asked for, or
+  // filled and handed back, at t_ns or later: with no call of our callbacks since, they
+  // went to another tool's (or, once stopped, nowhere).
+  ActivityReach reach(std::int64_t t_ns) noexcept override {
+    const bool heard = shared().callback_ns.load(std::memory_order_acquire) >= t_ns;
+    if (heard) return ActivityReach::kReaching;
+    return stopped_.load(std::memory_order_acquire) ? ActivityReach::kStopped
+                                                    : ActivityReach::kUnheard;
+  }
+
   void set_yielding(bool yielding) noexcept override {
     std::lock_guard<std::mutex> control(control_mu_);
     if (finished_ || yielding == yielding_.load()) return;
     if (yielding) {
-      // our records still in CUPTI's buffers come to us before the other tool's
-      // callbacks replace ours; nothing else is touched: the kinds are now the other's
+      // No new buffer of ours from here on (CUPTI would complete it into the other tool's
+      // callbacks, which leave strangers' buffers alone), and ours still in CUPTI come
+      // back to us before the other tool's callbacks replace ours. Nothing else is
+      // touched: the kinds are now the other's.
       active_.store(false, std::memory_order_release);
+      shared().declining.store(true, std::memory_order_release);
       if (enabled_) api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
       enabled_ = false;
       yielding_.store(true);
@@ -400,18 +481,26 @@ class CuptiActivity final : public KernelActivitySource {
         pull_marks();
         records_.drain();
       }
-      forget_outstanding();  // later buffers are requested through the other's callbacks
+      stop_waiting_for_held();  // one CUPTI kept is completed into the other's callbacks
       deliveries_.fetch_add(1, std::memory_order_acq_rel);
       set_status("yielding to torch.profiler");
       return;
     }
     std::string why;
     yielding_.store(false);
-    if (!enable_ours(&why)) {
+    shared().declining.store(false, std::memory_order_release);
+    // records CUPTI dropped meanwhile (ours declined, the other's) are not ours to count
+    std::size_t other_drops = 0;
+    api_.dropped_records(nullptr, 0, &other_drops);
+    if (!take_over(&why)) {
+      shared().declining.store(true, std::memory_order_release);
+      stopped_.store(true, std::memory_order_release);
       set_status(why);  // stays stopped: the profiler carries on without kernel activity
       return;
     }
     enabled_ = true;
+    stopped_.store(false, std::memory_order_release);
+    heard_reset();
     set_status("");
     active_.store(true, std::memory_order_release);
   }
@@ -422,13 +511,14 @@ class CuptiActivity final : public KernelActivitySource {
       std::lock_guard<std::mutex> control(control_mu_);
       if (finished_) return;
       finished_ = true;
-      ours = enabled_;
+      // only kinds we enabled are disabled: while yielding, or once another tool has
+      // taken the callbacks, they are the other tool's
+      ours = enabled_ && !unheard_;
       enabled_ = false;
       active_.store(false, std::memory_order_release);
     }
     stop_cv_.notify_all();
     if (flusher_.joinable()) flusher_.join();
-    // only kinds we enabled are disabled: while yielding they are the other tool's
     if (ours) {
       // flush, disable, flush again: the second flush brings whatever was recorded
       // between the first and the disable
@@ -442,7 +532,10 @@ class CuptiActivity final : public KernelActivitySource {
       records_.drain();
       if (shared().owner == this) shared().owner = nullptr;  // a later profiler may collect
     }
-    forget_outstanding();
+    // closed: CUPTI gets no more buffers from us, whoever left kinds enabled
+    shared().declining.store(true, std::memory_order_release);
+    stop_waiting_for_held();
+    stopped_.store(true, std::memory_order_release);
     deliveries_.fetch_add(1, std::memory_order_acq_rel);
   }
 
@@ -502,6 +595,18 @@ class CuptiActivity final : public KernelActivitySource {
   }
 
  private:
+  // Registers our callbacks and kinds. CUPTI completes a buffer into the callbacks
+  // registered when it completes: a forced flush first hands the buffers CUPTI holds to
+  // their owner's (still registered) callbacks, one after brings us any that slipped in
+  // between (those are the other tool's: left alone), so that none of ours is filled
+  // from another tool's buffer.
+  bool take_over(std::string* why) {
+    api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);  // fails harmlessly when none are
+    if (!enable_ours(why)) return false;
+    api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    return true;
+  }
+
   bool enable_ours(std::string* why) {
     CUptiResult r = api_.register_callbacks(buffer_requested, buffer_completed);
     if (r != CUPTI_SUCCESS) {
@@ -595,12 +700,13 @@ class CuptiActivity final : public KernelActivitySource {
     s.done_through.store(done, std::memory_order_release);
   }
 
-  // After a forced flush handed back everything CUPTI would give us: a buffer still
-  // counted as out will not come back to us, so no step record waits for it.
-  static void forget_outstanding() noexcept {
+  // After a forced flush handed back everything CUPTI would give us: a buffer still out
+  // will not come back to us (or not soon), so no step record waits for it. It stays in
+  // the registry: if it does come back, it is freed as ours.
+  static void stop_waiting_for_held() noexcept {
     Shared& s = shared();
     std::lock_guard<std::mutex> lock(s.buffers_mu);
-    s.n_outstanding = 0;
+    for (std::size_t i = 0; i < s.n_held; ++i) s.held[i].gating = false;
     const std::uint64_t all = s.requested.load(std::memory_order_relaxed);
     if (s.done_through.load(std::memory_order_relaxed) < all) {
       s.done_through.store(all, std::memory_order_release);
@@ -617,13 +723,83 @@ class CuptiActivity final : public KernelActivitySource {
       // flushed for us
       if (enabled_) {
         const CUptiResult r = api_.flush_all(0);
-        if (r != CUPTI_SUCCESS && !flush_failed_) {
+        // INVALID_OPERATION: "not preceded by cuptiActivityRegisterCallbacks", which we
+        // did: CUPTI forgot it, as cuptiFinalize does
+        if (r == CUPTI_ERROR_INVALID_OPERATION || detail::cupti::torn_down_result(r)) {
+          lose_to_finalize(r);
+        } else if (r != CUPTI_SUCCESS && !flush_failed_) {
           flush_failed_ = true;
           set_status(api_.reason("cuptiActivityFlushAll", r));
         }
-        refresh_delivered();
+        if (enabled_) {
+          refresh_delivered();
+          watch_callbacks();
+        }
       }
       deliveries_.fetch_add(1, std::memory_order_acq_rel);
+    }
+  }
+
+  // Flush thread, control_mu_ held: CUPTI's activity state was reset under us. Our
+  // callbacks and kinds are gone with it; nothing more is called until a resume
+  // (set_yielding(false)) registers them again.
+  void lose_to_finalize(CUptiResult r) noexcept {
+    enabled_ = false;
+    launch_records_ = LaunchRecords::kNone;
+    internal_launches_ = false;
+    active_.store(false, std::memory_order_release);
+    stopped_.store(true, std::memory_order_release);
+    const char* text = nullptr;
+    if (api_.result_string == nullptr || api_.result_string(r, &text) != CUPTI_SUCCESS) {
+      text = nullptr;
+    }
+    try {
+      set_status(detail::cupti::torn_down_reason("kernel activity", "cuptiActivityFlushAll",
+                                                 static_cast<int>(r),
+                                                 text != nullptr ? text : ""));
+    } catch (...) {
+    }
+    {
+      std::lock_guard<std::mutex> lock(shared().mu);
+      pull_marks();
+      records_.drain();
+    }
+    stop_waiting_for_held();
+  }
+
+  void heard_reset() noexcept {
+    callbacks_seen_ = shared().callbacks.load(std::memory_order_acquire);
+    steps_at_callback_ = steps_begun_.load(std::memory_order_relaxed);
+    quiet_since_ns_ = steady_ns();
+    unheard_ = false;
+  }
+
+  // Flush thread, control_mu_ held. With our kinds enabled, a step that launches work
+  // makes CUPTI ask our callbacks for a buffer or hand one back. Many steps and seconds
+  // with neither mean another tool registered its own callbacks (on-demand Kineto
+  // through dynolog, proton): say so, and leave its kinds alone at close. Any call of
+  // our callbacks later proves them ours again.
+  void watch_callbacks() noexcept {
+    const std::uint64_t n = shared().callbacks.load(std::memory_order_acquire);
+    const std::uint64_t steps = steps_begun_.load(std::memory_order_relaxed);
+    const std::int64_t now = steady_ns();
+    if (n != callbacks_seen_) {
+      const bool was_unheard = unheard_;
+      heard_reset();
+      if (was_unheard) set_status("");
+      return;
+    }
+    if (unheard_ || steps - steps_at_callback_ < kQuietSteps || now - quiet_since_ns_ < kQuietNs) {
+      return;
+    }
+    unheard_ = true;
+    try {
+      set_status(fmt::format(
+          "no activity buffer reached steptrace's callbacks over the last {} steps ({:.0f} s): "
+          "another tool (torch.profiler/Kineto on demand through dynolog, proton) has taken "
+          "CUPTI's activity callbacks; those steps' kernels are not collected",
+          steps - steps_at_callback_, static_cast<double>(now - quiet_since_ns_) / 1e9));
+    } catch (...) {
     }
   }
 
@@ -640,6 +816,9 @@ class CuptiActivity final : public KernelActivitySource {
   bool in_step_ = false;             // training thread: begin_step published a begin mark
   std::atomic<bool> active_{false};  // mark steps and collect records
   std::atomic<bool> yielding_{false};
+  std::atomic<bool> stopped_{false};  // collection stopped (a foreign finalize, a failed
+                                      // resume, close) until a resume succeeds
+  std::atomic<std::uint64_t> steps_begun_{0};  // written by the training thread only
   std::atomic<std::uint64_t> deliveries_{0};
   // guarded by control_mu_ (flush thread, set_yielding, finish)
   std::mutex control_mu_;
@@ -647,6 +826,10 @@ class CuptiActivity final : public KernelActivitySource {
   bool finished_ = false;
   bool enabled_ = false;  // our callbacks are registered and our kinds enabled
   bool flush_failed_ = false;
+  bool unheard_ = false;  // our callbacks went unheard over kQuietSteps and kQuietNs
+  std::uint64_t callbacks_seen_ = 0;
+  std::uint64_t steps_at_callback_ = 0;
+  std::int64_t quiet_since_ns_ = 0;
   LaunchRecords launch_records_ = LaunchRecords::kNone;
   bool internal_launches_ = false;
   std::thread flusher_;
@@ -658,9 +841,10 @@ class CuptiActivity final : public KernelActivitySource {
 };
 
 void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uint8_t* buffer,
-                               std::size_t size, std::size_t valid_size) noexcept {
+                               std::size_t /*size*/, std::size_t valid_size) noexcept {
   Shared& s = shared();
-  Shared::Outstanding mine{};
+  note_callback(s);
+  Shared::Held mine{};
   bool ours = false;
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -668,26 +852,32 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
     std::uint64_t done = 0;
     {
       std::lock_guard<std::mutex> buffers(s.buffers_mu);
-      for (std::size_t i = 0; i < s.n_outstanding; ++i) {
-        if (s.outstanding[i].buffer == buffer) {
-          mine = s.outstanding[i];
-          s.outstanding[i] = s.outstanding[--s.n_outstanding];
+      for (std::size_t i = 0; i < s.n_held; ++i) {
+        if (s.held[i].buffer == buffer) {
+          mine = s.held[i];
+          s.held[i] = s.held[--s.n_held];
           ours = true;
-          s.returned_below = std::max(s.returned_below, mine.seq + 1);
+          if (mine.gating) s.returned_below = std::max(s.returned_below, mine.seq + 1);
           break;
         }
       }
       requested = s.requested.load(std::memory_order_relaxed);
       done = s.low_watermark(steady_ns());
     }
-    if (s.owner != nullptr) s.owner->parse(context, stream, buffer, valid_size, requested, done);
+    if (!ours) {
+      s.foreign.fetch_add(1, std::memory_order_relaxed);
+    } else if (s.owner != nullptr) {
+      s.owner->parse(context, stream, buffer, valid_size, requested, done);
+    }
     // published after the parse: a step record that sees it finds its kernels taken in
     if (s.done_through.load(std::memory_order_relaxed) < done) {
       s.done_through.store(done, std::memory_order_release);
     }
   }
-  if (ours) adapt_buffer_size(mine, valid_size);
-  if (buffer != nullptr) release_buffer(buffer, ours ? mine.capacity : size);
+  // another tool's buffer: not read, freed nor pooled (its allocator, its bookkeeping)
+  if (buffer == nullptr || !ours) return;
+  if (mine.gating) adapt_buffer_size(mine, valid_size);
+  release_buffer(buffer, mine.capacity);
 }
 
 }  // namespace
@@ -710,6 +900,7 @@ std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not, 
         "kernel activity (" + missing + " missing in " + lib->path + ")", lib->version,
         "CUPTI 12.0"));
   }
+  shared().timestamp.store(api.timestamp, std::memory_order_relaxed);
   auto source = std::make_unique<CuptiActivity>(api);
   {
     std::lock_guard<std::mutex> lock(shared().mu);

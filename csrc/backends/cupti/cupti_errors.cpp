@@ -73,6 +73,22 @@ std::string unavailable_reason(std::string_view call, int result, std::string_vi
   return fmt::format("{} failed with {}", call, code);
 }
 
+bool torn_down_result(int result) noexcept {
+  // Neither can come from a call on a live object whose setup succeeded: CUPTI lost its
+  // connection to the driver (NOT_INITIALIZED) or the object's context (INVALID_CONTEXT).
+  return result == kNotInitialized || result == kInvalidContext;
+}
+
+std::string torn_down_reason(std::string_view what, std::string_view call, int result,
+                             std::string_view result_text) {
+  const std::string code = result_text.empty() ? fmt::format("error {}", result)
+                                               : fmt::format("{} ({})", result_text, result);
+  return fmt::format(
+      "CUPTI was torn down under steptrace (another tool called cuptiFinalize, e.g. "
+      "torch.profiler with TEARDOWN_CUPTI=1): {} failed with {}; {} stopped, the run goes on",
+      call, code, what);
+}
+
 std::string version_string(int version) {
   if (version >= 130000) {
     return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);

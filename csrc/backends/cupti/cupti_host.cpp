@@ -125,20 +125,52 @@ std::string missing_symbol_reason(const Library& lib, const std::string& feature
 
 std::string Device::describe() const { return fmt::format("device {} ({})", index, how); }
 
+namespace {
+
+// $LOCAL_RANK (torchrun, and most launchers): the rank's index on its node; -1 when unset
+// or not a number.
+int local_rank() {
+  const char* v = std::getenv("LOCAL_RANK");
+  if (v == nullptr || *v == '\0') return -1;
+  char* end = nullptr;
+  const long r = std::strtol(v, &end, 10);
+  if (*end != '\0' || r < 0 || r > 1 << 20) return -1;
+  return static_cast<int>(r);
+}
+
+}  // namespace
+
 Device choose_device(int requested) {
   if (requested >= 0) return {requested, "as configured"};
-  // Only a driver the process already loaded can have a current context; loading one
-  // here would not create it.
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (lib != nullptr) {
-    using CtxGetDevice = int (*)(int*);
-    auto get = reinterpret_cast<CtxGetDevice>(dlsym(lib, "cuCtxGetDevice"));
+  // Only a driver the process already loaded (and initialized: the CUDA event timer
+  // did) can tell the visible devices and the current context; loading one here would
+  // tell neither.
+  int visible = -1;
+  int current = -1;
+  if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+    using GetInt = int (*)(int*);
+    int n = 0;
+    if (auto count = reinterpret_cast<GetInt>(dlsym(lib, "cuDeviceGetCount"));
+        count != nullptr && count(&n) == 0) {
+      visible = n;
+    }
     int dev = -1;
-    const bool ok = get != nullptr && get(&dev) == 0 && dev >= 0;
+    if (auto get = reinterpret_cast<GetInt>(dlsym(lib, "cuCtxGetDevice"));
+        get != nullptr && get(&dev) == 0 && dev >= 0) {
+      current = dev;
+    }
     dlclose(lib);  // drops only the reference RTLD_NOLOAD added
-    if (ok) return {dev, "the current CUDA context's"};
   }
-  return {0, "no current CUDA context: the first device"};
+  // Each torchrun rank is its LOCAL_RANK'th GPU, whether or not it has made that device
+  // current yet (a context made before torch.cuda.set_device is on device 0 for every
+  // rank) -- unless each rank sees only its own GPUs (CUDA_VISIBLE_DEVICES per rank).
+  std::string note;
+  if (const int rank = local_rank(); rank >= 0) {
+    if (visible < 0 || rank < visible) return {rank, fmt::format("LOCAL_RANK={}", rank)};
+    note = fmt::format("LOCAL_RANK={} is not among the {} visible devices; ", rank, visible);
+  }
+  if (current >= 0) return {current, note + "the current CUDA context's"};
+  return {0, note + "no current CUDA context: the first device"};
 }
 
 #if STEPTRACE_HAVE_CUPTI_HEADERS
@@ -189,6 +221,17 @@ void deinitialize_profiler(const ProfilerApi& api) noexcept {
   CUpti_Profiler_DeInitialize_Params p{};
   p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_DeInitialize_Params, pPriv);
   api.deinitialize(&p);
+}
+
+bool profiler_torn_down(const ProfilerApi& api, int device_index, CUptiResult result) noexcept {
+  if (torn_down_result(static_cast<int>(result))) return true;
+  // Other results (INVALID_OPERATION, INVALID_PARAMETER, UNKNOWN) also come from live
+  // objects (counters taken by DCGM, a bad state): ask the profiler whether it still knows
+  // the device it was initialized for.
+  CUpti_Device_GetChipName_Params p{};
+  p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Device_GetChipName_Params, pChipName);
+  p.deviceIndex = static_cast<std::size_t>(device_index);
+  return api.chip_name(&p) != CUPTI_SUCCESS || p.pChipName == nullptr;
 }
 
 bool one_pass_config(const HostApi& api, const HostObject& host, const std::string& chip,

@@ -61,8 +61,10 @@ struct Device {
   std::string describe() const;
 };
 
-/// `requested` when >= 0, else the device of the current CUDA context (through a driver
-/// the process already loaded), else device 0.
+/// The device a counter backend samples: `requested` when >= 0, else $LOCAL_RANK when it
+/// names a visible device (so that every rank on a node samples its own GPU), else the
+/// device of the current CUDA context (both through a driver the process already loaded),
+/// else device 0.
 Device choose_device(int requested);
 
 /// The range-profiler counter sampler (cupti_range_profiler.cpp) on `device`, through

@@ -129,6 +129,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
 
   void begin_step(std::int64_t step, bool sampled) noexcept override {
     if (finished_.load(std::memory_order_relaxed)) return;
+    last_step_.store(step, std::memory_order_relaxed);
     const bool run = schedule_.begin_step(step, sampled);
     if (run == requested_) return;
     requested_ = run;
@@ -150,12 +151,19 @@ class CuptiPmSampler final : public QueuedCounterSampler {
   std::string status() const override {
     if (call_failure_.failed()) {
       const auto result = static_cast<CUptiResult>(call_failure_.result());
-      return unavailable_reason(call_failure_.call(), result, host_api_.result_text(result)) +
-             "; " + device_.describe();
+      const std::string text = host_api_.result_text(result);
+      if (call_failure_.torn_down()) {
+        return torn_down_reason("PM sampling", call_failure_.call(), result, text) +
+               fmt::format(" (noticed at step {}); ", call_failure_.after_step()) +
+               device_.describe();
+      }
+      return unavailable_reason(call_failure_.call(), result, text) + "; " + device_.describe();
     }
     if (finished_.load()) return "finished (close); " + device_.describe() + ", " + chip_;
     return {};
   }
+
+  std::string device() const override { return device_.describe(); }
 
  private:
   // StartStopHandoff's callback: runs with the PM sampling object held.
@@ -277,8 +285,26 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     return call_reason(host_api_, call, r);
   }
 
+  // A CUPTI call on the session failed after setup: remember the first, and whether CUPTI
+  // was torn down under us (then no call may touch the session again, Disable included).
+  void fail(const char* call, CUptiResult r) noexcept {
+    if (!call_failure_.record(call, r)) return;
+    if (profiler_torn_down(api_.profiler, device_.index, r)) {
+      call_failure_.set_torn_down(last_step_.load(std::memory_order_relaxed));
+    }
+  }
+
   // Undoes setup in reverse order; safe after a partial setup. Decode thread joined.
   void teardown() noexcept {
+    if (call_failure_.torn_down()) {
+      // cuptiFinalize destroyed the session, the host object and the profiler's
+      // initialization: calling into them would touch freed state
+      pm_ = nullptr;
+      if (host_) host_->abandon();
+      host_.reset();
+      profiler_initialized_ = false;
+      return;
+    }
     if (pm_ != nullptr) {
       CUpti_PmSampling_Disable_Params p{};
       p.structSize =
@@ -296,7 +322,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
 
   // With the object held: starts or stops; returns whether sampling runs afterwards.
   bool apply(bool run) noexcept {
-    if (pm_ == nullptr) return false;
+    if (pm_ == nullptr || call_failure_.torn_down()) return false;
     if (run) {
       // counters taken by another tool: do not keep trying
       if (call_failure_.failed()) return false;
@@ -305,7 +331,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
       p.pPmSamplingObject = pm_;
       const CUptiResult r = api_.start(&p);
       if (r != CUPTI_SUCCESS) {
-        call_failure_.record("cuptiPmSamplingStart", r);
+        fail("cuptiPmSamplingStart", r);
         return false;
       }
       has_records_ = true;
@@ -314,8 +340,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     CUpti_PmSampling_Stop_Params p{};
     p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Stop_Params, pPmSamplingObject);
     p.pPmSamplingObject = pm_;
-    if (const CUptiResult r = api_.stop(&p); r != CUPTI_SUCCESS)
-      call_failure_.record("cuptiPmSamplingStop", r);
+    if (const CUptiResult r = api_.stop(&p); r != CUPTI_SUCCESS) fail("cuptiPmSamplingStop", r);
     return false;
   }
 
@@ -330,7 +355,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
         std::size_t completed = 0;
         bool image_full = false;
         handoff_.lock();
-        if (pm_ == nullptr || !has_records_) {
+        if (pm_ == nullptr || !has_records_ || call_failure_.torn_down()) {
           handoff_.unlock(Apply{this});
           break;
         }
@@ -355,6 +380,11 @@ class CuptiPmSampler final : public QueuedCounterSampler {
           }
         }
         handoff_.unlock(Apply{this});
+        // torn down meanwhile: the host object is gone too
+        if (call_failure_.torn_down()) {
+          lost += static_cast<std::int64_t>(completed);
+          break;
+        }
         // Evaluation reads only the image and the host object: the training thread may
         // start or stop sampling meanwhile.
         for (std::size_t i = 0; i < completed; ++i) {
@@ -404,7 +434,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
       return;
     }
     if (r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiPmSamplingDecodeData", r);
+      fail("cuptiPmSamplingDecodeData", r);
       if (handoff_.running()) handoff_.set_running(apply(false));
       has_records_ = false;
       return;
@@ -422,7 +452,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     info.pCounterDataImage = counter_data_.data();
     info.counterDataImageSize = counter_data_.size();
     if (const CUptiResult ri = api_.counter_data_info(&info); ri != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiPmSamplingGetCounterDataInfo", ri);
+      fail("cuptiPmSamplingGetCounterDataInfo", ri);
       if (handoff_.running()) handoff_.set_running(apply(false));
       has_records_ = false;
       return;
@@ -461,6 +491,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
   bool has_records_ = false;  // guarded by handoff_: started since the last full drain
 
   FirstFailure call_failure_;  // the first CUPTI call that failed after setup
+  std::atomic<std::int64_t> last_step_{-1};  // for the report of a teardown
   std::mutex finish_mutex_;
   std::atomic<bool> finished_{false};
   PmFailure failure_ = PmFailure::kOther;

@@ -123,6 +123,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
   }
 
   const char* name() const noexcept override { return "cupti_range_profiler"; }
+  std::string device() const override { return device_.describe(); }
 
   std::int64_t now_ns() noexcept override {
     std::uint64_t ts = 0;
@@ -137,6 +138,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
   // after a burst pays Stop. What these CUPTI calls cost on a GPU is unmeasured.
   void begin_step(std::int64_t step, bool sampled) noexcept override {
     if (!enter()) return;
+    last_step_.store(step, std::memory_order_relaxed);
     const auto state = static_cast<PassState>(state_.load(std::memory_order_acquire));
     const bool want = sampled && step >= 0;
     cuda::CUcontext ctx = nullptr;
@@ -190,8 +192,13 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
   std::string status() const override {
     if (call_failure_.failed()) {
       const auto result = static_cast<CUptiResult>(call_failure_.result());
-      return unavailable_reason(call_failure_.call(), result, host_api_.result_text(result)) +
-             "; " + device_.describe();
+      const std::string text = host_api_.result_text(result);
+      if (call_failure_.torn_down()) {
+        return torn_down_reason("the range profiler", call_failure_.call(), result, text) +
+               fmt::format(" (noticed at step {}); ", call_failure_.after_step()) +
+               device_.describe();
+      }
+      return unavailable_reason(call_failure_.call(), result, text) + "; " + device_.describe();
     }
     if (!finished_.load()) return {};
     std::string s = "finished (close); " + device_.describe() + ", " + chip_;
@@ -236,7 +243,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
         STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_RangeProfiler_Enable_Params, pRangeProfilerObject);
     p.ctx = reinterpret_cast<CUcontext>(ctx);
     if (const CUptiResult r = api_.enable(&p); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerEnable", r);
+      fail("cuptiRangeProfilerEnable", r);
       set_state(PassState::kFailed);
       return false;
     }
@@ -252,7 +259,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     size.maxNumOfRanges = kMaxRangesPerPass;
     size.maxNumRangeTreeNodes = kMaxRangesPerPass;  // one level: a node per range
     if (const CUptiResult r = api_.counter_data_size(&size); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerGetCounterDataSize", r);
+      fail("cuptiRangeProfilerGetCounterDataSize", r);
       set_state(PassState::kFailed);
       return false;
     }
@@ -283,7 +290,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     init.counterDataSize = counter_data_.size();
     init.pCounterData = counter_data_.data();
     if (const CUptiResult r = api_.counter_data_initialize(&init); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerCounterDataImageInitialize", r);
+      fail("cuptiRangeProfilerCounterDataImageInitialize", r);
       return false;
     }
     CUpti_RangeProfiler_SetConfig_Params p{};
@@ -302,7 +309,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     p.passIndex = 0;
     p.targetNestingLevel = 1;
     if (const CUptiResult r = api_.set_config(&p); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerSetConfig", r);
+      fail("cuptiRangeProfilerSetConfig", r);
       return false;
     }
     return true;
@@ -319,7 +326,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
 
   bool start_pass() noexcept {
     if (const CUptiResult r = object_call(api_.start); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerStart", r);
+      fail("cuptiRangeProfilerStart", r);
       set_state(PassState::kFailed);
       return false;
     }
@@ -339,7 +346,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     p.pRangeProfilerObject = object_;
     p.pRangeName = name;
     if (const CUptiResult r = api_.push(&p); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerPushRange", r);
+      fail("cuptiRangeProfilerPushRange", r);
       set_state(PassState::kFailed);
       return;
     }
@@ -348,7 +355,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
 
   bool pop_range() noexcept {
     if (const CUptiResult r = object_call(api_.pop); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerPopRange", r);
+      fail("cuptiRangeProfilerPopRange", r);
       set_state(PassState::kFailed);
       return false;
     }
@@ -362,7 +369,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     p.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_RangeProfiler_Stop_Params, isAllPassSubmitted);
     p.pRangeProfilerObject = object_;
     if (const CUptiResult r = api_.stop(&p); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerStop", r);
+      fail("cuptiRangeProfilerStop", r);
       set_state(PassState::kFailed);
       return;
     }
@@ -392,7 +399,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
           STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_RangeProfiler_DecodeData_Params, numOfRangeDropped);
       d.pRangeProfilerObject = object_;
       if (const CUptiResult r = api_.decode(&d); r != CUPTI_SUCCESS) {
-        call_failure_.record("cuptiRangeProfilerDecodeData", r);
+        fail("cuptiRangeProfilerDecodeData", r);
         ok = false;
       } else {
         lost += static_cast<std::int64_t>(d.numOfRangeDropped);
@@ -417,7 +424,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     info.pCounterDataImage = counter_data_.data();
     info.counterDataImageSize = counter_data_.size();
     if (const CUptiResult r = api_.counter_data_info(&info); r != CUPTI_SUCCESS) {
-      call_failure_.record("cuptiRangeProfilerGetCounterDataInfo", r);
+      fail("cuptiRangeProfilerGetCounterDataInfo", r);
       return false;
     }
     for (std::size_t i = 0; i < info.numTotalRanges; ++i) {
@@ -444,8 +451,26 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     return true;
   }
 
+  // A CUPTI call failed after setup: remember the first, and whether CUPTI was torn down
+  // under us (then no call may touch the object again, Disable included).
+  void fail(const char* call, CUptiResult r) noexcept {
+    if (!call_failure_.record(call, r)) return;
+    if (profiler_torn_down(api_.profiler, device_.index, r)) {
+      call_failure_.set_torn_down(last_step_.load(std::memory_order_relaxed));
+    }
+  }
+
   // Undoes setup in reverse order; safe after a partial setup. Decode thread joined.
   void teardown() noexcept {
+    if (call_failure_.torn_down()) {
+      // cuptiFinalize destroyed the object, the host object and the profiler's
+      // initialization: calling into them would touch freed state
+      object_ = nullptr;
+      if (host_) host_->abandon();
+      host_.reset();
+      profiler_initialized_ = false;
+      return;
+    }
     if (object_ != nullptr) {
       object_call(api_.disable);
       object_ = nullptr;
@@ -482,6 +507,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
 
   std::atomic<std::int64_t> skipped_[5] = {};  // per Skip
   FirstFailure call_failure_;                  // the first CUPTI call that failed after setup
+  std::atomic<std::int64_t> last_step_{-1};    // for the report of a teardown
   std::mutex finish_mutex_;
   std::atomic<bool> finished_{false};
   std::atomic<bool> in_step_call_{false};

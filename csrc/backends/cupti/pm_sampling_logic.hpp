@@ -178,23 +178,35 @@ class SampleQueue {
 /// samples and the count of deliveries (CounterSampler's contract for take, deliveries
 /// and metric).
 /// The first CUPTI call that failed after setup (any thread), for status(): later
-/// failures are consequences of it.
+/// failures are consequences of it. When it failed because CUPTI was torn down under the
+/// sampler (cuptiFinalize from another tool), its objects are gone: nothing may be called
+/// on them any more, not even Disable at close.
 class FirstFailure {
  public:
-  /// `call` names the failing step (a string literal).
-  void record(const char* call, int result) noexcept {
+  /// `call` names the failing step (a string literal). True for the first failure.
+  bool record(const char* call, int result) noexcept {
     const char* none = nullptr;
-    if (call_.compare_exchange_strong(none, call, std::memory_order_acq_rel)) {
-      result_.store(result, std::memory_order_release);
-    }
+    if (!call_.compare_exchange_strong(none, call, std::memory_order_acq_rel)) return false;
+    result_.store(result, std::memory_order_release);
+    return true;
+  }
+  /// After the first failure, by whoever recorded it: CUPTI was torn down, and when.
+  void set_torn_down(std::int64_t after_step) noexcept {
+    after_step_.store(after_step, std::memory_order_relaxed);
+    torn_down_.store(true, std::memory_order_release);
   }
   bool failed() const noexcept { return call_.load(std::memory_order_acquire) != nullptr; }
   const char* call() const noexcept { return call_.load(std::memory_order_acquire); }
   int result() const noexcept { return result_.load(std::memory_order_acquire); }
+  bool torn_down() const noexcept { return torn_down_.load(std::memory_order_acquire); }
+  /// The last step that had begun when CUPTI was found torn down (-1: before any).
+  std::int64_t after_step() const noexcept { return after_step_.load(std::memory_order_relaxed); }
 
  private:
   std::atomic<const char*> call_{nullptr};
   std::atomic<int> result_{0};
+  std::atomic<bool> torn_down_{false};
+  std::atomic<std::int64_t> after_step_{-1};
 };
 
 class QueuedCounterSampler : public CounterSampler {

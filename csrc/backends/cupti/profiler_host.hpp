@@ -57,6 +57,8 @@ class HostObject {
 
   CUptiResult status() const { return status_; }
   CUpti_Profiler_Host_Object* get() const { return object_; }
+  /// Forgets the object without deinitializing it: cuptiFinalize already destroyed it.
+  void abandon() noexcept { object_ = nullptr; }
 
  private:
   const HostApi& api_;
@@ -110,6 +112,12 @@ bool initialize_profiler(const ProfilerApi& api, const HostApi& host_api, int de
                          CUptiResult* result, std::string* why);
 /// cuptiProfilerDeInitialize (never cuptiFinalize: torch.profiler may be using CUPTI).
 void deinitialize_profiler(const ProfilerApi& api) noexcept;
+
+/// After a call on a sampler's object failed with `result`: whether CUPTI was torn down
+/// under it (torn_down_result), or the profiler no longer knows the device, as once
+/// cuptiFinalize has undone cuptiProfilerInitialize (cuptiDeviceGetChipName fails). A
+/// host-side call, safe on any thread.
+bool profiler_torn_down(const ProfilerApi& api, int device_index, CUptiResult result) noexcept;
 
 /// The one-pass metric set of `mode` on `chip` (select_metric_set against `host`), the
 /// counters it feeds (*map) and its config image; false with `why`.

@@ -35,6 +35,7 @@ class FakeDeviceTimer final : public DeviceTimer {
   }
   Status query(int event) noexcept override {
     ++queries;
+    if (fail_at_query_ >= 0 && queries > fail_at_query_) failed_ = true;
     if (failed_) return Status::kError;
     return events_[event].done ? Status::kReady : Status::kPending;
   }
@@ -68,6 +69,8 @@ class FakeDeviceTimer final : public DeviceTimer {
   /// Completes one event (the handles a step used are in record order).
   void complete(int event) { events_[event].done = true; }
   void fail() { failed_ = true; }
+  /// Fails like fail() once `n` more queries have been answered (lost mid-poll).
+  void fail_after_queries(int n) { fail_at_query_ = queries + n; }
 
   std::uintptr_t last_stream = 0;
   int records = 0, queries = 0, syncs = 0, pool_size = 0;
@@ -84,6 +87,7 @@ class FakeDeviceTimer final : public DeviceTimer {
   int live_ = 0;
   bool complete_all_ = false;
   bool failed_ = false;
+  int fail_at_query_ = -1;
 };
 
 }  // namespace steptrace::fake

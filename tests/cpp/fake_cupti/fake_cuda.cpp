@@ -12,6 +12,7 @@
 namespace {
 std::atomic<void*> g_ctx{nullptr};
 std::atomic<int> g_device{0};
+std::atomic<int> g_device_count{8};
 }  // namespace
 
 extern "C" {
@@ -27,6 +28,12 @@ void fake_cuda_set_current(void* ctx, int device) {
   g_device.store(device);
 }
 void* fake_cuda_current() { return g_ctx.load(); }
+void fake_cuda_set_device_count(int n) { g_device_count.store(n); }
+
+CUresult cuDeviceGetCount(int* n) {
+  *n = g_device_count.load();
+  return 0;
+}
 
 CUresult cuCtxGetCurrent(void** ctx) {
   *ctx = g_ctx.load();

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -30,7 +31,6 @@ struct Buffer {
   std::size_t size = 0;
   std::size_t used = 0;
   int incomplete = 0;  // kernel records whose timestamps are not filled in yet
-  bool other = false;  // handed over by the other tool's callbacks
 };
 
 struct InFlight {  // a kernel that has not run yet: where its record is
@@ -59,6 +59,7 @@ struct State {
   int registrations = 0, flushes = 0, forced_flushes = 0, pushes = 0, pops = 0, disables = 0;
   int buffers_requested = 0, buffers_returned = 0;
   std::uint64_t last_size = 0;
+  int finalizes = 0;
 };
 
 State& state() {
@@ -99,6 +100,30 @@ std::size_t record_size(const CUpti_Activity* r) {
   }
 }
 
+// The other tool's buffers come from its own arena (as Kineto's come from its own
+// allocator): a client that freed one would abort in free(), and one it handed to CUPTI
+// as its own is counted.
+constexpr std::size_t kOtherSize = 1 << 16;
+constexpr std::size_t kOtherBuffers = 16;
+alignas(8) std::uint8_t g_other_arena[kOtherBuffers][kOtherSize];
+bool g_other_used[kOtherBuffers] = {};
+int g_other_unknown = 0;   // buffers the other tool's completion callback did not know
+int g_other_received = 0;  // its own buffers it got back
+int g_stolen = 0;          // the other's buffers a client handed to CUPTI
+
+int other_slot(const std::uint8_t* b) {
+  for (std::size_t i = 0; i < kOtherBuffers; ++i) {
+    if (b == g_other_arena[i]) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void CUPTIAPI other_request(uint8_t** buffer, size_t* size, size_t* max_records);
+
+// Runs inside the next cuptiActivityRegisterCallbacks, before it takes effect: a launch on
+// another thread racing with the registration.
+void (*g_before_registration)() = nullptr;
+
 Buffer* find_buffer(State& s, std::uint8_t* data) {
   if (s.has_active && s.active.data == data) return &s.active;
   for (Buffer& b : s.full) {
@@ -121,7 +146,8 @@ bool write(State& s, const void* record, std::size_t n, int kind, std::uint8_t**
     std::size_t size = 0;
     std::size_t max_records = 0;
     if (s.request != nullptr) s.request(&b, &size, &max_records);
-    if (b == nullptr || size < n) {
+    if (b != nullptr && s.request != other_request && other_slot(b) >= 0) ++g_stolen;
+    if (b == nullptr || size < n) {  // declined: the record is dropped and counted
       ++s.dropped;
       return false;
     }
@@ -208,6 +234,8 @@ CUptiResult CUPTIAPI cuptiGetTimestamp(uint64_t* t) {
 
 CUptiResult CUPTIAPI cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc request,
                                                     CUpti_BuffersCallbackCompleteFunc complete) {
+  if (request == nullptr || complete == nullptr) return CUPTI_ERROR_INVALID_PARAMETER;
+  if (auto* before = std::exchange(g_before_registration, nullptr)) before();
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.request = request;
@@ -282,8 +310,8 @@ CUptiResult CUPTIAPI cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrela
 }
 
 // Hands back the buffers that may go back (forced: all of them, the one being filled
-// too), through the registered completion callback and outside the lock (the callback
-// calls back into CUPTI), as CUPTI does.
+// too), through the completion callback registered now, whoever's buffers they are, and
+// outside the lock (the callback calls back into CUPTI), as CUPTI does.
 CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag) {
   State& s = state();
   const bool forced = (flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0;
@@ -291,6 +319,9 @@ CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag) {
   CUpti_BuffersCallbackCompleteFunc complete = nullptr;
   {
     std::lock_guard<std::mutex> lock(s.mu);
+    // "CUPTI_ERROR_INVALID_OPERATION if not preceded by a successful call to
+    // cuptiActivityRegisterCallbacks" (cupti_activity.h): also after cuptiFinalize
+    if (s.complete == nullptr) return CUPTI_ERROR_INVALID_OPERATION;
     ++(forced ? s.forced_flushes : s.flushes);
     if (forced && s.has_active) {
       s.full.push_back(s.active);
@@ -359,6 +390,10 @@ void fake_cupti_reset() {
   s.registrations = s.flushes = s.forced_flushes = s.pushes = s.pops = s.disables = 0;
   s.buffers_requested = s.buffers_returned = 0;
   s.last_size = 0;
+  s.finalizes = 0;
+  std::fill(std::begin(g_other_used), std::end(g_other_used), false);
+  g_before_registration = nullptr;
+  g_other_unknown = g_other_received = g_stolen = 0;
 }
 
 std::uint32_t fake_cupti_launch_via(bool driver, int cbid, const char* name, std::uint64_t start_ns,
@@ -448,49 +483,103 @@ void fake_cupti_fail_api_filter(int result) {
   state().fail_filter = static_cast<CUptiResult>(result);
 }
 
+}  // extern "C"
+
 namespace {
-// The other tool's buffers: its own allocation, freed when it gets them back.
-std::set<std::uint8_t*> g_other_buffers;
+// The other tool (Kineto): buffers from its arena; a completed buffer it did not hand
+// out is logged and left alone (CuptiActivityApi::bufferCompleted: "bufferCompleted
+// called with unknown buffer"). Both run with state().mu not held (CUPTI calls them
+// from write(), under it, for requests: so requests take no lock here).
 void CUPTIAPI other_request(uint8_t** buffer, size_t* size, size_t* max_records) {
-  constexpr std::size_t kSize = 1 << 16;
-  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kSize));
-  *size = kSize;
+  *buffer = nullptr;
+  *size = 0;
   *max_records = 0;
-  g_other_buffers.insert(*buffer);  // called with state().mu held
+  for (std::size_t i = 0; i < kOtherBuffers; ++i) {
+    if (!g_other_used[i]) {
+      g_other_used[i] = true;
+      *buffer = g_other_arena[i];
+      *size = kOtherSize;
+      return;
+    }
+  }
 }
 void CUPTIAPI other_complete(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t) {
   std::lock_guard<std::mutex> lock(state().mu);
-  g_other_buffers.erase(buffer);
-  std::free(buffer);
+  const int slot = other_slot(buffer);
+  if (slot < 0) {
+    ++g_other_unknown;
+    return;
+  }
+  g_other_used[slot] = false;
+  ++g_other_received;
 }
 }  // namespace
 
+extern "C" {
+
 void fake_cupti_register_other() { cuptiActivityRegisterCallbacks(other_request, other_complete); }
 
-void fake_cupti_discard_pending() {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  auto others = [](const Buffer& b) { return g_other_buffers.count(b.data) != 0; };
-  std::vector<std::uint8_t*> gone;
-  if (s.has_active && others(s.active)) {
-    gone.push_back(s.active.data);
+void fake_cupti_other_stop(bool flush) {
+  if (flush) cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+}
+
+int fake_cupti_other_unknown_buffers() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return g_other_unknown;
+}
+
+int fake_cupti_other_buffers_out() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  int n = 0;
+  for (bool used : g_other_used) n += used ? 1 : 0;
+  return n;
+}
+
+int fake_cupti_other_buffers_received() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return g_other_received;
+}
+
+int fake_cupti_stolen_buffers() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return g_stolen;
+}
+
+// The profiler half (fake_profiler.cpp), when linked in: its objects die too.
+__attribute__((weak)) void fake_profiler_finalized();
+
+// cuptiFinalize (cupti_activity.h: "destroys and cleans up all the resources associated
+// with CUPTI in the current process"): the registered callbacks, the enabled kinds and
+// calls, and the buffers CUPTI held (not handed back) are gone.
+CUptiResult CUPTIAPI cuptiFinalize() {
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.enabled.clear();
+    s.runtime_calls.clear();
+    s.driver_calls.clear();
+    s.request = nullptr;
+    s.complete = nullptr;
     s.has_active = false;
+    s.full.clear();
+    s.spares.clear();
+    s.in_flight.clear();
+    ++s.finalizes;
   }
-  for (auto it = s.full.begin(); it != s.full.end();) {
-    if (others(*it)) {
-      gone.push_back(it->data);
-      it = s.full.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (std::uint8_t* b : gone) {
-    s.in_flight.erase(std::remove_if(s.in_flight.begin(), s.in_flight.end(),
-                                     [&](const InFlight& k) { return k.data == b; }),
-                      s.in_flight.end());
-    g_other_buffers.erase(b);
-    std::free(b);
-  }
+  if (fake_profiler_finalized != nullptr) fake_profiler_finalized();
+  return CUPTI_SUCCESS;
+}
+
+void fake_cupti_before_next_registration(void (*fn)()) { g_before_registration = fn; }
+
+void fake_cupti_finalize(bool flush_first) {
+  if (flush_first) cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  cuptiFinalize();
+}
+
+int fake_cupti_finalizes() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  return state().finalizes;
 }
 
 bool fake_cupti_kind_enabled(int kind) {

@@ -12,7 +12,13 @@
 //    its launch, timestamps filled in once it has run); a non-forced flush returns only
 //    buffers that are full and whose records are all complete, so the buffer being
 //    filled comes back only when it is full or the flush is forced, and a forced flush
-//    returns kernels that have not run yet without timestamps (0, 0).
+//    returns kernels that have not run yet without timestamps (0, 0);
+//  - a completed buffer goes to the completion callback registered at that moment,
+//    whoever asked for it: after another tool registers its callbacks, the buffer being
+//    filled still fills and then reaches the other tool's callback; a request callback
+//    may decline (NULL): the record is dropped and counted;
+//  - cuptiActivityFlushAll without registered callbacks fails with INVALID_OPERATION, and
+//    cuptiFinalize forgets callbacks, kinds and the buffers CUPTI held.
 // Timestamps (cuptiGetTimestamp, API records) come from the steady clock, made strictly
 // increasing. The test drives it through these functions and inspects what was asked.
 #pragma once
@@ -56,10 +62,28 @@ void fake_cupti_set_dropped(std::uint64_t n);
 void fake_cupti_fail_enable(int kind, int result);
 /// Makes cuptiActivityEnableRuntimeApi / EnableDriverApi fail with `result` (0: succeed).
 void fake_cupti_fail_api_filter(int result);
-/// Another tool (Kineto) registers its own buffer callbacks.
+/// Another tool (Kineto) registers its own buffer callbacks. Its buffers come from its
+/// own arena; its completion callback leaves buffers it did not hand out alone (as
+/// Kineto's does: "bufferCompleted called with unknown buffer").
 void fake_cupti_register_other();
-/// Drops the records written so far (the other tool flushed them into its own buffers).
-void fake_cupti_discard_pending();
+/// The other tool stops; `flush`: with a forced flush first (Kineto's), else leaving what
+/// CUPTI holds (a tool that does not flush, or one taken down).
+void fake_cupti_other_stop(bool flush);
+/// Runs `fn` inside the next cuptiActivityRegisterCallbacks, before the new callbacks take
+/// effect (a launch on another thread racing with the registration).
+void fake_cupti_before_next_registration(void (*fn)());
+/// Buffers the other tool's completion callback got that were not its own.
+int fake_cupti_other_unknown_buffers();
+/// The other tool's buffers not returned to it yet, and those it got back.
+int fake_cupti_other_buffers_out();
+int fake_cupti_other_buffers_received();
+/// The other tool's buffers that a client's request callback handed to CUPTI as its own.
+int fake_cupti_stolen_buffers();
+/// Another tool tears CUPTI down (Kineto with TEARDOWN_CUPTI=1: a forced flush, then
+/// cuptiFinalize from a CUDA API exit callback). With the profiler half linked in, its
+/// objects are destroyed too (fake_profiler.hpp).
+void fake_cupti_finalize(bool flush_first);
+int fake_cupti_finalizes();
 
 bool fake_cupti_kind_enabled(int kind);
 /// Whether the records of API call `cbid` of the runtime (or driver) are enabled, through

@@ -1,0 +1,76 @@
+// Host timing of collectives (a DDP bucket's all-reduce launched from a communication
+// hook and completed on the backend's thread): how long the step had communication
+// outstanding, and how long it stayed blocked after its last collective was launched.
+// Lock-free: begin/end run on any thread, take() on the training thread once per step.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "step_record.hpp"
+
+namespace steptrace::detail {
+
+class CollectiveTimer {
+ public:
+  /// A collective is launched at `now_ns` (on the profiler's clock).
+  void begin(std::int64_t now_ns) noexcept {
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    store_min(first_begin_ns_, now_ns);
+    store_max(last_begin_ns_, now_ns);
+  }
+  /// The collective launched at `begin_ns` completed at `now_ns`, with phase slot
+  /// `phase` (an interned phase id, -1: none) open on the training thread.
+  void end(std::int64_t begin_ns, std::int64_t now_ns, int phase) noexcept {
+    busy_sum_ns_.fetch_add(std::max<std::int64_t>(0, now_ns - begin_ns), std::memory_order_relaxed);
+    if (store_max(last_end_ns_, now_ns)) end_phase_.store(phase, std::memory_order_relaxed);
+    count_.fetch_add(1, std::memory_order_relaxed);
+    in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  int in_flight() const noexcept { return in_flight_.load(std::memory_order_relaxed); }
+
+  /// The figures of the collectives completed since the last take(), and a reset. A
+  /// collective completing during the call may be split between two steps; in the usual
+  /// case (DDP waits for its buckets inside backward) none is running then.
+  CommStats take() noexcept {
+    CommStats s;
+    s.count = count_.exchange(0, std::memory_order_relaxed);
+    if (s.count == 0) return s;
+    const std::int64_t sum = busy_sum_ns_.exchange(0, std::memory_order_relaxed);
+    const std::int64_t first = first_begin_ns_.exchange(kNone, std::memory_order_relaxed);
+    const std::int64_t last_begin = last_begin_ns_.exchange(-kNone, std::memory_order_relaxed);
+    const std::int64_t last_end = last_end_ns_.exchange(-kNone, std::memory_order_relaxed);
+    s.exposed_phase = end_phase_.exchange(-1, std::memory_order_relaxed);
+    // Overlapping collectives (queued buckets) count once: the outstanding time is at
+    // most the span from the first launch to the last completion.
+    s.busy_ns = first <= last_end ? std::min(sum, last_end - first) : sum;
+    s.exposed_ns = std::max<std::int64_t>(0, last_end - last_begin);
+    return s;
+  }
+
+ private:
+  static constexpr std::int64_t kNone = INT64_MAX;
+  static void store_min(std::atomic<std::int64_t>& a, std::int64_t v) noexcept {
+    std::int64_t cur = a.load(std::memory_order_relaxed);
+    while (v < cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+  }
+  static bool store_max(std::atomic<std::int64_t>& a, std::int64_t v) noexcept {
+    std::int64_t cur = a.load(std::memory_order_relaxed);
+    while (v > cur) {
+      if (a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) return true;
+    }
+    return false;
+  }
+
+  std::atomic<int> in_flight_{0};
+  std::atomic<std::int64_t> count_{0};
+  std::atomic<std::int64_t> busy_sum_ns_{0};
+  std::atomic<std::int64_t> first_begin_ns_{kNone};
+  std::atomic<std::int64_t> last_begin_ns_{-kNone};
+  std::atomic<std::int64_t> last_end_ns_{-kNone};
+  std::atomic<int> end_phase_{-1};
+};
+
+}  // namespace steptrace::detail

@@ -1,0 +1,222 @@
+"""The cross-rank view: the rules on synthetic windows (deterministic), and real
+torch.distributed runs on the CPU (gloo, ranks spawned by torchrun) where one rank is a
+straggler, has a slow loader, blocks, or where nothing is wrong."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import steptrace
+from steptrace.cli import main as cli
+from steptrace.cluster import CLUSTER_OPTIONS, ClusterAnalyzer, analyze_records, window_summary
+from steptrace.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
+
+
+def steps(rank: int, first: int, n: int, *, forward: float = 20.0, data: float = 0.0, wait: float = 0.0,
+          comm: float = 0.5, noise: float = 0.0, rng: random.Random | None = None) -> list[dict]:
+    """Step records like a DDP rank writes with prof.watch: forward compute, a backward
+    that also holds the time blocked on the all-reduce (its own comm plus waiting)."""
+    rng = rng or random.Random(rank)
+    out = []
+    for i in range(first, first + n):
+        f = forward * (1 + rng.uniform(-noise, noise))
+        exposed = comm + wait
+        phases = {"forward": f, "loss": 0.2, "backward": 2.0 + exposed, "optimizer": 0.3}
+        total = sum(phases.values())
+        out.append({"kind": "step", "rank": rank, "step": i, "status": "ok", "step_ms": total, "host_ms": total,
+                    "data_ms": data, "phases_ms": phases, "memory": {"rss_bytes": 1 << 30},
+                    "comm": {"method": "host", "comm_ms": exposed, "exposed_ms": exposed,
+                             "compute_ms": total - exposed, "collectives": 1, "exposed_in": "backward"}})
+    return out
+
+
+def run_windows(ranks: dict[int, dict], windows: int, interval: int = 50, options: dict | None = None):
+    """Feeds `windows` windows of synthetic steps (per-rank kwargs of steps()) to an analyzer."""
+    analyzer = ClusterAnalyzer({**CLUSTER_OPTIONS, "cluster_interval": interval, **(options or {})})
+    out = []
+    for w in range(windows):
+        summaries = {r: window_summary(r, w, steps(r, w * interval, interval, **kw), host=f"node{r}")
+                     for r, kw in ranks.items()}
+        record, alerts = analyzer.window(summaries)
+        out.append((record, alerts))
+    return analyzer, out
+
+
+def test_window_summary_takes_blocked_time_out_of_its_phase():
+    s = window_summary(0, 0, steps(0, 0, 10, forward=20.0, wait=6.0, comm=1.0))
+    assert s["phases_ms"]["backward"] == pytest.approx(2.0)  # 9 ms measured, 7 ms of it blocked
+    assert s["exposed_ms"] == pytest.approx(7.0)
+    assert s["own_ms"] == pytest.approx(s["step_ms"] - 7.0)
+    assert s["method"] == "host"
+
+
+def test_a_slower_rank_is_named_after_two_windows_with_its_phase_and_host():
+    # 3 ranks; rank 2 computes 30% longer, ranks 0 and 1 wait for it in the all-reduce
+    ranks = {0: {"wait": 6.0}, 1: {"wait": 6.0}, 2: {"forward": 26.0}}
+    analyzer, out = run_windows(ranks, 4)
+    assert out[0][1] == []  # one window is not enough
+    alerts = [a for _, found in out for a in found]
+    assert [(a["type"], a["subject_rank"], a["step"]) for a in alerts] == [("straggler", 2, 99)]
+    a = alerts[0]
+    assert a["phase"] == "forward" and a["details"]["host"] == "node2"
+    assert a["details"]["excess_pct"] == pytest.approx(100 * (28.5 - 22.5) / 22.5, abs=0.5)
+    assert "rank 2" in a["message"] and "node2" in a["message"]
+    record = out[-1][0]
+    assert record["slowest_rank"] == 2 and record["stragglers"] == [2]
+    rows = {row["rank"]: row for row in record["ranks"]}
+    assert rows[0]["wait_ms"] == pytest.approx(6.0) and rows[2]["wait_ms"] == pytest.approx(0.0)
+    assert rows[0]["comm_ms"] == pytest.approx(0.5)  # communication net of waiting
+    # one alert per episode; the episode resolves at the end with its repeats
+    resolved = analyzer.finish(record["step"])
+    assert [(r["type"], r["subject_rank"], r["repeats"]) for r in resolved] == [("straggler", 2, 2)]
+
+
+def test_a_slow_loader_is_named_as_phase_data():
+    _, out = run_windows({0: {"wait": 8.0}, 1: {"data": 8.0}}, 3)
+    alerts = [a for _, found in out for a in found]
+    assert [(a["type"], a["subject_rank"], a["phase"]) for a in alerts] == [("straggler", 1, "data")]
+    assert "input pipeline" in alerts[0]["details"]["advice"]
+
+
+def test_a_straggler_that_recovers_is_resolved():
+    analyzer = ClusterAnalyzer()
+    seen = []
+    for w, slow in enumerate([True, True, True, False]):
+        summaries = {0: window_summary(0, w, steps(0, w * 50, 50, wait=6.0 if slow else 0.0)),
+                     1: window_summary(1, w, steps(1, w * 50, 50, forward=26.0 if slow else 20.0))}
+        seen += analyzer.window(summaries)[1]
+    assert [(r["kind"], r["type"]) for r in seen] == [("alert", "straggler"), ("resolved", "straggler")]
+    assert seen[1]["first_step"] == 99 and seen[1]["repeats"] == 1
+
+
+def test_no_alert_on_clean_noisy_ranks_over_many_windows():
+    # 8 ranks, each step +-15% noise, 200 windows (10,000 steps a rank): no alert at all
+    rng = random.Random(7)
+    ranks = {r: {"noise": 0.15, "rng": rng} for r in range(8)}
+    analyzer, out = run_windows(ranks, 200)
+    assert [a for _, found in out for a in found] == []
+    assert analyzer.alert_counts == {}
+
+
+def test_one_ranks_slow_interconnect_and_a_comm_heavy_job():
+    _, out = run_windows({0: {"comm": 1.0}, 1: {"comm": 1.0}, 2: {"comm": 3.0}}, 2)
+    types = [(a["type"], a.get("subject_rank")) for _, found in out for a in found]
+    assert types == [("comm_straggler", 2)]
+    _, out = run_windows({0: {"comm": 9.0}, 1: {"comm": 9.0}}, 2)
+    heavy = [a for _, found in out for a in found]
+    assert [a["type"] for a in heavy] == ["comm_heavy"]
+    assert "accumulate gradients" in heavy[0]["message"]
+    assert out[-1][0]["comm_share_pct"] == pytest.approx(100 * 9.0 / 31.5, abs=0.1)
+
+
+def test_rank_silent_names_the_rank_that_others_wait_for():
+    analyzer = ClusterAnalyzer({**CLUSTER_OPTIONS, "cluster_silent_s": 2.0})
+    hb = {0: {"t": 100.0, "progress_t": 95.0, "step": 40, "phase": "backward", "in_collective": True},
+          1: {"t": 100.0, "progress_t": 95.0, "step": 40, "phase": "forward", "in_collective": False},
+          2: {"t": 100.0, "progress_t": 99.9, "step": 41, "phase": "forward", "in_collective": False}}
+    alerts = analyzer.silence(hb, now=100.0, median_step_s=0.03, expected=[0, 1, 2])
+    assert [(a["type"], a["subject_rank"]) for a in alerts] == [("rank_silent", 1)]
+    assert alerts[0]["details"]["last_step"] == 40 and alerts[0]["phase"] == "forward"
+    assert alerts[0]["details"]["waiting_ranks"] == [0]
+    # still stuck: the same episode; progress again: resolved
+    assert analyzer.silence(hb, now=101.0, median_step_s=0.03, expected=[0, 1, 2]) == []
+    hb[1] = {**hb[1], "progress_t": 101.5}
+    hb[0] = {**hb[0], "progress_t": 101.5}
+    resolved = analyzer.silence(hb, now=102.0, median_step_s=0.03, expected=[0, 1, 2])
+    assert [(r["kind"], r["subject_rank"]) for r in resolved] == [("resolved", 1)]
+    # a rank whose heartbeats stop is silent too, wherever the others are
+    hb2 = {0: {"t": 200.0, "progress_t": 200.0, "step": 90, "in_collective": False},
+           1: {"t": 150.0, "progress_t": 150.0, "step": 70, "in_collective": False}}
+    alerts = analyzer.silence(hb2, now=200.0, median_step_s=0.03, expected=[0, 1])
+    assert [(a["subject_rank"], a["details"]["reason"]) for a in alerts] == [(1, "stopped publishing")]
+
+
+@pytest.mark.parametrize("option,value", [("cluster", "maybe"), ("cluster_interval", 1),
+                                          ("straggler_pct", 0), ("cluster_poll_s", -1.0)])
+def test_bad_cluster_options_are_refused_before_any_file(tmp_path, option, value):
+    with pytest.raises(ConfigError, match=option):
+        steptrace.Profiler(tmp_path / "run", **{option: value})
+    assert not (tmp_path / "run").exists()
+
+
+def test_without_torch_distributed_there_is_no_cluster_view(tmp_path):
+    with steptrace.Profiler(tmp_path, cluster="on") as prof:  # one process: nothing to compare
+        assert prof._cluster is None
+        for _ in range(60):
+            with prof.step():
+                pass
+    kinds = {r["kind"] for r in steptrace.read(tmp_path, validate=True)}
+    assert "cluster" not in kinds
+    assert analyze_records(steptrace.read(tmp_path))["windows"] == []
+
+
+# ---- real runs: torchrun, gloo, 2 ranks on the CPU ----
+def torchrun(log_dir: Path, *args: str, steps: int = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+         str(EXAMPLE), str(log_dir), "--steps", str(steps), "--work-ms", "20", "--cluster-interval", "20",
+         "--cluster-poll-s", "0.1", *args],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def records_of(path: Path, kind: str) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if f'"kind":"{kind}"' in line]
+
+
+def test_live_straggler_rank_named_on_rank0_and_by_the_cli(tmp_path, capsys):
+    torchrun(tmp_path, "--straggler-rank", "1", "--straggler-pct", "30")
+    rank0 = tmp_path / "rank0.jsonl"
+    alerts = [a for a in records_of(rank0, "alert") if a["type"] == "straggler"]
+    assert alerts, rank0.read_text()[-2000:]
+    assert alerts[0]["subject_rank"] == 1 and alerts[0]["phase"] == "forward"
+    assert alerts[0]["step"] < 3 * 20  # within 3 windows of 20 steps
+    assert alerts[0]["unix_ns"] < records_of(rank0, "run_end")[0]["end_unix_ns"]  # while it ran
+    clusters = records_of(rank0, "cluster")
+    assert len(clusters) >= 3 and all(c["world_size"] == 2 for c in clusters)
+    assert records_of(rank0, "run_end")[0]["alerts"]["straggler"] == 1
+    assert not [r for r in records_of(tmp_path / "rank1.jsonl", "cluster")]  # rank 0 aggregates
+    list(steptrace.read(tmp_path, validate=True))  # the new records follow the schema
+    assert cli(["cluster", str(tmp_path), "--fail-on-straggler"]) == 1
+    out = capsys.readouterr().out
+    assert "STRAGGLER: rank 1" in out and "slower in forward" in out
+    per_rank = steptrace.load(tmp_path).per_rank  # the same table for pandas
+    assert list(per_rank.index) == [0, 1]
+    assert per_rank.loc[1, "straggler_pct"] > 10 and per_rank.loc[0, "wait_ms"] > per_rank.loc[1, "wait_ms"]
+
+
+def test_live_slow_loader_named_with_phase_data(tmp_path):
+    torchrun(tmp_path, "--slow-data-rank", "1", "--slow-data-ms", "10")
+    alerts = [a for a in records_of(tmp_path / "rank0.jsonl", "alert") if a["type"] == "straggler"]
+    assert [(a["subject_rank"], a["phase"]) for a in alerts] == [(1, "data")]
+
+
+def test_live_clean_run_has_cluster_records_and_no_cluster_alert(tmp_path, capsys):
+    torchrun(tmp_path, steps=200)
+    rank0 = tmp_path / "rank0.jsonl"
+    assert len(records_of(rank0, "cluster")) >= 5
+    cluster_types = {"straggler", "comm_straggler", "comm_heavy", "rank_silent"}
+    assert [a for a in records_of(rank0, "alert") if a["type"] in cluster_types] == []
+    assert cli(["cluster", str(tmp_path), "--fail-on-straggler"]) == 0
+    assert "no straggler" in capsys.readouterr().out
+
+
+def test_live_blocked_rank_reported_silent_while_it_blocks(tmp_path):
+    torchrun(tmp_path, "--block-rank", "1", "--block-at", "40", "--block-s", "5", "--cluster-silent-s", "1.0",
+             steps=60)
+    silent = [a for a in records_of(tmp_path / "rank0.jsonl", "alert") if a["type"] == "rank_silent"]
+    assert [(a["subject_rank"], a["details"]["last_step"], a["phase"]) for a in silent] == [(1, 40, "forward")]
+    blocked = next(s for s in records_of(tmp_path / "rank1.jsonl", "step") if s["step"] == 40)
+    resumed_ns = blocked["start_unix_ns"] + blocked["host_ms"] * 1e6
+    assert silent[0]["unix_ns"] < resumed_ns  # reported while rank 1 was still blocked
+    resolved = [r for r in records_of(tmp_path / "rank0.jsonl", "resolved") if r["type"] == "rank_silent"]
+    assert [r["subject_rank"] for r in resolved] == [1]
