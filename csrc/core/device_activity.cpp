@@ -91,10 +91,9 @@ bool DeviceActivityStage::complete(StepRecord& r, bool force) {
   // started after that brings its data, and the second one after arrival surely did,
   // once every activity buffer that was out then has come back (CUPTI returns the one
   // being filled only when it is full: a flush tick alone proves nothing).
-  const bool kernels_in =
-      !wants_kernels || finished_ ||
-      (activity_->deliveries() >= r.activity_deliveries_at_arrival + 2 &&
-       activity_->delivered(r.activity_mark_at_arrival));
+  const bool kernels_in = !wants_kernels || finished_ ||
+                          (activity_->deliveries() >= r.activity_deliveries_at_arrival + 2 &&
+                           activity_->delivered(r.activity_mark_at_arrival));
   const bool counters_in =
       !wants_counters || sampler_->deliveries() >= r.sampler_deliveries_at_arrival + 2;
   const bool ready = force || std::chrono::steady_clock::now() - r.held_since >= kMaxHold ||
@@ -231,20 +230,22 @@ std::int64_t DeviceActivityStage::unused_pending() const {
 
 std::string DeviceActivityStage::not_collected_reason(std::int64_t total) const {
   const auto n = [this](NotCollected w) { return not_collected_[static_cast<std::size_t>(w)]; };
-  std::string out = fmt::format("{} step records written without kernels, their kernels unknown:",
-                                total);
+  std::string out =
+      fmt::format("{} step records written without kernels, their kernels unknown:", total);
   const char* sep = " ";
   if (n(NotCollected::kNotBack) > 0) {
-    out += fmt::format("{}{} written before their activity buffers came back ({} ms bound, or "
-                       "flush; any that came later count as late_records)",
-                       sep, n(NotCollected::kNotBack), kMaxHold.count());
+    out += fmt::format(
+        "{}{} written before their activity buffers came back ({} ms bound, or "
+        "flush; any that came later count as late_records)",
+        sep, n(NotCollected::kNotBack), kMaxHold.count());
     sep = "; ";
   }
   if (n(NotCollected::kElsewhere) > 0) {
-    out += fmt::format("{}{} that ran device work while no activity buffer reached steptrace's "
-                       "CUPTI callbacks: another tool (torch.profiler/Kineto on demand through "
-                       "dynolog, proton) had taken them",
-                       sep, n(NotCollected::kElsewhere));
+    out += fmt::format(
+        "{}{} that ran device work while no activity buffer reached steptrace's "
+        "CUPTI callbacks: another tool (torch.profiler/Kineto on demand through "
+        "dynolog, proton) had taken them",
+        sep, n(NotCollected::kElsewhere));
     sep = "; ";
   }
   if (n(NotCollected::kStopped) > 0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -151,8 +152,9 @@ class STEPTRACE_API KernelActivitySource {
   virtual ActivityReach reach(std::int64_t /*t_ns*/) noexcept { return ActivityReach::kReaching; }
   /// Any thread: another tool (torch.profiler) takes over activity collection (true)
   /// or has stopped (false). While yielding, the backend tags and collects nothing and
-  /// changes no CUPTI state, since the activity buffers and kinds are process-wide and
-  /// then belong to the other tool; after, it registers and enables its own again.
+  /// leaves the kinds alone, since the activity buffers and kinds are process-wide and
+  /// then belong to the other tool (it only gets its own buffers back first, and hands
+  /// out no new one); after, it registers and enables its own again.
   virtual void set_yielding(bool yielding) noexcept = 0;
   /// At close, after the device has synchronized: delivers everything and stops.
   virtual void finish() noexcept = 0;
@@ -202,6 +204,67 @@ class STEPTRACE_API CounterSampler {
   /// "" while sampling; else why it stopped (one line).
   virtual std::string status() const = 0;
 };
+
+/// One reading of the device's hardware state (NVML; a fake library in tests). NaN where
+/// the device does not report a figure.
+struct TelemetrySample {
+  std::int64_t t_ns = 0;                // on TelemetrySource::now_ns()'s clock
+  double power_w = 0;                   // board power draw
+  double energy_j = 0;                  // cumulative energy counter since driver load
+  double temp_c = 0;                    // GPU temperature
+  double sm_clock_mhz = 0;              // SM clock
+  double util_pct = 0;                  // GPU utilization (share of time a kernel ran)
+  std::uint64_t throttle_reasons = 0;   // NVML clock event reason bits
+};
+
+/// A hardware fault the sampler found: a critical XID event, or a rise of the volatile
+/// uncorrected ECC count.
+struct HardwareError {
+  std::int64_t t_ns = 0;
+  std::string kind;         // "xid" or "ecc_uncorrected"
+  std::uint64_t code = 0;   // the XID, or the new ECC count
+  std::uint64_t delta = 0;  // ecc_uncorrected: errors since the previous reading
+};
+
+/// GPU hardware telemetry read on a background thread (never the training thread) every
+/// interval. Samples are handed over in batches to the writer thread.
+class STEPTRACE_API TelemetrySource {
+ public:
+  virtual ~TelemetrySource() = default;
+  /// "nvml", "fake", ...
+  virtual const char* name() const noexcept = 0;
+  /// Now on the samples' clock. Training thread, at step boundaries: must be cheap.
+  virtual std::int64_t now_ns() noexcept = 0;
+  /// The device's enforced power limit in W; 0 when unknown.
+  virtual double power_limit_w() const noexcept = 0;
+  /// The device sampled and how it was chosen, for run_start.
+  virtual std::string device() const { return {}; }
+  /// Called for every hardware error as the sampler finds it (on the sampler thread).
+  /// Set once, before start().
+  virtual void set_error_handler(std::function<void(const HardwareError&)> handler) = 0;
+  /// Starts sampling (no-op for sources sampled by hand).
+  virtual void start() = 0;
+  /// Writer thread: appends the samples read since the last call, oldest first.
+  virtual void take(std::vector<TelemetrySample>& out) = 0;
+  /// Stops the sampler thread (idempotent).
+  virtual void finish() noexcept = 0;
+  /// "" while sampling; else why it stopped.
+  virtual std::string status() const = 0;
+};
+
+/// NVML telemetry of device `device_index` (NVML's enumeration after mapping through
+/// CUDA_VISIBLE_DEVICES; -1: $LOCAL_RANK, else 0), from libnvidia-ml.so.1 loaded at run
+/// time ($STEPTRACE_NVML_LIBRARY overrides the path). `interval_ms` > 0: a sampler thread
+/// reads every interval_ms once start() is called; 0: no thread, sample_nvml_now() reads
+/// (deterministic tests). `clock`: the samples' clock (not owned; null: CLOCK_MONOTONIC).
+/// nullptr when unavailable; `why_not` then says why in one line.
+STEPTRACE_API std::unique_ptr<TelemetrySource> make_nvml_telemetry(int device_index,
+                                                                   int interval_ms,
+                                                                   std::string* why_not,
+                                                                   Clock* clock = nullptr);
+/// Reads one sample now on the calling thread (a source from make_nvml_telemetry with
+/// interval_ms = 0); false when `source` is not one, or the read failed.
+STEPTRACE_API bool sample_nvml_now(TelemetrySource& source);
 
 /// Kernel activity through CUPTI, loaded at run time (the copy already in the process
 /// when there is one). nullptr when unavailable; `why_not` then says why in one line.

@@ -22,6 +22,7 @@ waiting for the slowest peer.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import socket
@@ -47,6 +48,7 @@ CLUSTER_OPTIONS: dict[str, Any] = {
     "comm_imbalance_pct": 50.0,  # a rank's communication above the others' median by this
     "comm_share_pct": 25.0,  # communication above this share of the step: comm_heavy
     "compute_comm_ratio": 4.0,  # ... or compute below this multiple of communication
+    "cluster_max_rows": 64,  # per-rank rows in a cluster record at most (the notable ranks)
 }
 
 _RANGES: dict[str, tuple[float, float]] = {
@@ -60,6 +62,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "comm_imbalance_pct": (0.1, 1000),
     "comm_share_pct": (0.1, 100),
     "compute_comm_ratio": (0.01, 1000),
+    "cluster_max_rows": (1, 1 << 20),
 }
 
 _PHASE_ADVICE = {
@@ -86,6 +89,27 @@ def check_cluster_options(options: Mapping[str, Any]) -> None:
 def _median(values: Iterable[Optional[float]]) -> Optional[float]:
     vals = [v for v in values if v is not None]
     return round(statistics.median(vals), 4) if vals else None
+
+
+def _medians_without_each(values: Mapping[int, Optional[float]]) -> dict[int, Optional[float]]:
+    """For every rank r, ``_median`` of the other ranks' values (None values left out), for
+    all ranks in O(n log n): one sort, then the middle of the sorted list without r's own
+    value, read off in O(1) (the same floats as sorting each rank's list of the others)."""
+    present = sorted(v for v in values.values() if v is not None)
+    everyone = round(statistics.median(present), 4) if present else None
+    k = len(present) - 1  # the others' count when r's own value is among them
+    out: dict[int, Optional[float]] = {}
+    for r, v in values.items():
+        if v is None:
+            out[r] = everyone
+        elif k == 0:
+            out[r] = None
+        else:
+            i = bisect.bisect_left(present, v)  # one occurrence of r's value (equal values are alike)
+            lo = present[k // 2 - 1] if k // 2 - 1 < i else present[k // 2]
+            hi = present[k // 2] if k // 2 < i else present[k // 2 + 1]
+            out[r] = round(hi if k % 2 else (lo + hi) / 2, 4)
+    return out
 
 
 def _p95(values: list[float]) -> Optional[float]:
@@ -176,8 +200,10 @@ class ClusterAnalyzer:
 
     # ---- one window ----
     def window(self, summaries: Mapping[int, Mapping[str, Any]], world_size: Optional[int] = None,
-               unix_ns: Optional[int] = None) -> tuple[dict, list[dict]]:
-        """The cluster record for one window and the alert / resolved records it causes."""
+               unix_ns: Optional[int] = None, all_rows: bool = False) -> tuple[dict, list[dict]]:
+        """The cluster record for one window and the alert / resolved records it causes.
+        Beyond ``cluster_max_rows`` ranks the record lists only the ranks that matter (see
+        :meth:`_keep_rows`) unless ``all_rows``."""
         o = self.options
         ranks = sorted(summaries)
         s = {r: summaries[r] for r in ranks}
@@ -185,15 +211,15 @@ class ClusterAnalyzer:
         shared_exposed = min(exposed.values()) if all(v is not None for v in exposed.values()) else None
         latest_own = max(s[r]["own_ms"] for r in ranks)
         rows = []
+        others_own = _medians_without_each({r: s[r].get("own_ms") for r in ranks})
         for r in ranks:
-            others = [s[q] for q in ranks if q != r]
             # Waiting: blocked longer than the least-blocked rank, but at most as long as the
             # latest peer arrived after this rank; the rest is this rank's own communication.
             wait = None if shared_exposed is None else round(
                 min(max(0.0, exposed[r] - shared_exposed), max(0.0, latest_own - s[r]["own_ms"])), 4)
             comm = s[r].get("comm_ms")
             comm_net = None if comm is None else round(max(0.0, comm - (wait or 0.0)), 4)
-            other_own = _median(q.get("own_ms") for q in others)
+            other_own = others_own[r]
             row = {"rank": r, "host": s[r].get("host", ""), "steps": s[r]["steps"],
                    "step_ms": s[r]["step_ms"], "step_p95_ms": s[r]["step_p95_ms"],
                    "data_ms": s[r]["data_ms"], "compute_ms": s[r]["compute_ms"],
@@ -204,7 +230,6 @@ class ClusterAnalyzer:
                 if key in s[r]:
                     row[key] = s[r][key]
             rows.append(row)
-        by_rank = {row["rank"]: row for row in rows}
         record: dict[str, Any] = {
             "kind": "cluster", "rank": self.rank,
             "step": max(int(x["last_step"]) for x in s.values()),
@@ -229,17 +254,19 @@ class ClusterAnalyzer:
             record["slowest_rank"] = slowest["rank"]
             record["slowest_excess_pct"] = round(slowest["straggler_pct"], 2)
         step = record["step"]
+        others_comm = _medians_without_each({row["rank"]: row["comm_ms"] for row in rows})
+        slower_phase = self._slower_phases(s)
 
         # straggler: own work (compute + data, not waiting) above the others' median
         for row in rows:
             r = row["rank"]
-            other_own = _median(by_rank[q]["own_ms"] for q in ranks if q != r)
+            other_own = others_own[r]
             excess = row["own_ms"] - other_own if other_own is not None else 0.0
             hit = (other_own is not None and row["straggler_pct"] is not None
                    and row["straggler_pct"] > o["straggler_pct"] and excess > o["straggler_min_ms"])
             if hit:
                 record["stragglers"].append(r)
-            phase, phase_excess = self._slower_phase(s, r)
+            phase, phase_excess = slower_phase(r)
             advice = _PHASE_ADVICE.get(phase, _COMPUTE_ADVICE)
             alerts += self._episode(
                 "straggler", r, hit, step, o["straggler_windows"], unix_ns,
@@ -257,7 +284,7 @@ class ClusterAnalyzer:
         # comm_straggler: a rank's communication (net of waiting) above the others'
         for row in rows:
             r = row["rank"]
-            other_comm = _median(by_rank[q]["comm_ms"] for q in ranks if q != r)
+            other_comm = others_comm[r]
             hit = (row["comm_ms"] is not None and other_comm is not None and other_comm > 0
                    and row["comm_ms"] > other_comm * (1 + o["comm_imbalance_pct"] / 100.0)
                    and row["comm_ms"] - other_comm > o["straggler_min_ms"])
@@ -296,21 +323,45 @@ class ClusterAnalyzer:
                      "details": {"comm_ms": comm_med, "step_ms": step_med, "compute_to_comm": ratio,
                                  "compute_comm_ratio": o["compute_comm_ratio"]}},
             "communication is no longer a large share of the step")
+        if not all_rows and len(rows) > o["cluster_max_rows"]:
+            self._keep_rows(record, alerts)
         self.last_cluster = record
         return record, alerts
 
-    def _slower_phase(self, s: Mapping[int, Mapping[str, Any]], r: int) -> tuple[str, float]:
-        """The phase (data included) where rank r exceeds the other ranks' median most."""
-        others = [s[q] for q in s if q != r]
-        mine = dict(s[r].get("phases_ms") or {})
-        mine["data"] = s[r].get("data_ms") or 0.0
-        best, best_excess = "compute", 0.0
-        for name, value in mine.items():
-            base = _median((q.get("phases_ms") or {}).get(name, 0.0) if name != "data"
-                           else q.get("data_ms") or 0.0 for q in others)
-            if base is not None and value - base > best_excess:
-                best, best_excess = name, value - base
-        return best, best_excess
+    def _keep_rows(self, record: dict, alerts: list[dict]) -> None:
+        """Bounds the record at scale (a row is ~200 bytes: 1,024 ranks would add 200 KB to
+        the log every window): the ranks alerts name, the stragglers, then the slowest by
+        straggler score, up to ``cluster_max_rows``; ``ranks_omitted`` counts the rest."""
+        limit = int(self.options["cluster_max_rows"])
+        named = {a.get("subject_rank") for a in alerts} | set(record["stragglers"])
+        rows = record["ranks"]
+        keep = {row["rank"] for row in rows if row["rank"] in named}
+        for row in sorted(rows, key=lambda x: -(x["straggler_pct"] if x["straggler_pct"] is not None else -1e9)):
+            if len(keep) >= limit:
+                break
+            keep.add(row["rank"])
+        record["ranks"] = [row for row in rows if row["rank"] in keep]
+        record["ranks_omitted"] = len(rows) - len(record["ranks"])
+
+    def _slower_phases(self, s: Mapping[int, Mapping[str, Any]]) -> Callable[[int], tuple[str, float]]:
+        """``_slower_phase`` for every rank, in O(phases x n log n) for all: each phase's
+        median over the other ranks comes from one sort (a phase a rank lacks counts as 0)."""
+        names = {n for x in s.values() for n in (x.get("phases_ms") or {})} - {"data"}
+        base = {n: _medians_without_each({q: (x.get("phases_ms") or {}).get(n, 0.0) for q, x in s.items()})
+                for n in names}
+        base["data"] = _medians_without_each({q: x.get("data_ms") or 0.0 for q, x in s.items()})
+
+        def slower(r: int) -> tuple[str, float]:
+            mine = dict(s[r].get("phases_ms") or {})
+            mine["data"] = s[r].get("data_ms") or 0.0
+            best, best_excess = "compute", 0.0
+            for name, value in mine.items():
+                b = base[name][r]
+                if b is not None and value - b > best_excess:
+                    best, best_excess = name, value - b
+            return best, best_excess
+
+        return slower
 
     # ---- silence ----
     def silence(self, heartbeats: Mapping[int, Mapping[str, Any]], now: float, median_step_s: float,
@@ -357,7 +408,11 @@ class ClusterAnalyzer:
 
     def _episode(self, kind: str, r: int, hit: bool, step: int, needed: int, unix_ns: Optional[int],
                  make: Callable[[], dict], resolved_text: str) -> list[dict]:
-        ep = self._episodes.setdefault((kind, r), _Episode())
+        ep = self._episodes.get((kind, r))
+        if ep is None:  # state only for (kind, rank) that ever hit: not 3 per rank of the job
+            if not hit:
+                return []
+            ep = self._episodes[(kind, r)] = _Episode()
         if not hit:
             ep.streak = 0
             if ep.fired:
@@ -442,7 +497,7 @@ def analyze_records(records: Iterable[Mapping[str, Any]], options: Optional[Mapp
         summary = window_summary(r, -1, steps, hosts.get(r, ""))
         if summary is not None:
             whole[r] = summary
-    table = ClusterAnalyzer(opts).window(whole, world_size=world or len(whole))[0] if whole else None
+    table = ClusterAnalyzer(opts).window(whole, world_size=world or len(whole), all_rows=True)[0] if whole else None
     return {"windows": clusters, "alerts": alerts, "table": table, "interval": size,
             "ranks": sorted(by_rank)}
 
@@ -456,6 +511,9 @@ def _default_store() -> Any:
     if not dist.is_available() or not dist.is_initialized():
         return None
     return distributed_c10d._get_default_store()
+
+
+_PROBES = 64  # most existence checks of not-yet-seen ranks per poll
 
 
 class ClusterExchange:
@@ -496,6 +554,7 @@ class ClusterExchange:
         self._hb_raw: dict[int, bytes] = {}
         self._hosts: dict[int, str] = {}
         self._windows_done = -1
+        self._probe = 0
         self.errors = 0
         self._thread = threading.Thread(target=self._run, name="steptrace-cluster", daemon=True)
 
@@ -610,16 +669,23 @@ class ClusterExchange:
 
     def _aggregate(self) -> None:
         store = self._store
-        for r in range(self.world):
-            if r not in self._seen and store.check([self._prefix + f"h{r}"]):
-                self._seen.add(r)  # keys are never deleted: seen once, readable from now on
+        if len(self._seen) < self.world:  # keys are never deleted: seen once, readable from now on
+            unseen = [r for r in range(self.world) if r not in self._seen]
+            if store.check([self._prefix + f"h{r}" for r in unseen]):
+                self._seen.update(unseen)  # one round trip once every rank runs
+            else:  # some have not started yet: at most _PROBES round trips per poll, in turn
+                start = self._probe % len(unseen)
+                for r in (unseen[start:] + unseen[:start])[:_PROBES]:
+                    if store.check([self._prefix + f"h{r}"]):
+                        self._seen.add(r)
+                self._probe += _PROBES
         raw = self._fetch("h", sorted(self._seen))
         now = self._clock()
-        for r, value in raw.items():
-            if self._hb_raw.get(r) == value:
-                continue  # unchanged: the rank published nothing since the last poll
+        # unchanged: the rank published nothing since the last poll; the others in one parse
+        changed = [(r, value) for r, value in raw.items() if self._hb_raw.get(r) != value]
+        parsed = json.loads(b"[" + b",".join(bytes(v) for _, v in changed) + b"]") if changed else []
+        for (r, value), raw_hb in zip(changed, parsed):
             self._hb_raw[r] = value
-            raw_hb = json.loads(value)
             # On this rank's clock (hosts' clocks differ): seen now, progress as old as the
             # publisher says (a difference of its own clock's readings).
             age = max(0.0, float(raw_hb["t"]) - float(raw_hb["p"]))
@@ -633,14 +699,18 @@ class ClusterExchange:
         published = {r: int(hb.get("window", -1)) for r, hb in self._hb.items()}
         if len(published) < 2:
             return
-        target = min(published.values())
+        # A rank more than one window behind the newest (stopped, or hung: rank_silent says
+        # so) does not hold the view back; the record's ranks_reporting shows it is missing.
+        newest = max(published.values())
+        target = min(w for w in published.values() if w >= newest - 1)
         if target <= self._windows_done:
             return
         ready = [r for r, w in published.items() if w >= target]
-        summaries = {}
-        for r, value in self._fetch("w", ready).items():
-            summaries[r] = json.loads(value)
-            self._hosts[r] = summaries[r].get("host", "")
+        fetched = self._fetch("w", ready)
+        parsed = json.loads(b"[" + b",".join(bytes(v) for v in fetched.values()) + b"]")  # one parse
+        summaries = dict(zip(fetched, parsed))
+        for r, summary in summaries.items():
+            self._hosts[r] = summary.get("host", "")
         record, alerts = self._analyzer.window(summaries, world_size=self.world, unix_ns=unix_ns)
         self._windows_done = target
         self._write_all([record, *alerts])

@@ -220,3 +220,14 @@ def test_live_blocked_rank_reported_silent_while_it_blocks(tmp_path):
     assert silent[0]["unix_ns"] < resumed_ns  # reported while rank 1 was still blocked
     resolved = [r for r in records_of(tmp_path / "rank0.jsonl", "resolved") if r["type"] == "rank_silent"]
     assert [r["subject_rank"] for r in resolved] == [1]
+
+
+def test_at_scale_the_record_lists_the_notable_ranks_and_the_cli_all():
+    # 200 ranks, rank 137 slow: the record keeps it (and at most cluster_max_rows rows)
+    ranks = {r: {"wait": 6.0} for r in range(200)}
+    ranks[137] = {"forward": 26.0}
+    _, out = run_windows(ranks, 2, options={"cluster_max_rows": 16})
+    record, alerts = out[-1]
+    kept = [row["rank"] for row in record["ranks"]]
+    assert len(kept) == 16 and 137 in kept and record["ranks_omitted"] == 184
+    assert [a["subject_rank"] for a in alerts] == [137]

@@ -123,9 +123,9 @@ constexpr std::size_t kMinBuffer = std::size_t{32} << 10;
 constexpr std::size_t kMaxBuffer = std::size_t{4} << 20;
 constexpr std::size_t kInitialBuffer = std::size_t{512} << 10;
 constexpr std::int64_t kTargetFillNs = 200'000'000;
-constexpr std::size_t kBufferAlign = 8;       // CUPTI's requirement for activity buffers
-constexpr std::size_t kPoolMax = 8;           // free buffers kept for reuse
-constexpr std::size_t kMaxHeld = 256;         // buffers of ours CUPTI holds at once
+constexpr std::size_t kBufferAlign = 8;  // CUPTI's requirement for activity buffers
+constexpr std::size_t kPoolMax = 8;      // free buffers kept for reuse
+constexpr std::size_t kMaxHeld = 256;    // buffers of ours CUPTI holds at once
 // A buffer still out this long after it was handed over, while a later one has come
 // back, is not the one being filled (CUPTI fills them in turn): records stop waiting for
 // it, so that one CUPTI keeps in reserve cannot hold every step back.
@@ -223,7 +223,7 @@ struct Shared {
     std::int64_t requested_ns;  // steady clock
     std::size_t size;           // as told to CUPTI
     std::size_t capacity;       // as allocated
-    bool gating;  // step records wait for it (false: it went to another tool's time)
+    bool gating;                // step records wait for it (false: gone to another tool's time)
   };
   Held held[kMaxHeld] = {};  // the registry of our buffers CUPTI holds
   std::size_t n_held = 0;
@@ -358,7 +358,8 @@ enum class LaunchRecords { kNone, kLaunchCalls, kWholeApiKinds };
 
 class CuptiActivity final : public KernelActivitySource {
  public:
-  explicit CuptiActivity(const Api& api) : api_(api) {}
+  explicit CuptiActivity(const Api& api)
+      : api_(api), foreign_at_start_(shared().foreign.load(std::memory_order_relaxed)) {}
   ~CuptiActivity() override {
     finish();
     std::lock_guard<std::mutex> lock(shared().mu);
@@ -412,8 +413,7 @@ class CuptiActivity final : public KernelActivitySource {
   // Training thread: a timestamp and a store into the mark ring, per boundary.
   void begin_step(std::int64_t step) noexcept override {
     if (!active_.load(std::memory_order_acquire)) return;
-    steps_begun_.store(steps_begun_.load(std::memory_order_relaxed) + 1,
-                       std::memory_order_relaxed);
+    steps_begun_.store(steps_begun_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     marks_.publish(step, /*begin=*/true, now_ns());
     in_step_ = true;
   }
@@ -507,18 +507,27 @@ class CuptiActivity final : public KernelActivitySource {
 
   void finish() noexcept override {
     bool ours = false;
+    bool unheard = false;
     {
       std::lock_guard<std::mutex> control(control_mu_);
       if (finished_) return;
       finished_ = true;
-      // only kinds we enabled are disabled: while yielding, or once another tool has
-      // taken the callbacks, they are the other tool's
-      ours = enabled_ && !unheard_;
+      ours = enabled_;
+      unheard = unheard_;
       enabled_ = false;
       active_.store(false, std::memory_order_release);
     }
     stop_cv_.notify_all();
     if (flusher_.joinable()) flusher_.join();
+    if (ours && unheard) {
+      // Our callbacks went unheard: if CUPTI still holds a buffer of ours (a device busy
+      // all along), this brings it to them; if no callback of ours runs, another tool has
+      // them, and the kinds, now its, are left alone.
+      const std::uint64_t before = shared().callbacks.load(std::memory_order_acquire);
+      api_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+      ours = shared().callbacks.load(std::memory_order_acquire) != before;
+    }
+    // only kinds we enabled are disabled: while yielding they are the other tool's
     if (ours) {
       // flush, disable, flush again: the second flush brings whatever was recorded
       // between the first and the disable
@@ -536,6 +545,17 @@ class CuptiActivity final : public KernelActivitySource {
     shared().declining.store(true, std::memory_order_release);
     stop_waiting_for_held();
     stopped_.store(true, std::memory_order_release);
+    const std::uint64_t foreign =
+        shared().foreign.load(std::memory_order_relaxed) - foreign_at_start_;
+    try {
+      if (foreign > 0 && status().empty()) {
+        set_status(fmt::format(
+            "closed; {} activity buffers of another tool reached steptrace's callbacks and were "
+            "left alone",
+            foreign));
+      }
+    } catch (...) {
+    }
     deliveries_.fetch_add(1, std::memory_order_acq_rel);
   }
 
@@ -755,8 +775,7 @@ class CuptiActivity final : public KernelActivitySource {
     }
     try {
       set_status(detail::cupti::torn_down_reason("kernel activity", "cuptiActivityFlushAll",
-                                                 static_cast<int>(r),
-                                                 text != nullptr ? text : ""));
+                                                 static_cast<int>(r), text != nullptr ? text : ""));
     } catch (...) {
     }
     {
@@ -793,6 +812,7 @@ class CuptiActivity final : public KernelActivitySource {
       return;
     }
     unheard_ = true;
+    stop_waiting_for_held();  // ours went to the other tool: no step record waits for them
     try {
       set_status(fmt::format(
           "no activity buffer reached steptrace's callbacks over the last {} steps ({:.0f} s): "
@@ -812,12 +832,13 @@ class CuptiActivity final : public KernelActivitySource {
   }
 
   const Api api_;
-  MarkRing marks_;                   // training thread -> parser
-  bool in_step_ = false;             // training thread: begin_step published a begin mark
-  std::atomic<bool> active_{false};  // mark steps and collect records
+  const std::uint64_t foreign_at_start_;  // Shared::foreign is process-wide
+  MarkRing marks_;                        // training thread -> parser
+  bool in_step_ = false;                  // training thread: begin_step published a begin mark
+  std::atomic<bool> active_{false};       // mark steps and collect records
   std::atomic<bool> yielding_{false};
-  std::atomic<bool> stopped_{false};  // collection stopped (a foreign finalize, a failed
-                                      // resume, close) until a resume succeeds
+  // collection stopped (a foreign finalize, a failed resume, close) until a resume succeeds
+  std::atomic<bool> stopped_{false};
   std::atomic<std::uint64_t> steps_begun_{0};  // written by the training thread only
   std::atomic<std::uint64_t> deliveries_{0};
   // guarded by control_mu_ (flush thread, set_yielding, finish)

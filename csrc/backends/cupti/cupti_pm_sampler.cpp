@@ -490,7 +490,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
   StartStopHandoff handoff_;
   bool has_records_ = false;  // guarded by handoff_: started since the last full drain
 
-  FirstFailure call_failure_;  // the first CUPTI call that failed after setup
+  FirstFailure call_failure_;                // the first CUPTI call that failed after setup
   std::atomic<std::int64_t> last_step_{-1};  // for the report of a teardown
   std::mutex finish_mutex_;
   std::atomic<bool> finished_{false};

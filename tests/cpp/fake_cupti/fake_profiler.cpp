@@ -30,7 +30,7 @@
 
 namespace {
 
-constexpr std::size_t kNameBytes = 32;  // an entry: a name, or a 16-byte name and two times
+constexpr std::size_t kNameBytes = 32;     // an entry: a name, or a 16-byte name and two times
 constexpr std::size_t kImageRanges = 256;  // the PM sampler asks for 256 samples per image
 constexpr std::size_t kImageBytes = sizeof(std::uint32_t) + kImageRanges * kNameBytes;
 
@@ -48,7 +48,7 @@ struct State {
   std::vector<std::string> undecoded;  // ranges of stopped passes, for DecodeData
   // objects and their generation; cuptiFinalize starts a new one
   int generation = 0;
-  int initialized = 0;  // cuptiProfilerInitialize calls not yet undone
+  int initialized = 0;      // cuptiProfilerInitialize calls not yet undone
   std::deque<char> tokens;  // one per object: its address is the handle
   std::map<const void*, int> objects;
   CUptiResult stale_result = CUPTI_ERROR_NOT_INITIALIZED;
@@ -430,7 +430,6 @@ cuptiRangeProfilerCounterDataGetRangeInfo(CUpti_RangeProfiler_CounterData_GetRan
   return CUPTI_SUCCESS;
 }
 
-
 #if FAKE_CUPTI_PM_SAMPLING
 // ---- PM sampling (CUPTI 12.6+): a sample per DecodeData while sampling runs ----
 
@@ -483,8 +482,8 @@ cuptiPmSamplingGetCounterDataSize(CUpti_PmSampling_GetCounterDataSize_Params* p)
   return CUPTI_SUCCESS;
 }
 
-CUptiResult CUPTIAPI cuptiPmSamplingCounterDataImageInitialize(
-    CUpti_PmSampling_CounterDataImage_Initialize_Params* p) {
+CUptiResult CUPTIAPI
+cuptiPmSamplingCounterDataImageInitialize(CUpti_PmSampling_CounterDataImage_Initialize_Params* p) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (stale(s, p->pPmSamplingObject)) return s.stale_result;
@@ -558,7 +557,8 @@ cuptiPmSamplingCounterDataGetSampleInfo(CUpti_PmSampling_CounterData_GetSampleIn
   if (image_range_name(p->pCounterDataImage, p->sampleIndex) == nullptr) {
     return CUPTI_ERROR_INVALID_PARAMETER;
   }
-  const std::uint8_t* entry = p->pCounterDataImage + sizeof(std::uint32_t) + p->sampleIndex * kNameBytes;
+  const std::uint8_t* entry =
+      p->pCounterDataImage + sizeof(std::uint32_t) + p->sampleIndex * kNameBytes;
   std::memcpy(&p->startTimestamp, entry + 16, sizeof(p->startTimestamp));
   std::memcpy(&p->endTimestamp, entry + 24, sizeof(p->endTimestamp));
   return CUPTI_SUCCESS;
