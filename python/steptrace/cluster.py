@@ -49,6 +49,8 @@ CLUSTER_OPTIONS: dict[str, Any] = {
     "comm_share_pct": 25.0,  # communication above this share of the step: comm_heavy
     "compute_comm_ratio": 4.0,  # ... or compute below this multiple of communication
     "cluster_max_rows": 64,  # per-rank rows in a cluster record at most (the notable ranks)
+    "hot_gpu_c": 5.0,  # a GPU this much above the median of GPUs at similar power: hot_gpu
+    "hot_gpu_power_pct": 15.0,  # "similar power": within this % of the GPU's own power
 }
 
 _RANGES: dict[str, tuple[float, float]] = {
@@ -63,7 +65,13 @@ _RANGES: dict[str, tuple[float, float]] = {
     "comm_share_pct": (0.1, 100),
     "compute_comm_ratio": (0.01, 1000),
     "cluster_max_rows": (1, 1 << 20),
+    "hot_gpu_c": (0.1, 100),
+    "hot_gpu_power_pct": (0.1, 1000),
 }
+
+# The step record's hw fields the cross-rank view compares (issue 14's NVML figures).
+HW_TEMP_KEY = "temp_max_c"
+HW_POWER_KEY = "power_avg_w"
 
 _PHASE_ADVICE = {
     "data": "its input pipeline is slower: give its DataLoader more workers or pinned memory, "
@@ -301,6 +309,8 @@ class ClusterAnalyzer:
                          "details": {"host": row["host"], "windows": o["straggler_windows"]}},
                 f"rank {r}'s communication is back in line with the other ranks'")
 
+        alerts += self._hot_gpus(s, record, step, unix_ns)
+
         # comm_heavy: communication is a large share of the step on the median rank
         comm_med = _median(row["comm_ms"] for row in rows)
         step_med = _median(row["step_ms"] for row in rows)
@@ -342,6 +352,42 @@ class ClusterAnalyzer:
             keep.add(row["rank"])
         record["ranks"] = [row for row in rows if row["rank"] in keep]
         record["ranks_omitted"] = len(rows) - len(record["ranks"])
+
+    def _hot_gpus(self, s: Mapping[int, Mapping[str, Any]], record: dict, step: int,
+                  unix_ns: Optional[int]) -> list[dict]:
+        """hot_gpu: a GPU more than ``hot_gpu_c`` above the median temperature of the job's
+        other GPUs drawing similar power (within ``hot_gpu_power_pct``): cooling, not load."""
+        o = self.options
+        temp = {r: (x.get("hw") or {}).get(HW_TEMP_KEY) for r, x in s.items()}
+        power = {r: (x.get("hw") or {}).get(HW_POWER_KEY) for r, x in s.items()}
+        measured = [r for r in s if temp[r] is not None]
+        if len(measured) < 2:
+            return []
+        band = o["hot_gpu_power_pct"] / 100.0
+        deltas: dict[str, float] = {}
+        alerts: list[dict] = []
+        for r in measured:
+            peers = [q for q in measured if q != r and (
+                power[r] is None or power[q] is None or abs(power[q] - power[r]) <= band * max(power[r], 1.0))]
+            base = _median(temp[q] for q in peers)
+            delta = None if base is None else round(temp[r] - base, 2)
+            if delta is not None and abs(delta) >= o["hot_gpu_c"] / 2:
+                deltas[str(r)] = delta
+            hit = delta is not None and delta > o["hot_gpu_c"]
+            host = s[r].get("host", "")
+            alerts += self._episode(
+                "hot_gpu", r, hit, step, o["straggler_windows"], unix_ns,
+                lambda: {"value": temp[r], "baseline": base, "threshold": round(base + o["hot_gpu_c"], 2),
+                         "phase": None,
+                         "message": (f"rank {r}'s GPU (host {host or '?'}) runs {delta:.1f} C hotter than the "
+                                     f"median of {len(peers)} GPUs at similar power ({temp[r]:.0f} C vs "
+                                     f"{base:.0f} C): check its cooling (fans, airflow, a failing pump) "
+                                     f"before it throttles"),
+                         "details": {"host": host, "delta_c": delta, "power_w": power[r], "peers": len(peers)}},
+                f"rank {r}'s GPU temperature is back in line")
+        if deltas:
+            record["temp_delta_c"] = deltas
+        return alerts
 
     def _slower_phases(self, s: Mapping[int, Mapping[str, Any]]) -> Callable[[int], tuple[str, float]]:
         """``_slower_phase`` for every rank, in O(phases x n log n) for all: each phase's

@@ -231,3 +231,21 @@ def test_at_scale_the_record_lists_the_notable_ranks_and_the_cli_all():
     kept = [row["rank"] for row in record["ranks"]]
     assert len(kept) == 16 and 137 in kept and record["ranks_omitted"] == 184
     assert [a["subject_rank"] for a in alerts] == [137]
+
+
+def test_hot_gpu_against_gpus_at_similar_power():
+    analyzer = ClusterAnalyzer()
+    found = []
+    for w in range(3):
+        summaries = {}
+        for r in range(4):
+            summary = window_summary(r, w, steps(r, w * 50, 50))
+            # rank 2 runs 9 C hotter at the same power; rank 3 is hot but draws far more power
+            summary["hw"] = {"temp_max_c": 71.0 + (9.0 if r == 2 else 0.0) + (12.0 if r == 3 else 0.0),
+                             "power_avg_w": 500.0 if r != 3 else 690.0}
+            summaries[r] = summary
+        record, alerts = analyzer.window(summaries)
+        found += alerts
+    assert [(a["type"], a["subject_rank"]) for a in found] == [("hot_gpu", 2)]
+    assert found[0]["details"]["delta_c"] == pytest.approx(9.0)
+    assert record["temp_delta_c"]["2"] == pytest.approx(9.0)

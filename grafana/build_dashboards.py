@@ -1,0 +1,206 @@
+"""Writes steptrace's Grafana dashboards (grafana/*.json) from one description, so the
+three dashboards share their variables, links and panel conventions.
+
+    python grafana/build_dashboards.py          # rewrite the JSON files
+    python grafana/build_dashboards.py --check  # exit 1 when a file is out of date
+
+A triage hierarchy: **overview** (the cluster: throughput, power, utilization, jobs, alerts;
+each job's panels link to its per-job dashboard with the job pre-selected) -> **job** (one
+job's step-time progression, phase split, per-rank compute / communication, per-GPU tensor
+core activity, DRAM bandwidth, SM occupancy, power, temperature) -> **profiling** (one
+run's step records and links to its HTML report and Perfetto trace). Hardware panels use
+the NVIDIA DCGM exporter's metric names, so they work beside an existing DCGM exporter.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+JOB_LINK = "/d/steptrace-job/steptrace-job?var-job=${__field.labels.job}&${__url_time_range}"
+PROFILING_LINK = "/d/steptrace-profiling/steptrace-profiling?var-job=${job}&var-run_id=${__field.labels.run_id}&${__url_time_range}"
+
+
+def var_datasource() -> dict:
+    return {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"}
+
+
+def var_query(name: str, query: str, multi: bool = False) -> dict:
+    return {"name": name, "type": "query", "datasource": DS, "query": {"query": query, "refId": name},
+            "refresh": 2, "includeAll": multi, "multi": multi, "sort": 1}
+
+
+def var_text(name: str, default: str, label: str) -> dict:
+    return {"name": name, "type": "textbox", "label": label, "query": default,
+            "current": {"text": default, "value": default}}
+
+
+class Panels:
+    """Lays panels out on Grafana's 24-column grid, left to right, top to bottom."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+        self.x = self.y = self.row_h = 0
+
+    def add(self, title: str, kind: str, targets: list[tuple[str, str]], *, w: int = 12, h: int = 8,
+            unit: str = "short", links: list[dict] | None = None, description: str = "",
+            options: dict | None = None) -> None:
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        panel = {
+            "id": len(self.items) + 1, "type": kind, "title": title, "description": description,
+            "datasource": DS, "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h},
+            "targets": [{"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend}
+                        for i, (expr, legend) in enumerate(targets)],
+            "fieldConfig": {"defaults": {"unit": unit, "links": links or []}, "overrides": []},
+            "options": options or {},
+        }
+        self.items.append(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+    def text(self, title: str, content: str, *, w: int = 24, h: int = 4) -> None:
+        self.add(title, "text", [], w=w, h=h, options={"mode": "markdown", "content": content})
+        self.items[-1].pop("datasource")
+        self.items[-1].pop("targets")
+
+
+def dashboard(uid: str, title: str, variables: list[dict], panels: Panels, links: list[dict]) -> dict:
+    return {
+        "uid": uid, "title": title, "tags": ["steptrace"], "schemaVersion": 39, "version": 1,
+        "editable": True, "time": {"from": "now-6h", "to": "now"}, "refresh": "30s",
+        "templating": {"list": variables}, "panels": panels.items, "links": links,
+        "annotations": {"list": []},
+    }
+
+
+def nav(uid: str, title: str, keep: bool = True) -> dict:
+    return {"type": "link", "title": title, "url": f"/d/{uid}", "keepTime": True, "includeVars": keep,
+            "icon": "dashboard", "targetBlank": False}
+
+
+def overview() -> dict:
+    p = Panels()
+    job_link = [{"title": "Open the job's dashboard", "url": JOB_LINK}]
+    p.add("Step throughput by job (steps/s)", "timeseries",
+          [("sum by (job) (rate(steptrace_steps_total[5m]))", "{{job}}")], links=job_link, unit="short")
+    p.add("Active jobs", "stat", [("count(count by (job) (rate(steptrace_steps_total[5m]) > 0))", "jobs")],
+          w=6, unit="none")
+    p.add("Alerts in the last hour", "stat", [("sum(increase(steptrace_alerts_total[1h]))", "alerts")],
+          w=6, unit="none")
+    p.add("Jobs: throughput, p95 step, alerts (click a job)", "table", [
+        ("sum by (job) (rate(steptrace_steps_total[5m]))", "steps/s"),
+        ("steptrace:step_duration_seconds:p95_5m", "p95 step"),
+        ("sum by (job) (increase(steptrace_alerts_total[1h]))", "alerts 1h"),
+    ], w=24, links=job_link, options={"showHeader": True})
+    p.add("GPU power (DCGM)", "timeseries", [("sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)", "{{Hostname}}")],
+          unit="watt")
+    p.add("GPU utilization (DCGM; recorded, never paged)", "timeseries",
+          [("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}}")], unit="percent")
+    p.add("Alerts by type and job", "timeseries",
+          [("sum by (job, type) (increase(steptrace_alerts_total[10m]))", "{{job}} {{type}}")],
+          w=24, links=job_link, unit="none")
+    return dashboard("steptrace-overview", "steptrace overview", [var_datasource()], p,
+                     [nav("steptrace-job", "Job"), nav("steptrace-profiling", "Profiling")])
+
+
+def job() -> dict:
+    p = Panels()
+    sel = 'job="$job", rank=~"$rank"'
+    run_link = [{"title": "Profile this run", "url": PROFILING_LINK}]
+    p.add("Step time (p50 / p95, all ranks)", "timeseries", [
+        (f"histogram_quantile(0.5, sum by (le) (rate(steptrace_step_duration_seconds_bucket{{{sel}}}[5m])))", "p50"),
+        (f"histogram_quantile(0.95, sum by (le) (rate(steptrace_step_duration_seconds_bucket{{{sel}}}[5m])))", "p95"),
+        (f"max(steptrace_step_median_seconds{{{sel}}})", "trailing median"),
+    ], unit="s", links=run_link)
+    p.add("Phase split (seconds per second of training)", "timeseries",
+          [(f"sum by (phase) (rate(steptrace_phase_duration_seconds_sum{{{sel}}}[5m]))", "{{phase}}"),
+           (f"sum(rate(steptrace_data_wait_seconds_total{{{sel}}}[5m]))", "data wait")],
+          unit="s", options={"stacking": {"mode": "normal"}})
+    p.add("Compute / communication / exposed communication per rank", "timeseries", [
+        (f"sum by (rank) (rate(steptrace_compute_seconds_total{{{sel}}}[5m]))", "compute r{{rank}}"),
+        (f"sum by (rank) (rate(steptrace_comm_seconds_total{{{sel}}}[5m]))", "comm r{{rank}}"),
+        (f"sum by (rank) (rate(steptrace_comm_exposed_seconds_total{{{sel}}}[5m]))", "blocked r{{rank}}"),
+    ], w=24, unit="s",
+          description="A straggler's rank has more compute; the ranks waiting for it have more blocked time.")
+    p.add("Tensor-core activity per GPU", "timeseries", [
+        (f"steptrace_tensor_active_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "{{Hostname}} gpu {{gpu}} (DCGM)"),
+    ], w=8, unit="percentunit")
+    p.add("DRAM bandwidth per GPU", "timeseries", [
+        (f"steptrace_dram_throughput_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
+        ("DCGM_FI_PROF_DRAM_ACTIVE", "{{Hostname}} gpu {{gpu}} (DCGM)"),
+    ], w=8, unit="percentunit")
+    p.add("SM occupancy per GPU", "timeseries", [
+        (f"steptrace_sm_occupancy_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
+        ("DCGM_FI_PROF_SM_OCCUPANCY", "{{Hostname}} gpu {{gpu}} (DCGM)"),
+    ], w=8, unit="percentunit")
+    p.add("GPU power (DCGM)", "timeseries", [("DCGM_FI_DEV_POWER_USAGE", "{{Hostname}} gpu {{gpu}}")], unit="watt")
+    p.add("GPU temperature (DCGM)", "timeseries", [("DCGM_FI_DEV_GPU_TEMP", "{{Hostname}} gpu {{gpu}}")],
+          unit="celsius")
+    p.add("Memory per rank", "timeseries", [(f'steptrace_memory_bytes{{{sel}, kind=~"allocated|rss|device_used"}}',
+                                              "r{{rank}} {{kind}}")], unit="bytes")
+    p.add("Alerts", "table", [(f"sum by (rank, type) (increase(steptrace_alerts_total{{{sel}}}[$__range]))", "")],
+          unit="none")
+    variables = [var_datasource(), var_query("job", "label_values(steptrace_steps_total, job)"),
+                 var_query("rank", 'label_values(steptrace_steps_total{job="$job"}, rank)', multi=True)]
+    return dashboard("steptrace-job", "steptrace job", variables, p,
+                     [nav("steptrace-overview", "Overview", keep=False), nav("steptrace-profiling", "Profiling")])
+
+
+def profiling() -> dict:
+    p = Panels()
+    sel = 'job="$job", run_id="$run_id"'
+    p.text("Reports of this run", (
+        "The run's own files, written next to its logs (`steptrace report RUN -o report.html`, "
+        "`steptrace export RUN --format chrome -o trace.json`):\n\n"
+        "* [HTML report](${report_base_url}/${run_id}/report.html)\n"
+        "* [Perfetto / Chrome trace](${report_base_url}/${run_id}/trace.json) "
+        "(open in https://ui.perfetto.dev)\n"
+        "* `steptrace cluster RUN_DIR` names a straggler rank"))
+    p.add("Step time by rank", "timeseries",
+          [(f"rate(steptrace_step_duration_seconds_sum{{{sel}}}[1m]) / rate(steptrace_step_duration_seconds_count{{{sel}}}[1m])",
+            "r{{rank}}")], unit="s")
+    p.add("Time in flight of the running step", "timeseries",
+          [(f"steptrace_step_in_flight_seconds{{{sel}}}", "r{{rank}}"),
+           (f"5 * steptrace_step_median_seconds{{{sel}}}", "stall limit r{{rank}}")], unit="s")
+    p.add("Phase p95 by phase", "timeseries",
+          [(f"histogram_quantile(0.95, sum by (phase, le) (rate(steptrace_phase_duration_seconds_bucket{{{sel}}}[5m])))",
+            "{{phase}}")], unit="s")
+    p.add("Steps and error steps", "timeseries",
+          [(f"sum(rate(steptrace_steps_total{{{sel}}}[5m]))", "steps/s"),
+           (f"sum(rate(steptrace_error_steps_total{{{sel}}}[5m]))", "error steps/s")], unit="short")
+    variables = [var_datasource(), var_query("job", "label_values(steptrace_steps_total, job)"),
+                 var_query("run_id", 'label_values(steptrace_steps_total{job="$job"}, run_id)'),
+                 var_text("report_base_url", "http://reports.example/steptrace", "report server")]
+    return dashboard("steptrace-profiling", "steptrace profiling", variables, p,
+                     [nav("steptrace-overview", "Overview", keep=False), nav("steptrace-job", "Job")])
+
+
+DASHBOARDS = {"steptrace-overview.json": overview, "steptrace-job.json": job, "steptrace-profiling.json": profiling}
+
+
+def render(build) -> str:
+    return json.dumps(build(), indent=2, sort_keys=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name, build in DASHBOARDS.items():
+        path, text = HERE / name, render(build)
+        if "--check" in argv:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)} (run python grafana/build_dashboards.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
