@@ -17,7 +17,7 @@ log() { echo "[setup] $*"; }
 
 # ---- Debian packages ----
 apt_packages=(g++ cmake ninja-build git libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-              libbenchmark-dev chromium prometheus)
+              libbenchmark-dev chromium prometheus libcpp-httplib-dev prometheus-pushgateway)
 command -v "$PYTHON" >/dev/null || apt_packages+=(python3 python3-venv python3-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -54,7 +54,7 @@ fi
 
 # ---- build and test dependencies ----
 "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" numpy scikit-learn pytest \
-  "jsonschema>=4" orjson "pandas>=1.5" "matplotlib>=3.6" "rich>=12"
+  "jsonschema>=4" orjson "pandas>=1.5" "matplotlib>=3.6" "rich>=12" pyyaml
 
 # ---- steptrace itself (incremental: the build folder is kept under build/) ----
 log "building and installing steptrace"

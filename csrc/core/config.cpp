@@ -78,6 +78,20 @@ void Config::validate() const {
   STEPTRACE_CHECK(close_wait_s > 0.0 && close_wait_s <= 86400.0, ConfigError,
                   "close_wait_s={} is out of range; allowed: above 0, at most 86400 (seconds)",
                   close_wait_s);
+  STEPTRACE_CHECK(metrics_port >= -1 && metrics_port <= 65535, ConfigError,
+                  "metrics_port={} is out of range; allowed: -1 (off), 0 (any free port), "
+                  "1..65535",
+                  metrics_port);
+  STEPTRACE_CHECK(metrics_pushgateway.empty() || metrics_pushgateway.rfind("http://", 0) == 0 ||
+                      metrics_pushgateway.rfind("https://", 0) == 0,
+                  ConfigError,
+                  "metrics_pushgateway={:?} is not an http:// or https:// URL (e.g. "
+                  "\"http://pushgateway:9091\")",
+                  metrics_pushgateway);
+  for (const char c : job) {
+    STEPTRACE_CHECK(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f, ConfigError,
+                    "job={:?} contains a control character; use printable characters", job);
+  }
   STEPTRACE_CHECK(memory_growth_pct > 0.0 && memory_growth_pct < 1000.0, ConfigError,
                   "memory_growth_pct={} is out of range; allowed: above 0 and below 1000",
                   memory_growth_pct);
@@ -105,6 +119,25 @@ void Config::validate() const {
     STEPTRACE_CHECK(value > 0.0 && value <= 100.0, ConfigError,
                     "{}={} is out of range; allowed: above 0 and at most 100 (a percentage)", name,
                     value);
+  }
+  STEPTRACE_CHECK(nvml == "auto" || nvml == "off", ConfigError,
+                  "nvml={:?} is unknown; allowed: \"auto\", \"off\"", nvml);
+  STEPTRACE_CHECK(nvml_interval_ms >= 1 && nvml_interval_ms <= 60000, ConfigError,
+                  "nvml_interval_ms={} is out of range; allowed: 1..60000", nvml_interval_ms);
+  STEPTRACE_CHECK(power_low_fraction > 0.0 && power_low_fraction <= 1.0, ConfigError,
+                  "power_low_fraction={} is out of range; allowed: above 0, at most 1 (a "
+                  "fraction of the power limit)",
+                  power_low_fraction);
+  STEPTRACE_CHECK(power_drop_fraction > 0.0 && power_drop_fraction <= 1.0, ConfigError,
+                  "power_drop_fraction={} is out of range; allowed: above 0, at most 1 (a "
+                  "fraction of the power limit)",
+                  power_drop_fraction);
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"power_low_min_s", power_low_min_s},
+        {"temp_rise_c_per_min", temp_rise_c_per_min},
+        {"power_drop_w", power_drop_w}}) {
+    STEPTRACE_CHECK(value > 0.0 && value < 1e9, ConfigError,
+                    "{}={} is out of range; allowed: above 0", name, value);
   }
   STEPTRACE_CHECK(phases.size() <= kMaxPhases, ConfigError,
                   "phases lists {} names; at most {} distinct phases are allowed", phases.size(),

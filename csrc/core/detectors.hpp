@@ -13,6 +13,7 @@
 #include "rolling_median.hpp"
 #include "step_record.hpp"
 #include "steptrace/config.hpp"
+#include "telemetry.hpp"
 
 namespace steptrace::detail {
 
@@ -192,12 +193,16 @@ class HangDetector {
 class RecordDetectors {
  public:
   RecordDetectors(const Config& config, const PhaseNames& names, std::int64_t host_limit_bytes)
-      : slow_(config, names), memory_(config, names, host_limit_bytes), device_(config) {}
+      : slow_(config, names),
+        memory_(config, names, host_limit_bytes),
+        device_(config),
+        hw_(config) {}
   void observe(const StepRecord& r, std::vector<AlertEvent>& out) {
     const std::size_t first = out.size();
     slow_.observe(r, out);
     memory_.observe(r, out);
     device_.observe(r, out);
+    hw_.observe(r, out);
     for (std::size_t i = first; i < out.size(); ++i) out[i].unix_ns = r.start_unix_ns + r.host_ns;
   }
   /// The run ended: resolves the episodes still open that count repeats.
@@ -209,6 +214,7 @@ class RecordDetectors {
   SlowStepDetector slow_;
   MemoryGrowthDetector memory_;
   DeviceDiagnosisDetector device_;
+  TelemetryDetector hw_;
 };
 
 }  // namespace steptrace::detail

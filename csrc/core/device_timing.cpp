@@ -79,7 +79,7 @@ bool DeviceTiming::fold(Pending& p) noexcept {
   return false;
 }
 
-void DeviceTiming::end_step(const StepRecord& host_record, JsonlWriter& writer) noexcept {
+void DeviceTiming::end_step(const StepRecord& host_record, StepRecordQueue& writer) noexcept {
   building_.record = host_record;
   if (step_ok_) building_.end = record();
   if (!step_ok_) {
@@ -120,7 +120,7 @@ bool DeviceTiming::ready(const Pending& p) noexcept {
   return timer_->query(p.begin) == DeviceTimer::Status::kReady;
 }
 
-void DeviceTiming::poll(JsonlWriter& writer) noexcept {
+void DeviceTiming::poll(StepRecordQueue& writer) noexcept {
   while (count_ > 0 && !failed_) {
     Pending& p = ring_[head_];
     if (!ready(p)) {
@@ -134,7 +134,7 @@ void DeviceTiming::poll(JsonlWriter& writer) noexcept {
   }
 }
 
-bool DeviceTiming::resolve(Pending& p, JsonlWriter& writer) noexcept {
+bool DeviceTiming::resolve(Pending& p, StepRecordQueue& writer) noexcept {
   StepRecord& r = p.record;
   float ms = 0;
   if (!timer_->elapsed_ms(p.begin, p.end, &ms)) {
@@ -161,7 +161,7 @@ bool DeviceTiming::resolve(Pending& p, JsonlWriter& writer) noexcept {
   return true;
 }
 
-void DeviceTiming::drain(JsonlWriter& writer) noexcept {
+void DeviceTiming::drain(StepRecordQueue& writer) noexcept {
   while (count_ > 0 && !failed_) {
     Pending& p = ring_[head_];
     if (!wait_for(p)) {
@@ -194,7 +194,7 @@ void DeviceTiming::release(Pending& p) noexcept {
   p.interval_count = 0;
 }
 
-void DeviceTiming::fail(std::int64_t step, JsonlWriter& writer) noexcept {
+void DeviceTiming::fail(std::int64_t step, StepRecordQueue& writer) noexcept {
   if (failed_) return;
   failed_ = true;
   failed_at_step_ = step;
@@ -215,7 +215,7 @@ void DeviceTiming::fail(std::int64_t step, JsonlWriter& writer) noexcept {
   }
 }
 
-void DeviceTiming::write(const StepRecord& r, JsonlWriter& writer) noexcept {
+void DeviceTiming::write(const StepRecord& r, StepRecordQueue& writer) noexcept {
   writer.push_step_record(r);
 }
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "../sinks/jsonl_writer.hpp"
+#include "record_sink.hpp"
 #include "step_record.hpp"
 #include "steptrace/backend.hpp"
 
@@ -41,11 +41,11 @@ class DeviceTiming {
   void end_phase(std::uint16_t slot) noexcept;
   /// Ends the step and queues it with its host record; writes every step whose events
   /// have completed, waiting for the oldest when the ring is full.
-  void end_step(const StepRecord& host_record, JsonlWriter& writer) noexcept;
+  void end_step(const StepRecord& host_record, StepRecordQueue& writer) noexcept;
   /// Writes the steps whose events have completed, in step order, without waiting.
-  void poll(JsonlWriter& writer) noexcept;
+  void poll(StepRecordQueue& writer) noexcept;
   /// Waits for every step in flight and writes them (close).
-  void drain(JsonlWriter& writer) noexcept;
+  void drain(StepRecordQueue& writer) noexcept;
 
   /// Steps whose device time is still unknown.
   std::size_t in_flight() const noexcept { return count_; }
@@ -79,11 +79,11 @@ class DeviceTiming {
   // Blocks until all of the step's events have completed; false on a device error.
   bool wait_for(const Pending& p) noexcept;
   // Fills device times, writes, releases the events. False on a device error.
-  bool resolve(Pending& p, JsonlWriter& writer) noexcept;
+  bool resolve(Pending& p, StepRecordQueue& writer) noexcept;
   void release(Pending& p) noexcept;
   // Ends device timing; writes the steps in flight with host times.
-  void fail(std::int64_t step, JsonlWriter& writer) noexcept;
-  static void write(const StepRecord& r, JsonlWriter& writer) noexcept;
+  void fail(std::int64_t step, StepRecordQueue& writer) noexcept;
+  static void write(const StepRecord& r, StepRecordQueue& writer) noexcept;
 
   std::unique_ptr<DeviceTimer> timer_;
   std::vector<Pending> ring_;

@@ -7,11 +7,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,6 +21,7 @@
 #include <thread>
 
 #include "../sinks/jsonl_writer.hpp"
+#include "../sinks/prometheus_sink.hpp"
 #include "alert.hpp"
 #include "check.hpp"
 #include "collective_timer.hpp"
@@ -31,6 +34,7 @@
 #include "stack_dump.hpp"
 #include "step_record.hpp"
 #include "steptrace/error.hpp"
+#include "telemetry.hpp"
 
 #ifndef STEPTRACE_VERSION
 #error "STEPTRACE_VERSION must be defined by the build"
@@ -91,6 +95,10 @@ void resolve(Config& c) {
                   "rank={} is not below world_size={}; ranks are 0..world_size-1", c.rank,
                   c.world_size);
   if (c.run_id.empty()) c.run_id = default_run_id();
+  if (c.job.empty()) {
+    const char* job = std::getenv("STEPTRACE_JOB");
+    c.job = job != nullptr && *job != '\0' ? job : "steptrace";
+  }
 }
 
 // Creates log_dir and opens the rank's file; every failure is a ConfigError that names
@@ -219,6 +227,7 @@ class ProfilerImpl final : public SignalClosable {
     if (config_.sample_heap && HeapSampler::available()) heap_.emplace(config_);
     memory_sources_ = std::move(backends.memory_sources);
     setup_device_activity(backends, info.external_profiler_active);
+    setup_telemetry(backends);
     source_samples_.resize(memory_sources_.size());
     source_sampled_ns_.assign(memory_sources_.size(), INT64_MIN / 2);
     for (const auto& name : config_.phases) names_.intern(name);
@@ -229,10 +238,21 @@ class ProfilerImpl final : public SignalClosable {
     start_ns_ = clock_->now_ns();
     start_unix_ns_ = unix_now_ns();
     if (config_.detect) detection_ = std::make_unique<DetectionStage>(config_, names_, alerts_);
+    std::vector<RecordSink*> sinks;
+    if (config_.metrics_port >= 0 || !config_.metrics_textfile.empty() ||
+        !config_.metrics_pushgateway.empty()) {
+      setup_metrics();
+      sinks.push_back(metrics_.get());
+    }
     writer_ = std::make_unique<JsonlWriter>(fd, run_start_json(info), config_.rank, names_,
                                             static_cast<std::size_t>(config_.queue_capacity),
                                             std::chrono::milliseconds(config_.flush_interval_ms),
-                                            detection_.get(), device_stage_.get());
+                                            detection_.get(), completer(), std::move(sinks));
+    if (telemetry_) {
+      // Sampler thread: a hardware error is written at once, not with the next step.
+      telemetry_->set_error_handler([this](const HardwareError& e) { report_hardware_error(e); });
+      telemetry_->start();
+    }
     if (config_.detect) watchdog_ = std::thread([this] { watchdog_loop(); });
     owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     register_for_signal(this);
@@ -241,6 +261,7 @@ class ProfilerImpl final : public SignalClosable {
   ~ProfilerImpl() override {
     unregister_for_signal(this);  // waits while the SIGTERM watcher uses this profiler
     stop_watchdog();
+    if (telemetry_ && !forked()) telemetry_->finish();
   }
   ProfilerImpl(const ProfilerImpl&) = delete;
   ProfilerImpl& operator=(const ProfilerImpl&) = delete;
@@ -294,6 +315,7 @@ class ProfilerImpl final : public SignalClosable {
       current_.counters_sampled = sampled;
       current_.sampler_begin_ns = sampled ? sampler_->now_ns() : -1;
     }
+    current_.telemetry_begin_ns = telemetry_ ? telemetry_->now_ns() : -1;
     inflight_start_ns_.store(now, std::memory_order_relaxed);
     inflight_step_.store(current_.step, std::memory_order_release);
   }
@@ -336,6 +358,7 @@ class ProfilerImpl final : public SignalClosable {
       sampler_->end_step(current_.step);
       if (current_.counters_sampled) current_.sampler_end_ns = sampler_->now_ns();
     }
+    if (telemetry_) current_.telemetry_end_ns = telemetry_->now_ns();
     if (on_device_) {
       device_->end_step(current_, *writer_);  // written once its events have completed
       report_device_failure();
@@ -483,6 +506,9 @@ class ProfilerImpl final : public SignalClosable {
     end.end_unix_ns = unix_ns_at(now);
     end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
     end.data_inside_step = data_inside_step();
+    // Before the writer closes: the sampler's closing reading (after the last step) and
+    // any hardware error in it still reach the file.
+    if (telemetry_) telemetry_->finish();
     writer_->close(end, /*finish_device=*/!step_left_running);
     closed_.store(true, std::memory_order_release);
     alerts_.finish();
@@ -533,6 +559,9 @@ class ProfilerImpl final : public SignalClosable {
     closed_.store(true, std::memory_order_release);
     writer_->abandon();
     if (watchdog_.joinable()) new std::thread(std::move(watchdog_));  // NOLINT: leaked
+    // its sampler thread is the parent's: joining it here would never return
+    if (telemetry_) telemetry_.release();  // NOLINT: leaked
+    if (metrics_) metrics_.release();      // NOLINT: its server thread is the parent's
   }
 
   PhaseId phase_id(std::string_view name) { return names_.intern(name); }
@@ -552,6 +581,7 @@ class ProfilerImpl final : public SignalClosable {
   int write_errno() const noexcept { return writer_->first_errno(); }
   const std::string& log_path() const noexcept { return log_path_; }
   const Config& config() const noexcept { return config_; }
+  int metrics_port() const noexcept { return metrics_ ? metrics_->port() : -1; }
 
   std::int64_t collective_begin() noexcept {
     const std::int64_t now = clock_->now_ns();
@@ -676,6 +706,112 @@ class ProfilerImpl final : public SignalClosable {
     if (activity_ || sampler_) {
       device_stage_ =
           std::make_unique<DeviceActivityStage>(config_, activity_.get(), sampler_.get());
+    }
+  }
+
+  // The Prometheus endpoint (before the writer starts: run_start names its port). Its
+  // values come from the writer thread; the live gauges are read at each scrape.
+  void setup_metrics() {
+    int port = config_.metrics_port;
+    if (port > 0) port += env_int("LOCAL_RANK", 0);  // a port range: one per rank on a host
+    MetricLabels labels;
+    labels.job = config_.job;
+    labels.run_id = config_.run_id;
+    labels.rank = config_.rank;
+    labels.host = host_name();
+    std::function<double()> median;
+    if (detection_) median = [this] { return detection_->median_ms() / 1e3; };
+    auto in_flight = [this]() -> double {
+      if (inflight_step_.load(std::memory_order_acquire) < 0) return 0.0;
+      const std::int64_t age =
+          clock_->now_ns() - inflight_start_ns_.load(std::memory_order_relaxed);
+      return age > 0 ? static_cast<double>(age) / 1e9 : 0.0;
+    };
+    MetricsOutputs outputs;
+    outputs.port = port > 65535 ? -1 : port;
+    outputs.textfile = config_.metrics_textfile;
+    outputs.pushgateway = config_.metrics_pushgateway;
+    metrics_ = std::make_unique<PrometheusSink>(std::move(outputs), std::move(labels), names_,
+                                                STEPTRACE_VERSION, std::move(median),
+                                                std::move(in_flight));
+    if (config_.metrics_port >= 0 && metrics_->port() < 0) {
+      std::fprintf(stderr, "steptrace: no Prometheus endpoint: %s; the run goes on without it\n",
+                   metrics_->error().c_str());
+    }
+  }
+
+  nlohmann::ordered_json metrics_json() const {
+    if (!metrics_) return nullptr;
+    nlohmann::ordered_json j = {{"port", nullptr}, {"path", "/metrics"}};
+    if (metrics_->port() >= 0) j["port"] = metrics_->port();
+    if (!metrics_->error().empty()) j["error"] = metrics_->error();
+    if (!config_.metrics_textfile.empty()) j["textfile"] = config_.metrics_textfile;
+    if (!config_.metrics_pushgateway.empty()) j["pushgateway"] = config_.metrics_pushgateway;
+    return j;
+  }
+
+  // NVML telemetry: a given source as it is; else NVML where it loads and sees the device.
+  void setup_telemetry(Backends& b) {
+    if (config_.nvml == "off") {
+      telemetry_unavailable_ = "disabled by nvml=\"off\"";
+    } else if (b.telemetry) {
+      telemetry_ = std::move(b.telemetry);
+    } else {
+      telemetry_ = make_nvml_telemetry(config_.device_index, config_.nvml_interval_ms,
+                                       &telemetry_unavailable_);
+    }
+    if (telemetry_) telemetry_stage_ = std::make_unique<TelemetryStage>(telemetry_.get());
+    if (device_stage_ && telemetry_stage_) {
+      chained_stage_ = std::make_unique<ChainedCompleter>(
+          std::vector<StepCompleter*>{device_stage_.get(), telemetry_stage_.get()});
+    }
+  }
+
+  StepCompleter* completer() const {
+    if (chained_stage_) return chained_stage_.get();
+    if (device_stage_) return device_stage_.get();
+    return telemetry_stage_.get();
+  }
+
+  nlohmann::ordered_json telemetry_json() const {
+    using nlohmann::ordered_json;
+    if (!telemetry_) {
+      return {{"active", ordered_json::array()},
+              {"unavailable", {{"nvml", telemetry_unavailable_}}}};
+    }
+    ordered_json j = {{"active", {telemetry_->name()}}, {"unavailable", ordered_json::object()}};
+    if (std::string device = telemetry_->device(); !device.empty()) j["device"] = device;
+    if (telemetry_->power_limit_w() > 0) j["power_limit_w"] = telemetry_->power_limit_w();
+    j["interval_ms"] = config_.nvml_interval_ms;
+    return j;
+  }
+
+  // Sampler thread: an XID or a new uncorrectable ECC error is page-worthy.
+  void report_hardware_error(const HardwareError& e) {
+    try {
+      AlertEvent a;
+      a.type = "hardware_error";
+      a.step = std::max<std::int64_t>(last_done_step_.load(std::memory_order_relaxed), 0);
+      a.value = static_cast<double>(e.code);
+      a.threshold = 0;
+      if (e.kind == "xid") {
+        a.message = fmt::format(
+            "GPU reported XID {} ({}): look it up in NVIDIA's XID catalog; the job may need "
+            "this GPU drained",
+            e.code, telemetry_->device());
+      } else {
+        a.message = fmt::format(
+            "GPU uncorrectable ECC errors rose by {} to {} ({}): the data on this GPU may be "
+            "corrupt; drain it and reset",
+            e.delta, e.code, telemetry_->device());
+      }
+      a.details = {{"kind", e.kind}, {"code", e.code}};
+      if (e.kind != "xid") a.details["delta"] = e.delta;
+      a.unix_ns = unix_ns_at(clock_->now_ns());
+      const std::string line = alert_json_line(a, config_.rank);
+      writer_->push_line_now(line);
+      alerts_.publish(a, line);
+    } catch (...) {  // never into NVML's or the sampler's stack
     }
   }
 
@@ -883,14 +1019,31 @@ class ProfilerImpl final : public SignalClosable {
           {"occupancy_min_pct", config_.occupancy_min_pct},
           {"dram_bound_pct", config_.dram_bound_pct},
           {"comm_bound_pct", config_.comm_bound_pct},
-          {"close_wait_s", config_.close_wait_s}}},
+          {"nvml", config_.nvml},
+          {"nvml_interval_ms", config_.nvml_interval_ms},
+          {"power_low_fraction", config_.power_low_fraction},
+          {"power_low_min_s", config_.power_low_min_s},
+          {"temp_rise_c_per_min", config_.temp_rise_c_per_min},
+          {"power_drop_w", config_.power_drop_w},
+          {"power_drop_fraction", config_.power_drop_fraction},
+          {"close_wait_s", config_.close_wait_s},
+          {"metrics_port", config_.metrics_port},
+          {"job", config_.job},
+          {"metrics_textfile", config_.metrics_textfile},
+          {"metrics_pushgateway", config_.metrics_pushgateway}}},
         {"backends",
          {{"timer", timer_json()},
           {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}},
           {"kernel_activity",
            optional_backend_json(activity_ ? activity_->name() : nullptr, activity_unavailable_)},
-          {"counters", counters_json()}}},
+          {"counters", counters_json()},
+          {"telemetry", telemetry_json()}}},
     };
+    if (metrics_) {
+      nlohmann::ordered_json with_metrics = record;
+      with_metrics["metrics"] = metrics_json();
+      return with_metrics.dump() + "\n";
+    }
     return record.dump() + "\n";
   }
 
@@ -946,6 +1099,12 @@ class ProfilerImpl final : public SignalClosable {
   std::string activity_unavailable_;
   std::string counters_unavailable_;
   std::unique_ptr<DeviceActivityStage> device_stage_;
+  // NVML telemetry and its writer stage (before writer_ too); the sampler thread is
+  // stopped in close() and the destructor, before the writer goes.
+  std::unique_ptr<TelemetrySource> telemetry_;
+  std::string telemetry_unavailable_;
+  std::unique_ptr<TelemetryStage> telemetry_stage_;
+  std::unique_ptr<ChainedCompleter> chained_stage_;
 
   AlertLog alerts_;
   std::unique_ptr<DetectionStage> detection_;
@@ -965,6 +1124,10 @@ class ProfilerImpl final : public SignalClosable {
   std::mutex busy_mu_;
   std::condition_variable busy_cv_;
   std::mutex close_mu_;  // one close() at a time
+
+  // The Prometheus sink: fed by the writer, so it outlives it; its server thread reads
+  // names_, detection_ and the in-flight atomics, all declared before it.
+  std::unique_ptr<PrometheusSink> metrics_;
 
   // Last: destroyed first, so the writer thread stops before the names it reads go.
   std::unique_ptr<JsonlWriter> writer_;
@@ -1063,6 +1226,7 @@ std::string Profiler::write_error() const {
   return e == 0 ? std::string() : std::string(std::strerror(e));
 }
 const std::string& Profiler::log_path() const noexcept { return impl_->log_path(); }
+int Profiler::metrics_port() const noexcept { return impl_->metrics_port(); }
 const Config& Profiler::config() const noexcept { return impl_->config(); }
 std::int64_t Profiler::collective_begin() noexcept { return impl_->collective_begin(); }
 void Profiler::collective_end(std::int64_t begin_token) noexcept {

@@ -6,6 +6,7 @@
 
 #include "check.hpp"
 #include "steptrace/error.hpp"
+#include "telemetry.hpp"
 
 namespace steptrace::detail {
 namespace {
@@ -77,6 +78,23 @@ void append_counters(fmt::memory_buffer& out, const CounterStats& c) {
     fmt::format_to(it, "\"{}\":{:.2f},", kCounterNames[i], std::clamp(c.values[i], 0.0, 100.0));
   }
   fmt::format_to(it, "\"coverage_pct\":{:.1f}}}", c.coverage_pct);
+}
+
+// NVML figures of the step; a figure the device does not report is left out.
+void append_hw(fmt::memory_buffer& out, const HwStats& h) {
+  auto it = std::back_inserter(out);
+  fmt::format_to(it, ",\"hw\":{{\"power_w\":{:.1f},\"min_power_w\":{:.1f},\"energy_j\":{:.3f}",
+                 h.avg_power_w, h.min_power_w, h.energy_j);
+  if (std::isfinite(h.max_temp_c)) fmt::format_to(it, ",\"max_temp_c\":{:.0f}", h.max_temp_c);
+  if (std::isfinite(h.sm_clock_mhz)) fmt::format_to(it, ",\"sm_clock_mhz\":{:.0f}", h.sm_clock_mhz);
+  if (h.power_limit_w > 0) fmt::format_to(it, ",\"power_limit_w\":{:.0f}", h.power_limit_w);
+  out.append(std::string_view(",\"throttle_reasons\":["));
+  const char* sep = "";
+  for (const std::string& name : throttle_reason_names(h.throttle_reasons)) {
+    fmt::format_to(it, "{}\"{}\"", sep, name);
+    sep = ",";
+  }
+  fmt::format_to(it, "],\"samples\":{}}}", h.samples);
 }
 
 template <typename Values>
@@ -173,6 +191,7 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   if (r.kernels.present) append_kernels(out, r.kernels);
   if (r.counters.present) append_counters(out, r.counters);
   if (r.comm.count > 0) append_comm(out, r, names);
+  if (r.hw.present) append_hw(out, r.hw);
   out.append(std::string_view("}\n"));
 }
 

@@ -32,10 +32,10 @@ struct KernelStats {
 
 /// Collectives timed from the host during one step (see collective_timer.hpp).
 struct CommStats {
-  std::int64_t count = 0;        // collectives completed; 0: none timed
-  std::int64_t busy_ns = 0;      // time with a collective outstanding
-  std::int64_t exposed_ns = 0;   // from the last launch to the last completion: blocked
-  int exposed_phase = -1;        // phase id open when the last one completed (-1: none)
+  std::int64_t count = 0;       // collectives completed; 0: none timed
+  std::int64_t busy_ns = 0;     // time with a collective outstanding
+  std::int64_t exposed_ns = 0;  // from the last launch to the last completion: blocked
+  int exposed_phase = -1;       // phase id open when the last one completed (-1: none)
 };
 
 /// Hardware counters averaged over one step; NaN where not measured.
@@ -43,6 +43,21 @@ struct CounterStats {
   bool present = false;
   double values[kCounterCount] = {};
   double coverage_pct = 0;  // share of the step's window covered by samples
+};
+
+/// GPU hardware telemetry over one step (NVML samples joined on the writer thread, see
+/// telemetry.hpp). NaN where the device does not report a figure.
+struct HwStats {
+  bool present = false;
+  int samples = 0;         // samples whose interval overlaps the step
+  double avg_power_w = 0;  // time-weighted over the step
+  double min_power_w = 0;
+  double energy_j = 0;  // from the energy counter (power x time where there is none)
+  double max_temp_c = 0;
+  double sm_clock_mhz = 0;             // time-weighted mean
+  double max_drop_w = 0;               // largest fall of power between consecutive samples
+  double power_limit_w = 0;            // the device's enforced limit; 0: unknown
+  std::uint64_t throttle_reasons = 0;  // OR of the reasons seen during the step
 };
 
 struct StepRecord {
@@ -78,11 +93,17 @@ struct StepRecord {
   KernelStats kernels;
   CounterStats counters;
   CommStats comm;
+  // The step's host start and end on the telemetry clock (training thread), and its
+  // hardware figures (writer thread).
+  std::int64_t telemetry_begin_ns = -1;
+  std::int64_t telemetry_end_ns = -1;
+  HwStats hw;
   // Writer thread: when the record reached the writer, and the backends' deliveries then.
   std::chrono::steady_clock::time_point held_since{};
   std::uint64_t activity_deliveries_at_arrival = 0;
   std::uint64_t activity_mark_at_arrival = 0;  // KernelActivitySource::delivery_mark()
   std::uint64_t sampler_deliveries_at_arrival = 0;
+  std::uint8_t completed_stages = 0;  // ChainedCompleter: the stages done with this record
 };
 
 /// Bytes each phase added that were still allocated at the end of the step, by slot:

@@ -585,7 +585,18 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("occupancy_min_pct", &steptrace::Config::occupancy_min_pct)
       .def_readwrite("dram_bound_pct", &steptrace::Config::dram_bound_pct)
       .def_readwrite("comm_bound_pct", &steptrace::Config::comm_bound_pct)
+      .def_readwrite("nvml", &steptrace::Config::nvml)
+      .def_readwrite("nvml_interval_ms", &steptrace::Config::nvml_interval_ms)
+      .def_readwrite("power_low_fraction", &steptrace::Config::power_low_fraction)
+      .def_readwrite("power_low_min_s", &steptrace::Config::power_low_min_s)
+      .def_readwrite("temp_rise_c_per_min", &steptrace::Config::temp_rise_c_per_min)
+      .def_readwrite("power_drop_w", &steptrace::Config::power_drop_w)
+      .def_readwrite("power_drop_fraction", &steptrace::Config::power_drop_fraction)
       .def_readwrite("close_wait_s", &steptrace::Config::close_wait_s)
+      .def_readwrite("metrics_port", &steptrace::Config::metrics_port)
+      .def_readwrite("job", &steptrace::Config::job)
+      .def_readwrite("metrics_textfile", &steptrace::Config::metrics_textfile)
+      .def_readwrite("metrics_pushgateway", &steptrace::Config::metrics_pushgateway)
       .def("validate", &steptrace::Config::validate);
 
   init_step_scope_type(m);
@@ -708,6 +719,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("in_step", [](PyProfiler& p) { return p.core().in_step(); })
       .def_property_readonly("step_index", [](PyProfiler& p) { return p.core().step_index(); })
       .def_property_readonly("log_path", [](PyProfiler& p) { return p.core().log_path(); })
+      .def_property_readonly("metrics_port", [](PyProfiler& p) { return p.core().metrics_port(); })
       .def_property_readonly("config", [](PyProfiler& p) { return p.core().config(); });
 
   m.def("version", &steptrace::version);

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "../core/lifecycle.hpp"
 
@@ -11,19 +13,95 @@ namespace steptrace::detail {
 namespace {
 // Write in chunks of about this size while draining a long backlog.
 constexpr std::size_t kWriteChunkBytes = 1 << 16;
+// A sink call longer than this is reported (once per sink).
+constexpr auto kSlowSinkCall = std::chrono::seconds(1);
 }  // namespace
+
+void JsonlFileSink::write(std::string_view lines) {
+  const char* p = lines.data();
+  std::size_t left = lines.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0) {
+      const int e = errno;
+      if (e == EINTR) continue;
+      // Keep training going: the batch is lost, counted, and reported in run_end.
+      int none = 0;
+      first_errno_.compare_exchange_strong(none, e, std::memory_order_relaxed);
+      last_errno_.store(e, std::memory_order_relaxed);
+      write_errors_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+void JsonlFileSink::on_close() {
+  ::fsync(fd_);
+  ::close(fd_);
+}
+
+void JsonlFileSink::abandon() noexcept { ::close(fd_); }
+
+template <typename Fn>
+void JsonlWriter::feed(Fn&& fn) noexcept {
+  for (SinkState& s : sinks_) {
+    if (s.failed) continue;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      fn(*s.sink);
+    } catch (const std::exception& e) {
+      s.failed = true;
+      const std::string what = fmt::format("{}: {}", s.sink->name(), e.what());
+      std::fprintf(stderr,
+                   "steptrace: the %s sink failed (%s); it is off for the rest of the run, the "
+                   "log file and the other sinks carry on\n",
+                   std::string(s.sink->name()).c_str(), e.what());
+      std::lock_guard<std::mutex> lock(mu_);
+      sink_failures_.push_back(what);
+      continue;
+    } catch (...) {
+      s.failed = true;
+      std::fprintf(stderr, "steptrace: the %s sink failed; it is off for the rest of the run\n",
+                   std::string(s.sink->name()).c_str());
+      std::lock_guard<std::mutex> lock(mu_);
+      sink_failures_.push_back(fmt::format("{}: unknown exception", s.sink->name()));
+      continue;
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    if (took > kSlowSinkCall && !s.reported_slow) {
+      s.reported_slow = true;
+      std::fprintf(stderr,
+                   "steptrace: the %s sink took %.1f s for one batch; records reach the other "
+                   "sinks that much later (the training thread does not wait for it)\n",
+                   std::string(s.sink->name()).c_str(),
+                   std::chrono::duration<double>(took).count());
+    }
+  }
+}
+
+std::vector<std::string> JsonlWriter::sink_failures() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sink_failures_;
+}
 
 JsonlWriter::JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
                          std::size_t capacity, std::chrono::milliseconds flush_interval,
-                         StepObserver* observer, StepCompleter* completer)
+                         StepObserver* observer, StepCompleter* completer,
+                         std::vector<RecordSink*> sinks)
     : rank_(rank),
       names_(names),
       flush_interval_(flush_interval),
-      fd_(fd),
+      file_(fd),
       observer_(observer),
       completer_(completer),
       ring_(capacity),
       fork_generation_(fork_generation()) {
+  sinks_.push_back(SinkState{&file_});
+  for (RecordSink* sink : sinks) {
+    if (sink != nullptr) sinks_.push_back(SinkState{sink});
+  }
   buf_.append(first_line.data(), first_line.data() + first_line.size());
   write_buffer();  // run_start reaches the file before the constructor returns
   thread_ = std::thread([this] { run(); });
@@ -137,8 +215,7 @@ void JsonlWriter::close(const RunEnd& end, bool finish_device, std::chrono::mill
   }
   append_run_end_json(buf_, final_end, totals_, rank_, names_);
   write_buffer();
-  ::fsync(fd_);
-  ::close(fd_);
+  feed([](RecordSink& s) { s.on_close(); });
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
@@ -152,7 +229,7 @@ void JsonlWriter::abandon() noexcept {
   stopping_.store(true, std::memory_order_release);
   // The std::thread names a thread of the parent: neither join nor destroy it.
   if (thread_.joinable()) new std::thread(std::move(thread_));  // NOLINT: leaked on purpose
-  ::close(fd_);  // the child's copy only; the parent's file is untouched
+  file_.abandon();  // the child's copy only; the parent's file is untouched
 }
 
 void JsonlWriter::run() {
@@ -205,27 +282,14 @@ void JsonlWriter::write_step(const StepRecord& r) {
   totals_.add(r);
   append_step_json(buf_, r, rank_, names_);
   if (observer_ != nullptr) observer_->on_step(r, buf_);
+  feed([&r](RecordSink& s) { s.on_step(r); });
   if (buf_.size() >= kWriteChunkBytes) write_buffer();
 }
 
 void JsonlWriter::write_buffer() {
-  const char* p = buf_.data();
-  std::size_t left = buf_.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd_, p, left);
-    if (n < 0) {
-      const int e = errno;
-      if (e == EINTR) continue;
-      // Keep training going: the batch is lost, counted, and reported in run_end.
-      int none = 0;
-      first_errno_.compare_exchange_strong(none, e, std::memory_order_relaxed);
-      last_errno_.store(e, std::memory_order_relaxed);
-      write_errors_.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
+  if (buf_.size() == 0) return;
+  const std::string_view lines(buf_.data(), buf_.size());
+  feed([lines](RecordSink& s) { s.write(lines); });
   buf_.clear();
 }
 

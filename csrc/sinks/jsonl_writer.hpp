@@ -15,31 +15,48 @@
 #include <vector>
 
 #include "../core/record_json.hpp"
+#include "../core/record_sink.hpp"
 #include "../core/spsc_ring.hpp"
 #include "../core/step_record.hpp"
 #include "step_completer.hpp"
 
 namespace steptrace::detail {
 
-/// Sees every step record on the writer thread, in step order, before it is written,
-/// and may append lines (alerts) after it. Also supplies run_end's alert counts.
-class StepObserver {
+/// The log file: appends each batch to the file descriptor it owns. A failed write loses
+/// that batch, is counted, and the writer keeps going (reported in run_end).
+class JsonlFileSink final : public RecordSink {
  public:
-  virtual ~StepObserver() = default;
-  virtual void on_step(const StepRecord& record, fmt::memory_buffer& out) = 0;
-  /// After the last step record, before run_end: may append lines (episodes it closes).
-  virtual void on_finish(fmt::memory_buffer& /*out*/) {}
-  virtual std::map<std::string, std::int64_t> alert_counts() const = 0;
-  virtual std::map<std::string, std::int64_t> alert_repeats() const { return {}; }
+  explicit JsonlFileSink(int fd) : fd_(fd) {}
+  std::string_view name() const noexcept override { return "jsonl"; }
+  void write(std::string_view lines) override;
+  /// fsyncs and closes the file.
+  void on_close() override;
+  /// Closes the descriptor without syncing (a forked child's copy).
+  void abandon() noexcept;
+
+  std::int64_t write_errors() const noexcept {
+    return write_errors_.load(std::memory_order_relaxed);
+  }
+  int first_errno() const noexcept { return first_errno_.load(std::memory_order_relaxed); }
+  int last_errno() const noexcept { return last_errno_.load(std::memory_order_relaxed); }
+
+ private:
+  int fd_;
+  std::atomic<std::int64_t> write_errors_{0};
+  std::atomic<int> first_errno_{0};
+  std::atomic<int> last_errno_{0};
 };
 
-class JsonlWriter {
+/// The writer thread: drains the record queue and feeds every sink, the log file first.
+class JsonlWriter final : public StepRecordQueue {
  public:
   /// Takes ownership of `fd` (open for writing). `first_line` (run_start, with its
-  /// newline) is the first thing written.
+  /// newline) is the first thing written, to the file and to each of `sinks` (not owned;
+  /// they must outlive the writer).
   JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
               std::size_t capacity, std::chrono::milliseconds flush_interval,
-              StepObserver* observer = nullptr, StepCompleter* completer = nullptr);
+              StepObserver* observer = nullptr, StepCompleter* completer = nullptr,
+              std::vector<RecordSink*> sinks = {});
   ~JsonlWriter();
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
@@ -48,17 +65,10 @@ class JsonlWriter {
   /// it wakes the writer and waits for a free slot (counted in waits()) while the writer
   /// runs. Null once the writer is stopping, closed or abandoned, or in a forked child
   /// (a full ring then never waits: the record is dropped and counted in dropped()).
-  StepRecord* begin_step_record() noexcept;
+  StepRecord* begin_step_record() noexcept override;
   /// Training thread: hands the filled slot to the writer; wakes it early when the ring
   /// is half full, so that a burst of short steps does not fill it.
-  /// Training thread: copies `r` into the ring (or drops it, see begin_step_record).
-  void push_step_record(const StepRecord& r) noexcept {
-    if (StepRecord* slot = begin_step_record()) {
-      *slot = r;
-      commit_step_record();
-    }
-  }
-  void commit_step_record() noexcept {
+  void commit_step_record() noexcept override {
     ring_.commit_push();
     if (ring_.size() >= ring_.capacity() / 2 && !drain_requested_.load(std::memory_order_relaxed)) {
       request_drain();
@@ -92,12 +102,13 @@ class JsonlWriter {
   std::int64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
   /// Failed writes (e.g. disk full: the batch is lost, the writer keeps going), and the
   /// first one's errno (0: none).
-  std::int64_t write_errors() const noexcept {
-    return write_errors_.load(std::memory_order_relaxed);
-  }
-  int first_errno() const noexcept { return first_errno_.load(std::memory_order_relaxed); }
+  std::int64_t write_errors() const noexcept { return file_.write_errors(); }
+  int first_errno() const noexcept { return file_.first_errno(); }
   /// The most recent failed write's errno (0: none).
-  int last_errno() const noexcept { return last_errno_.load(std::memory_order_relaxed); }
+  int last_errno() const noexcept { return file_.last_errno(); }
+  /// Sinks disabled after throwing, with what they threw ("name: message"); writer thread
+  /// until close, any thread after it.
+  std::vector<std::string> sink_failures() const;
 
  private:
   void run();
@@ -108,11 +119,23 @@ class JsonlWriter {
   void drain(bool force);
   void write_step(const StepRecord& r);
   void write_buffer();
+  // Calls `fn(sink)` for every live sink: a throw disables that sink, a slow call is
+  // reported; both once, on stderr.
+  template <typename Fn>
+  void feed(Fn&& fn) noexcept;
+
+  struct SinkState {
+    RecordSink* sink;
+    bool failed = false;
+    bool reported_slow = false;
+  };
 
   const int rank_;
   const PhaseNames& names_;
   const std::chrono::milliseconds flush_interval_;
-  int fd_;
+  JsonlFileSink file_;
+  std::vector<SinkState> sinks_;            // the file first
+  std::vector<std::string> sink_failures_;  // guarded by mu_
   StepObserver* observer_;
   StepCompleter* completer_;
   std::deque<StepRecord> held_;  // records waiting for the completer, in step order
@@ -120,7 +143,7 @@ class JsonlWriter {
   fmt::memory_buffer buf_;
   RunTotals totals_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_;
   std::vector<std::string> lines_;     // guarded by mu_
@@ -131,9 +154,6 @@ class JsonlWriter {
   std::atomic<bool> drain_requested_{false};
   std::atomic<std::int64_t> waits_{0};
   std::atomic<std::int64_t> dropped_{0};
-  std::atomic<std::int64_t> write_errors_{0};
-  std::atomic<int> first_errno_{0};
-  std::atomic<int> last_errno_{0};
   std::atomic<bool> stopping_{false};    // close() began: records are dropped from now on
   bool abandoned_ = false;               // forked child: never touch the file or the thread
   const std::uint64_t fork_generation_;  // fork_generation() at construction

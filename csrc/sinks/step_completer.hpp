@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "../core/step_record.hpp"
 
@@ -20,6 +21,40 @@ class StepCompleter {
   virtual void finish() noexcept = 0;
   /// Members for the run_end object (`"key":value`, no braces); "" for none.
   virtual std::string run_end_fields() = 0;
+};
+
+/// Several completers as one, in order: a record is complete once each has completed it.
+/// Each completes a record at most once (a record waiting on the second is not given to
+/// the first again), so the first's per-record state advances once per record.
+class ChainedCompleter final : public StepCompleter {
+ public:
+  explicit ChainedCompleter(std::vector<StepCompleter*> stages) : stages_(std::move(stages)) {}
+  void arrived(StepRecord& r) override {
+    for (StepCompleter* s : stages_) s->arrived(r);
+    r.completed_stages = 0;
+  }
+  bool complete(StepRecord& r, bool force) override {
+    for (; r.completed_stages < stages_.size(); ++r.completed_stages) {
+      if (!stages_[r.completed_stages]->complete(r, force)) return false;
+    }
+    return true;
+  }
+  void finish() noexcept override {
+    for (StepCompleter* s : stages_) s->finish();
+  }
+  std::string run_end_fields() override {
+    std::string out;
+    for (StepCompleter* s : stages_) {
+      std::string f = s->run_end_fields();
+      if (f.empty()) continue;
+      if (!out.empty()) out += ',';
+      out += f;
+    }
+    return out;
+  }
+
+ private:
+  std::vector<StepCompleter*> stages_;
 };
 
 }  // namespace steptrace::detail

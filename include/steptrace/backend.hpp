@@ -208,13 +208,13 @@ class STEPTRACE_API CounterSampler {
 /// One reading of the device's hardware state (NVML; a fake library in tests). NaN where
 /// the device does not report a figure.
 struct TelemetrySample {
-  std::int64_t t_ns = 0;                // on TelemetrySource::now_ns()'s clock
-  double power_w = 0;                   // board power draw
-  double energy_j = 0;                  // cumulative energy counter since driver load
-  double temp_c = 0;                    // GPU temperature
-  double sm_clock_mhz = 0;              // SM clock
-  double util_pct = 0;                  // GPU utilization (share of time a kernel ran)
-  std::uint64_t throttle_reasons = 0;   // NVML clock event reason bits
+  std::int64_t t_ns = 0;               // on TelemetrySource::now_ns()'s clock
+  double power_w = 0;                  // board power draw
+  double energy_j = 0;                 // cumulative energy counter since driver load
+  double temp_c = 0;                   // GPU temperature
+  double sm_clock_mhz = 0;             // SM clock
+  double util_pct = 0;                 // GPU utilization (share of time a kernel ran)
+  std::uint64_t throttle_reasons = 0;  // NVML clock event reason bits
 };
 
 /// A hardware fault the sampler found: a critical XID event, or a rise of the volatile

@@ -97,10 +97,44 @@ struct STEPTRACE_API Config {
   double dram_bound_pct = 80.0;
   double comm_bound_pct = 25.0;
 
+  /// GPU hardware telemetry (NVML: power, energy, temperature, clocks, throttling, XID
+  /// and ECC errors) of the rank's device (device_index, else $LOCAL_RANK, else 0):
+  /// "auto" (on where libnvidia-ml.so.1 loads and sees the device) or "off".
+  std::string nvml = "auto";
+  /// Interval of the NVML sampler thread.
+  int nvml_interval_ms = 100;
+  /// power_low: average step power below power_low_fraction x the device's power limit
+  /// for power_low_min_s seconds of consecutive steps (after warmup).
+  double power_low_fraction = 0.7;
+  double power_low_min_s = 30.0;
+  /// temperature_rising: the hottest reading of the steps rising faster than this over
+  /// the last minute (at least 30 s of history).
+  double temp_rise_c_per_min = 10.0;
+  /// power_drop: power falling between two readings by more than
+  /// max(power_drop_w, power_drop_fraction x the power limit).
+  double power_drop_w = 300.0;
+  double power_drop_fraction = 0.4;
+
   /// close() from a thread other than the one driving the steps waits at most this long
   /// for the step in progress to end; after it, the run is closed without that step and
   /// without the steps still waiting for device times.
   double close_wait_s = 10.0;
+
+  /// Prometheus endpoint (http://<host>:<port>/metrics, text format 0.0.4) served from a
+  /// thread of the process: -1 off, 0 any free port, N > 0 port N + $LOCAL_RANK (so the
+  /// ranks of one host use N, N+1, ...). The bound port is in run_start.metrics.port and
+  /// Profiler::metrics_port(); when it cannot be bound the run goes on without it.
+  int metrics_port = -1;
+  /// The `job` label of the metrics; empty: $STEPTRACE_JOB, else "steptrace".
+  std::string job;
+  /// node-exporter textfile mode: the metrics are also written to this file (name it
+  /// *.prom in the collector's folder), atomically (temporary file + rename), at most once
+  /// a second and at close. Empty: off. Independent of metrics_port.
+  std::string metrics_textfile;
+  /// Pushgateway base URL ("http://host:9091"): the final metrics are pushed (PUT, grouped
+  /// by job, run_id and rank) when the run closes, for jobs too short to be scraped.
+  /// Empty: off.
+  std::string metrics_pushgateway;
 
   /// Throws ConfigError for the first bad value, naming it and what is allowed.
   void validate() const;

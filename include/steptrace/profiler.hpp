@@ -53,6 +53,7 @@ struct Backends {
   std::unique_ptr<StreamSource> stream_source;  // default: none (set_stream decides)
   std::unique_ptr<KernelActivitySource> kernel_activity;  // default: CUPTI, on CUDA clocks
   std::unique_ptr<CounterSampler> counter_sampler;        // default: CUPTI PM sampling
+  std::unique_ptr<TelemetrySource> telemetry;             // default: NVML, where it loads
 };
 
 /// What Profiler::wait_event returns: an alert or resolved record (JSON), or a request
@@ -196,6 +197,9 @@ class STEPTRACE_API Profiler {
 
   /// Path of this rank's log file.
   const std::string& log_path() const noexcept;
+  /// The port the Prometheus endpoint is bound to (http://<host>:<port>/metrics), or -1
+  /// when metrics_port is -1 or binding failed (see run_start.metrics.error).
+  int metrics_port() const noexcept;
   /// The validated configuration, with rank, world size and run id resolved.
   const Config& config() const noexcept;
 

@@ -42,7 +42,18 @@ class Config:
     occupancy_min_pct: float
     dram_bound_pct: float
     comm_bound_pct: float
+    nvml: str
+    nvml_interval_ms: int
+    power_low_fraction: float
+    power_low_min_s: float
+    temp_rise_c_per_min: float
+    power_drop_w: float
+    power_drop_fraction: float
     close_wait_s: float
+    metrics_port: int
+    job: str
+    metrics_textfile: str
+    metrics_pushgateway: str
     def __init__(self) -> None: ...
     def validate(self) -> None: ...
 
@@ -60,6 +71,7 @@ class Profiler:
     in_step: bool
     step_index: int
     log_path: str
+    metrics_port: int
     config: Config
     write_errors: int
     write_error: str

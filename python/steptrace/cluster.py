@@ -70,8 +70,8 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 
 # The step record's hw fields the cross-rank view compares (issue 14's NVML figures).
-HW_TEMP_KEY = "temp_max_c"
-HW_POWER_KEY = "power_avg_w"
+HW_TEMP_KEY = "max_temp_c"
+HW_POWER_KEY = "power_w"
 
 _PHASE_ADVICE = {
     "data": "its input pipeline is slower: give its DataLoader more workers or pinned memory, "

@@ -8,7 +8,10 @@
    ``regression_threshold`` (1.5) x that median, alerts marked where they fired, and
    error steps as red crosses;
 2. memory over the steps (each field the log has, per rank);
-3. hardware counters (%), kernel times (ms) and telemetry (W, C), each only when the log
+3. with NVML readings in the steps (``hw``): the GPU's power (W, left axis: each step's
+   average, its lowest reading, and the power limit) against the step time (ms, right
+   axis) over the run;
+4. hardware counters (%), kernel times (ms) and telemetry (W, C), each only when the log
    has them.
 
 With several ranks the stack shows one rank (``rank=``, default the lowest) and the
@@ -27,6 +30,7 @@ import warnings
 from typing import Any, Optional
 
 from steptrace.analysis import Run, load, require
+from steptrace.summary import HwSeries
 
 MAX_POINTS = 3000
 DEFAULT_WINDOW = 100
@@ -111,7 +115,8 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
     groups = [c for c in ("counters", "kernels", "telemetry") if _group_columns(run, c)]
     mem_cols = [name for name, group, key in run.variable_columns() if group == "memory"
                 and key != "device_total_bytes" and name in df and df[name].notna().any()]
-    n_panels = 1 + (1 if mem_cols else 0) + len(groups)
+    power = _power_series(run, rank, mine["step"].to_numpy(), np)
+    n_panels = 1 + (1 if power is not None else 0) + (1 if mem_cols else 0) + len(groups)
     heights = [3.0] + [1.6] * (n_panels - 1)
     fig = Figure(figsize=(width, sum(heights) + 1.0), dpi=dpi, layout="constrained")
     axes = fig.subplots(n_panels, 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
@@ -180,6 +185,9 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
     ax.grid(True, alpha=0.3)
 
     panel = 1
+    if power is not None:
+        _power_panel(axes[panel], np, x, k, power, mine["step_ms"].to_numpy(dtype=np.float64), ok)
+        panel += 1
     if mem_cols:
         ax = axes[panel]
         panel += 1
@@ -210,6 +218,75 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
     if output is not None:
         fig.savefig(os.fspath(output), dpi=dpi)
     return fig
+
+
+def hw_of(run: Run) -> Optional[HwSeries]:
+    """The steps' NVML readings (``hw``) of ``run``, read again from its log (the step
+    table keeps no ``hw``) and kept on the Run; None for a log without any: one whose
+    run_start shows no active telemetry and whose run_end has no ``hw`` is not read again."""
+    cached = getattr(run, "_hw_series", False)
+    if cached is not False:
+        return cached
+    series: Optional[HwSeries] = None
+    active = any(isinstance(e.get("hw"), dict) for e in run.run_ends) or any(
+        isinstance((rs.get("backends") or {}).get("telemetry"), dict)
+        and (rs["backends"]["telemetry"].get("active") or []) for rs in run.run_starts)
+    reread = getattr(run, "_reread", None)
+    if active and reread is not None:
+        series = HwSeries.of(reread())
+        series = series if len(series) else None
+    run._hw_series = series  # type: ignore[attr-defined]
+    return series
+
+
+def _power_series(run: Run, rank: int, steps: Any, np: Any) -> Optional[dict[str, Any]]:
+    """Power (W) of ``rank``'s steps, aligned with ``steps``: None without readings."""
+    hw = hw_of(run)
+    if hw is None or not len(steps):
+        return None
+    at = {s: i for i, (r, s) in enumerate(zip(hw.rank, hw.step)) if r == rank}
+    if not at:
+        return None
+    idx = [at.get(int(s), -1) for s in steps]
+
+    def col(field: str) -> Any:
+        v = np.asarray(hw.values[field] + [np.nan], dtype=np.float64)  # index -1: no reading
+        return v[idx]
+
+    limits = [v for v in col("power_limit_w") if v == v]
+    if not limits:
+        for rs in run.run_starts:
+            t = (rs.get("backends") or {}).get("telemetry")
+            if isinstance(t, dict) and isinstance(t.get("power_limit_w"), (int, float)) and rs.get("rank", 0) == rank:
+                limits.append(float(t["power_limit_w"]))
+    return {"power_w": col("power_w"), "min_power_w": col("min_power_w"), "max_temp_c": col("max_temp_c"),
+            "power_limit_w": max(limits) if limits else None}
+
+
+def _power_panel(ax: Any, np: Any, x: Any, k: int, power: dict[str, Any], step_ms: Any, ok: Any) -> None:
+    """Power (W, left axis) against step time (ms, right axis) over the steps."""
+    ax.plot(x, _binned(np, power["power_w"], k), color="#e6550d", linewidth=1.2, label="power W (step mean)")
+    low = power["min_power_w"]
+    if np.isfinite(low).any():
+        ax.plot(x, _binned(np, low, k), color="#fdae6b", linewidth=0.8, label="power W (step min)")
+    limit = power["power_limit_w"]
+    if limit:
+        ax.axhline(limit, color="#e6550d", linestyle=":", linewidth=1.0, label=f"power limit {limit:.0f} W")
+    top = np.nanmax(power["power_w"]) if np.isfinite(power["power_w"]).any() else 0.0
+    ax.set_ylim(0, max(top, limit or 0.0) * 1.1 or 1.0)
+    ax.set_ylabel("power W")
+    temp = power["max_temp_c"]
+    hot = f", max {np.nanmax(temp):.0f} C" if np.isfinite(temp).any() else ""
+    ax.set_title(f"GPU power and step time{hot}", loc="left", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.plot(x, _binned(np, np.where(ok, step_ms, np.nan), k), color="#1f77b4", linewidth=0.8, alpha=0.8,
+             label="step ms")
+    ax2.set_ylabel("step ms")
+    ax2.set_ylim(bottom=0)
+    handles, labels = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(handles + h2, labels + l2, loc="upper left", bbox_to_anchor=(1.04, 1.0), fontsize=8, frameon=False)
 
 
 def _legend(ax: Any) -> None:
@@ -294,4 +371,4 @@ def rank_heatmap_png(run: Any, *, width: float = 12.0, dpi: int = 100, max_colum
     return buf.getvalue()
 
 
-__all__ = ["plot_run", "png_bytes", "rank_heatmap_png", "MAX_POINTS"]
+__all__ = ["plot_run", "png_bytes", "rank_heatmap_png", "hw_of", "MAX_POINTS"]

@@ -490,6 +490,12 @@ class Profiler:
         return self._core.log_path
 
     @property
+    def metrics_port(self) -> int:
+        """Port of the Prometheus endpoint (``http://<host>:<port>/metrics``); -1 when off
+        (``metrics_port=-1``, the default) or when the port could not be bound."""
+        return self._core.metrics_port
+
+    @property
     def closed(self) -> bool:
         return self._core.closed
 

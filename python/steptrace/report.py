@@ -23,9 +23,12 @@ from steptrace.errors import SteptraceError
 from steptrace.summary import (
     _ms,
     _pct,
+    _energy,
     alert_rows,
     counter_rows,
     headline,
+    hw_rows,
+    hw_summary,
     memory_rows,
 )
 
@@ -193,14 +196,39 @@ def _ranks_section(run: Run) -> str:
               f'src="data:image/png;base64,{png}">')
 
 
+def _hw_section(hw: dict[str, Any], rows: list[list[str]]) -> str:
+    """GPU hardware (NVML): cards for power, energy and temperature, then the table."""
+    def num(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    pct = hw.get("power_pct_of_limit")
+    reasons = hw.get("throttle_reasons") or {}
+    cards = [
+        _card(num(hw.get("mean_power_w"), ".0f") + " W", "mean power" + (f" ({pct:.0f}% of limit)" if pct else "")),
+        _card(num(hw.get("min_power_w"), ".0f") + " W", "lowest power"),
+        _card(_energy(hw.get("energy_per_step_j")), "energy per step"),
+        _card(_energy(hw.get("energy_j")), "energy in all"),
+        _card(num(hw.get("max_temp_c"), ".0f") + " C", "hottest"),
+        _card(", ".join(reasons) if reasons else "none", "throttling", bad=bool(reasons)),
+    ]
+    return ("<h2>GPU hardware</h2>" + f'<div class="cards">{"".join(cards)}</div>' + _table(rows, left=(0, 1))
+            + "<p class='sub'>NVML readings over each step (<code>hw</code> in the step records): power is the "
+              "mean of the steps' averages, energy per step their mean, energy in all the counter's rise over the "
+              "run (run_end), all ranks' GPUs together; the timeline's power panel shows power against step "
+              "time.</p>")
+
+
 def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] = None) -> str:
     """The report of ``run`` (a path or :class:`~steptrace.analysis.Run`) as an HTML string."""
     require("matplotlib", "plot", "steptrace report")
     from steptrace import __version__
-    from steptrace.plot import png_bytes
+    from steptrace.plot import hw_of, png_bytes
 
     run = load(run) if not isinstance(run, Run) else run
     summary = run.summary()
+    hw = hw_summary(hw_of(run), run.run_ends, run.run_starts)
+    if hw is not None:
+        summary["hw"] = hw
     name = title or summary.get("source") or summary.get("run_id") or "run"
     png = base64.b64encode(png_bytes(run, rank=rank, dpi=100)).decode("ascii")
 
@@ -236,6 +264,8 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
                         + "<p class='sub'>start, peak and end: the largest across ranks; trend: the "
                           "least-squares slope over the steps after the first "
                           f"{_e(summary.get('warmup_steps'))} (flat when it moves less than 1% of the peak).</p>")
+    if summary.get("hw"):
+        sections.append(_hw_section(summary["hw"], hw_rows(summary)))
     counters = counter_rows(summary)
     if counters:
         sections.append("<h2>Counters</h2>" + _table(counters))

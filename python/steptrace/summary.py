@@ -238,12 +238,18 @@ def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None
     slope of each field over the steps after warmup (the steepest rank's). Missing or
     non-numeric fields are ignored, not errors.
     """
-    table = records if isinstance(records, StepTable) else collect(records)
-    return summarize_table(table, source=source)
+    if isinstance(records, StepTable):
+        return summarize_table(records, source=source)
+    hw = HwSeries()
+    table = collect(hw.tee(records))
+    return summarize_table(table, source=source, hw=hw)
 
 
-def summarize_table(table: StepTable, *, source: Optional[str] = None) -> dict[str, Any]:
-    """:func:`summarize` of records already collected into a :class:`StepTable`."""
+def summarize_table(table: StepTable, *, source: Optional[str] = None,
+                    hw: Optional["HwSeries"] = None) -> dict[str, Any]:
+    """:func:`summarize` of records already collected into a :class:`StepTable`; ``hw``
+    the steps' NVML readings (:class:`HwSeries`, which the table does not keep) for the
+    "hw" part, else only run_end.hw's figures are used."""
     ops = _ops()
     ok = ops.col(table.ok)
     step_ms = ops.col(table.step_ms)
@@ -388,7 +394,7 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None) -> dict[s
     else:
         clock = "mixed (" + ", ".join(clocks) + ")"
 
-    return {
+    out = {
         "source": source,
         "run_id": run_id,
         "world_size": world_size,
@@ -415,6 +421,167 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None) -> dict[s
         "end_reasons": end_reasons,
         "warmup_steps": warmup,
     }
+    hw_part = hw_summary(hw, table.run_ends, table.run_starts)
+    if hw_part is not None:  # only for a log with NVML readings: nothing changes otherwise
+        out["hw"] = hw_part
+    return out
+
+
+# --------------------------------------------------------------------------- hw (NVML)
+
+
+class HwSeries:
+    """The ``hw`` objects of the step records (NVML readings over each step), one list a
+    field, in reading order; ``tee`` collects them while the records pass through."""
+
+    FIELDS = ("power_w", "min_power_w", "energy_j", "max_temp_c", "sm_clock_mhz", "power_limit_w")
+
+    def __init__(self) -> None:
+        self.rank: list[int] = []
+        self.step: list[int] = []
+        self.step_ms: list[float] = []
+        self.values: dict[str, list[float]] = {f: [] for f in self.FIELDS}
+        self.throttle: list[tuple[str, ...]] = []
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def add(self, rec: dict[str, Any]) -> None:
+        hw = rec.get("hw")
+        if not isinstance(hw, dict) or not _is_num(rec.get("step")):
+            return
+        r = rec.get("rank", 0)
+        self.rank.append(r if _is_num(r) else 0)
+        self.step.append(int(rec["step"]))
+        sm = rec.get("step_ms")
+        self.step_ms.append(float(sm) if _is_num(sm) else math.nan)
+        for f in self.FIELDS:
+            v = hw.get(f)
+            self.values[f].append(float(v) if _is_num(v) else math.nan)
+        reasons = hw.get("throttle_reasons")
+        self.throttle.append(tuple(str(x) for x in reasons) if isinstance(reasons, list) else ())
+
+    def tee(self, records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+        add = self.add
+        for rec in records:
+            if rec.get("kind") == "step" and "hw" in rec:
+                add(rec)
+            yield rec
+
+    @classmethod
+    def of(cls, records: Iterable[dict[str, Any]]) -> "HwSeries":
+        series = cls()
+        for _ in series.tee(records):
+            pass
+        return series
+
+
+def _present(v: Sequence[float]) -> list[float]:
+    return [x for x in v if x == x]
+
+
+def hw_summary(hw: Optional[HwSeries], run_ends: Sequence[dict[str, Any]] = (),
+               run_starts: Sequence[dict[str, Any]] = ()) -> Optional[dict[str, Any]]:
+    """The "hw" part of the summary: power (mean over the steps of each step's average,
+    and the lowest reading), energy per step (mean) and in all (run_end's energy counter
+    rise when the run ended, else the sum over the steps; all ranks' GPUs together), energy
+    per 1,000 steps (each rank's, summed over ranks), the hottest reading, the mean SM
+    clock, the power limit and the throttle reasons seen (reason -> steps). None when
+    neither the steps nor run_end have NVML readings."""
+    ends = [e["hw"] for e in run_ends if isinstance(e.get("hw"), dict)]
+    if (hw is None or not len(hw)) and not ends:
+        return None
+    hw = hw if hw is not None else HwSeries()
+    vals = {f: _present(v) for f, v in hw.values.items()}
+    power, low, energy = vals["power_w"], vals["min_power_w"], vals["energy_j"]
+    temp, clock = vals["max_temp_c"], vals["sm_clock_mhz"]
+
+    def mean(v: list[float]) -> Optional[float]:
+        return math.fsum(v) / len(v) if v else None
+
+    throttle: dict[str, int] = {}
+    for reasons in hw.throttle:
+        for r in dict.fromkeys(reasons):
+            throttle[r] = throttle.get(r, 0) + 1
+    throttle_steps = sum(1 for reasons in hw.throttle if reasons)
+
+    steps_energy = math.fsum(energy) if energy else None
+    per_1000: Optional[float] = None
+    by_rank: dict[Any, list[float]] = {}
+    for r, e in zip(hw.rank, hw.values["energy_j"]):
+        if e == e:
+            by_rank.setdefault(r, []).append(e)
+    if by_rank:
+        per_1000 = math.fsum(1000.0 * math.fsum(v) / len(v) for v in by_rank.values())
+    elif ends and all(_is_num(e.get("energy_j_per_1000_steps")) for e in ends):
+        per_1000 = math.fsum(float(e["energy_j_per_1000_steps"]) for e in ends)
+    if steps_energy is None and ends and all(_is_num(e.get("steps_energy_j")) for e in ends):
+        steps_energy = math.fsum(float(e["steps_energy_j"]) for e in ends)
+    counter = [float(e["energy_j"]) for e in ends if _is_num(e.get("energy_j"))]
+    total = math.fsum(counter) if counter and len(counter) == len(ends) else steps_energy
+
+    limits = vals["power_limit_w"] + [float(e["power_limit_w"]) for e in ends if _is_num(e.get("power_limit_w"))]
+    for rs in run_starts:
+        t = (rs.get("backends") or {}).get("telemetry")
+        if isinstance(t, dict) and _is_num(t.get("power_limit_w")):
+            limits.append(float(t["power_limit_w"]))
+    limit = max(limits) if limits else None
+    mean_power = mean(power)
+    sources = sorted({str(e["source"]) for e in ends if isinstance(e.get("source"), str)})
+    return {
+        "source": ", ".join(sources) if sources else "nvml",
+        "steps_with_hw": len(hw) if len(hw) else sum(int(e.get("steps_with_hw") or 0) for e in ends),
+        "mean_power_w": mean_power,
+        "min_power_w": min(low) if low else (min(power) if power else None),
+        "max_power_w": max(power) if power else None,
+        "power_limit_w": limit,
+        "power_pct_of_limit": 100.0 * mean_power / limit if mean_power is not None and limit else None,
+        "energy_per_step_j": mean(energy),
+        "steps_energy_j": steps_energy,
+        "energy_j": total,
+        "energy_j_per_1000_steps": per_1000,
+        "max_temp_c": max(temp) if temp else None,
+        "mean_sm_clock_mhz": mean(clock),
+        "throttle_reasons": throttle,
+        "throttled_steps": throttle_steps,
+    }
+
+
+def _num(v: Optional[float], fmt: str, unit: str = "") -> str:
+    return "-" if v is None else f"{v:{fmt}}{unit}"
+
+
+def _energy(j: Optional[float]) -> str:
+    """Joules, as kJ / MJ / kWh beyond a few thousand."""
+    if j is None:
+        return "-"
+    if abs(j) >= 3.6e6:
+        return f"{j / 3.6e6:.2f} kWh"
+    if abs(j) >= 1e4:
+        return f"{j / 1e3:.1f} kJ"
+    return f"{j:.3g} J" if abs(j) < 10 else f"{j:.1f} J"
+
+
+def hw_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """The GPU hardware table (header first; empty when the log has no NVML readings)."""
+    hw = summary.get("hw")
+    if not hw:
+        return []
+    power = _num(hw.get("mean_power_w"), ".0f", " W")
+    if hw.get("power_pct_of_limit") is not None:
+        power += f" ({hw['power_pct_of_limit']:.0f}% of {hw['power_limit_w']:.0f} W)"
+    rows = [["gpu (" + str(hw.get("source") or "nvml") + ")", "value"],
+            ["power mean", power],
+            ["power min", _num(hw.get("min_power_w"), ".0f", " W")],
+            ["energy per step", _energy(hw.get("energy_per_step_j"))],
+            ["energy per 1000 steps", _energy(hw.get("energy_j_per_1000_steps"))],
+            ["energy total", _energy(hw.get("energy_j"))],
+            ["temperature max", _num(hw.get("max_temp_c"), ".0f", " C")]]
+    if hw.get("mean_sm_clock_mhz") is not None:
+        rows.append(["sm clock mean", _num(hw.get("mean_sm_clock_mhz"), ".0f", " MHz")])
+    reasons = hw.get("throttle_reasons") or {}
+    rows.append(["throttle", ", ".join(f"{r} ({n} steps)" for r, n in reasons.items()) if reasons else "none"])
+    return rows
 
 
 def _top_kernels(run_ends: Sequence[dict[str, Any]], limit: int = 10) -> list[dict[str, Any]]:
@@ -617,6 +784,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     if counters:
         lines.append("")
         lines += _table(counters)
+    hw = hw_rows(summary)
+    if hw:
+        lines.append("")
+        lines += _table(hw, left=(0, 1))
     top = top_kernel_rows(summary)
     if top:
         lines.append("")
@@ -663,6 +834,9 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
     counters = counter_rows(summary)
     if counters:
         console.print(table(counters))
+    hw = hw_rows(summary)
+    if hw:
+        console.print(table(hw, left=(0, 1)))
     top = top_kernel_rows(summary)
     if top:
         console.print(table(top, left=(0, 1)))
@@ -678,6 +852,9 @@ __all__ = [
     "summarize",
     "summarize_table",
     "format_summary",
+    "hw_summary",
+    "hw_rows",
+    "HwSeries",
     "render_rich",
     "percentile",
     "DEFAULT_PHASES",

@@ -241,8 +241,8 @@ def test_hot_gpu_against_gpus_at_similar_power():
         for r in range(4):
             summary = window_summary(r, w, steps(r, w * 50, 50))
             # rank 2 runs 9 C hotter at the same power; rank 3 is hot but draws far more power
-            summary["hw"] = {"temp_max_c": 71.0 + (9.0 if r == 2 else 0.0) + (12.0 if r == 3 else 0.0),
-                             "power_avg_w": 500.0 if r != 3 else 690.0}
+            summary["hw"] = {"max_temp_c": 71.0 + (9.0 if r == 2 else 0.0) + (12.0 if r == 3 else 0.0),
+                             "power_w": 500.0 if r != 3 else 690.0}
             summaries[r] = summary
         record, alerts = analyzer.window(summaries)
         found += alerts

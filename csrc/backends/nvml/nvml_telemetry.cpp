@@ -1,0 +1,380 @@
+// NVML telemetry: libnvidia-ml.so.1 loaded at run time (nothing linked, no NVML header:
+// the few types and entry points used are declared here, as NVML's ABI defines them),
+// read on a sampler thread of its own.
+#include <dlfcn.h>
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "steptrace/backend.hpp"
+
+namespace steptrace {
+namespace detail::nvml {
+namespace {
+
+using Return = int;  // nvmlReturn_t
+using Device = struct DeviceSt*;
+using EventSet = struct EventSetSt*;
+constexpr Return kSuccess = 0;
+constexpr Return kNotSupported = 3;
+constexpr Return kTimeout = 10;
+constexpr unsigned kTemperatureGpu = 0;                // NVML_TEMPERATURE_GPU
+constexpr unsigned kClockSm = 1;                       // NVML_CLOCK_SM
+constexpr unsigned kMemoryErrorUncorrected = 1;        // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+constexpr unsigned kVolatileEcc = 0;                   // NVML_VOLATILE_ECC
+constexpr unsigned long long kEventXidCritical = 0x8;  // nvmlEventTypeXidCriticalError
+
+struct Utilization {
+  unsigned gpu;
+  unsigned memory;
+};
+struct EventData {
+  Device device;
+  unsigned long long event_type;
+  unsigned long long event_data;
+  unsigned gpu_instance_id;
+  unsigned compute_instance_id;
+};
+
+struct Api {
+  Return (*init)() = nullptr;
+  Return (*get_count)(unsigned*) = nullptr;
+  Return (*get_handle)(unsigned, Device*) = nullptr;
+  Return (*get_handle_by_uuid)(const char*, Device*) = nullptr;
+  Return (*get_name)(Device, char*, unsigned) = nullptr;
+  Return (*power_usage)(Device, unsigned*) = nullptr;
+  Return (*power_limit)(Device, unsigned*) = nullptr;
+  Return (*energy)(Device, unsigned long long*) = nullptr;
+  Return (*temperature)(Device, unsigned, unsigned*) = nullptr;
+  Return (*clock_info)(Device, unsigned, unsigned*) = nullptr;
+  Return (*throttle)(Device, unsigned long long*) = nullptr;
+  Return (*utilization)(Device, Utilization*) = nullptr;
+  Return (*ecc)(Device, unsigned, unsigned, unsigned long long*) = nullptr;
+  Return (*event_set_create)(EventSet*) = nullptr;
+  Return (*register_events)(Device, unsigned long long, EventSet) = nullptr;
+  Return (*event_wait)(EventSet, EventData*, unsigned) = nullptr;
+  const char* (*error_string)(Return) = nullptr;
+
+  std::string error(Return r) const {
+    const char* s = error_string != nullptr ? error_string(r) : nullptr;
+    return s != nullptr ? fmt::format("{} ({})", s, r) : fmt::format("NVML error {}", r);
+  }
+};
+
+std::int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+bool load(Api& api, std::string* why) {
+  const char* override_path = std::getenv("STEPTRACE_NVML_LIBRARY");
+  const std::string path =
+      override_path != nullptr && *override_path != '\0' ? override_path : "libnvidia-ml.so.1";
+  // Never dlclosed: NVML keeps threads of its own, and the process may use it elsewhere.
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    *why = fmt::format("{} could not be loaded (no NVIDIA driver on this machine)", path);
+    return false;
+  }
+  bool ok = true;
+  auto resolve = [&](auto& fn, const char* name, bool required = true) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (fn == nullptr && required && ok) {
+      *why = fmt::format("{} has no {}", path, name);
+      ok = false;
+    }
+  };
+  resolve(api.init, "nvmlInit_v2");
+  resolve(api.get_count, "nvmlDeviceGetCount_v2");
+  resolve(api.get_handle, "nvmlDeviceGetHandleByIndex_v2");
+  resolve(api.get_handle_by_uuid, "nvmlDeviceGetHandleByUUID", false);
+  resolve(api.get_name, "nvmlDeviceGetName", false);
+  resolve(api.power_usage, "nvmlDeviceGetPowerUsage");
+  resolve(api.power_limit, "nvmlDeviceGetEnforcedPowerLimit", false);
+  resolve(api.energy, "nvmlDeviceGetTotalEnergyConsumption", false);
+  resolve(api.temperature, "nvmlDeviceGetTemperature", false);
+  resolve(api.clock_info, "nvmlDeviceGetClockInfo", false);
+  // Renamed "clocks event reasons" in CUDA 12.2's NVML; the old name stays as an alias.
+  resolve(api.throttle, "nvmlDeviceGetCurrentClocksEventReasons", false);
+  if (api.throttle == nullptr) {
+    resolve(api.throttle, "nvmlDeviceGetCurrentClocksThrottleReasons", false);
+  }
+  resolve(api.utilization, "nvmlDeviceGetUtilizationRates", false);
+  resolve(api.ecc, "nvmlDeviceGetTotalEccErrors", false);
+  resolve(api.event_set_create, "nvmlEventSetCreate", false);
+  resolve(api.register_events, "nvmlDeviceRegisterEvents", false);
+  resolve(api.event_wait, "nvmlEventSetWait_v2", false);
+  resolve(api.error_string, "nvmlErrorString", false);
+  if (!ok) return false;
+  if (const Return r = api.init(); r != kSuccess) {
+    *why = fmt::format("nvmlInit_v2 failed: {}", api.error(r));
+    return false;
+  }
+  return true;
+}
+
+// The NVML index of CUDA device `cuda_index`: CUDA_VISIBLE_DEVICES renumbers devices, NVML
+// does not. Numeric lists map by position; UUIDs are looked up. "" on success.
+std::string nvml_device(const Api& api, int cuda_index, Device* out, std::string* how) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::string entry;
+  if (visible != nullptr && *visible != '\0') {
+    std::string list = visible;
+    int i = 0;
+    std::size_t pos = 0;
+    while (true) {
+      const std::size_t comma = list.find(',', pos);
+      if (i == cuda_index) {
+        entry = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        break;
+      }
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+      ++i;
+    }
+    if (entry.empty()) {
+      return fmt::format("CUDA device {} is not in CUDA_VISIBLE_DEVICES={}", cuda_index, visible);
+    }
+  }
+  if (!entry.empty() && entry.rfind("GPU-", 0) == 0 && api.get_handle_by_uuid != nullptr) {
+    if (const Return r = api.get_handle_by_uuid(entry.c_str(), out); r != kSuccess) {
+      return fmt::format("nvmlDeviceGetHandleByUUID({}) failed: {}", entry, api.error(r));
+    }
+    *how += fmt::format(", {} in CUDA_VISIBLE_DEVICES", entry);
+    return {};
+  }
+  unsigned index = static_cast<unsigned>(cuda_index);
+  if (!entry.empty()) {
+    char* end = nullptr;
+    const long parsed = std::strtol(entry.c_str(), &end, 10);
+    if (*end != '\0' || parsed < 0) {
+      return fmt::format("CUDA_VISIBLE_DEVICES entry {:?} is neither an index nor a GPU UUID",
+                         entry);
+    }
+    index = static_cast<unsigned>(parsed);
+    if (static_cast<int>(index) != cuda_index) *how += fmt::format(", NVML device {}", index);
+  }
+  unsigned count = 0;
+  if (const Return r = api.get_count(&count); r != kSuccess) {
+    return fmt::format("nvmlDeviceGetCount_v2 failed: {}", api.error(r));
+  }
+  if (count == 0) return "NVML sees no GPU on this machine";
+  if (index >= count)
+    return fmt::format("NVML device {} does not exist ({} visible)", index, count);
+  if (const Return r = api.get_handle(index, out); r != kSuccess) {
+    return fmt::format("nvmlDeviceGetHandleByIndex_v2({}) failed: {}", index, api.error(r));
+  }
+  return {};
+}
+
+class NvmlTelemetry final : public TelemetrySource {
+ public:
+  NvmlTelemetry(const Api& api, Device dev, std::string device, int interval_ms, Clock* clock)
+      : api_(api), dev_(dev), device_(std::move(device)), interval_ms_(interval_ms), clock_(clock) {
+    unsigned mw = 0;
+    if (api_.power_limit != nullptr && api_.power_limit(dev_, &mw) == kSuccess) {
+      power_limit_w_ = mw / 1000.0;
+    }
+    if (api_.event_set_create != nullptr && api_.register_events != nullptr &&
+        api_.event_wait != nullptr && api_.event_set_create(&events_) == kSuccess &&
+        api_.register_events(dev_, kEventXidCritical, events_) != kSuccess) {
+      events_ = nullptr;  // not supported (a vGPU, a MIG slice): no XID events then
+    }
+  }
+  ~NvmlTelemetry() override { finish(); }
+
+  const char* name() const noexcept override { return "nvml"; }
+  std::int64_t now_ns() noexcept override {
+    return clock_ != nullptr ? clock_->now_ns() : monotonic_ns();
+  }
+  double power_limit_w() const noexcept override { return power_limit_w_; }
+  std::string device() const override { return device_; }
+  void set_error_handler(std::function<void(const HardwareError&)> handler) override {
+    on_error_ = std::move(handler);
+  }
+  void start() override {
+    if (interval_ms_ <= 0 || thread_.joinable()) return;
+    thread_ = std::thread([this] { loop(); });
+  }
+  void take(std::vector<TelemetrySample>& out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.insert(out.end(), pending_.begin(), pending_.end());
+    pending_.clear();
+  }
+  void finish() noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) {
+      thread_.join();
+      // a closing reading: the last steps' periods end after them
+      sample();
+    }
+  }
+  std::string status() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+  // One reading of every figure; the hardware-error checks too. Sampler thread (or the
+  // test's, with interval_ms = 0).
+  bool sample() {
+    TelemetrySample s;
+    constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+    unsigned v = 0;
+    const Return pr = api_.power_usage(dev_, &v);
+    if (pr != kSuccess) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (status_.empty()) status_ = "nvmlDeviceGetPowerUsage failed: " + api_.error(pr);
+      return false;
+    }
+    s.power_w = v / 1000.0;
+    unsigned long long mj = 0;
+    s.energy_j = api_.energy != nullptr && api_.energy(dev_, &mj) == kSuccess ? mj / 1000.0 : kNaN;
+    s.temp_c =
+        api_.temperature != nullptr && api_.temperature(dev_, kTemperatureGpu, &v) == kSuccess
+            ? v
+            : kNaN;
+    s.sm_clock_mhz =
+        api_.clock_info != nullptr && api_.clock_info(dev_, kClockSm, &v) == kSuccess ? v : kNaN;
+    Utilization u{};
+    s.util_pct =
+        api_.utilization != nullptr && api_.utilization(dev_, &u) == kSuccess ? u.gpu : kNaN;
+    unsigned long long reasons = 0;
+    if (api_.throttle != nullptr && api_.throttle(dev_, &reasons) == kSuccess) {
+      s.throttle_reasons = reasons;
+    }
+    s.t_ns = now_ns();
+    check_errors(s.t_ns);
+    std::lock_guard<std::mutex> lock(mu_);
+    // Bounded: a writer that stopped taking must not grow this without end.
+    if (pending_.size() < kMaxPending) pending_.push_back(s);
+    return true;
+  }
+
+ private:
+  void check_errors(std::int64_t t_ns) {
+    if (events_ != nullptr) {
+      EventData data{};
+      // timeout 0: only what is pending; the sampler's own wait paces the loop
+      while (api_.event_wait(events_, &data, 0) == kSuccess) {
+        if ((data.event_type & kEventXidCritical) != 0) {
+          report({t_ns, "xid", data.event_data, 1});
+        }
+      }
+    }
+    unsigned long long count = 0;
+    if (api_.ecc != nullptr && !ecc_unsupported_) {
+      const Return r = api_.ecc(dev_, kMemoryErrorUncorrected, kVolatileEcc, &count);
+      if (r == kNotSupported) {
+        ecc_unsupported_ = true;
+      } else if (r == kSuccess) {
+        if (ecc_seen_ && count > ecc_count_)
+          report({t_ns, "ecc_uncorrected", count, count - ecc_count_});
+        ecc_count_ = count;
+        ecc_seen_ = true;
+      }
+    }
+  }
+  void report(const HardwareError& e) {
+    if (on_error_) on_error_(e);
+  }
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      sample();
+      lock.lock();
+      wake_.wait_for(lock, std::chrono::milliseconds(interval_ms_), [this] { return stop_; });
+    }
+  }
+
+  static constexpr std::size_t kMaxPending = 1 << 16;
+  Api api_;
+  Device dev_;
+  std::string device_;
+  const int interval_ms_;
+  Clock* clock_;
+  double power_limit_w_ = 0;
+  EventSet events_ = nullptr;
+  bool ecc_unsupported_ = false;
+  bool ecc_seen_ = false;
+  unsigned long long ecc_count_ = 0;
+  std::function<void(const HardwareError&)> on_error_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<TelemetrySample> pending_;  // guarded by mu_
+  std::string status_;                    // guarded by mu_
+  bool stop_ = false;                     // guarded by mu_
+  std::thread thread_;
+};
+
+// The rank's device when none is configured: $LOCAL_RANK (torchrun), else 0.
+int rank_device(std::string* how) {
+  const char* local = std::getenv("LOCAL_RANK");
+  if (local != nullptr && *local != '\0') {
+    char* end = nullptr;
+    const long v = std::strtol(local, &end, 10);
+    if (*end == '\0' && v >= 0 && v < 4096) {
+      *how = fmt::format("LOCAL_RANK={}", v);
+      return static_cast<int>(v);
+    }
+  }
+  *how = "default";
+  return 0;
+}
+
+}  // namespace
+}  // namespace detail::nvml
+
+std::unique_ptr<TelemetrySource> make_nvml_telemetry(int device_index, int interval_ms,
+                                                     std::string* why_not, Clock* clock) {
+  using namespace detail::nvml;
+  std::string why;
+  Api api;
+  if (!load(api, &why)) {
+    if (why_not != nullptr) *why_not = why;
+    return nullptr;
+  }
+  std::string how = "device_index";
+  const int cuda_index = device_index >= 0 ? device_index : rank_device(&how);
+  Device dev = nullptr;
+  std::string detail = fmt::format("device {} ({}", cuda_index, how);
+  why = nvml_device(api, cuda_index, &dev, &detail);
+  if (!why.empty()) {
+    if (why_not != nullptr) *why_not = why;
+    return nullptr;
+  }
+  char name[96] = {};
+  if (api.get_name != nullptr && api.get_name(dev, name, sizeof(name)) == kSuccess) {
+    detail += fmt::format(", {}", name);
+  }
+  detail += ")";
+  unsigned mw = 0;
+  if (const Return r = api.power_usage(dev, &mw); r != kSuccess) {
+    if (why_not != nullptr) *why_not = "nvmlDeviceGetPowerUsage failed: " + api.error(r);
+    return nullptr;
+  }
+  return std::make_unique<NvmlTelemetry>(api, dev, detail, interval_ms, clock);
+}
+
+bool sample_nvml_now(TelemetrySource& source) {
+  auto* nvml = dynamic_cast<detail::nvml::NvmlTelemetry*>(&source);
+  return nvml != nullptr && nvml->sample();
+}
+
+}  // namespace steptrace

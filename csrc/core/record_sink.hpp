@@ -1,0 +1,65 @@
+// The seam between the core and its outputs: the writer thread hands every record to a
+// list of sinks (the JSONL file is one, the Prometheus registry another). The core knows
+// these interfaces only; the sinks live in csrc/sinks/.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "step_record.hpp"
+
+namespace steptrace::detail {
+
+/// Where records go. Every call comes from the writer thread, in record order, never from
+/// the training thread. A sink that throws is disabled for the rest of the run and the
+/// writer says so once (the other sinks carry on); one whose call takes over a second is
+/// reported once as slow. A sink that can block for long (network, remote disk) should
+/// queue and do its I/O on its own thread.
+class RecordSink {
+ public:
+  virtual ~RecordSink() = default;
+  /// A short name for messages ("jsonl", "prometheus").
+  virtual std::string_view name() const noexcept = 0;
+  /// A batch of complete JSON lines (each with its newline), exactly as the log has them:
+  /// run_start first, run_end last.
+  virtual void write(std::string_view /*lines*/) {}
+  /// A step record, once complete (device data joined), before its line is written.
+  virtual void on_step(const StepRecord& /*record*/) {}
+  /// The run ended: run_end was handed to write(). Nothing is fed afterwards.
+  virtual void on_close() {}
+};
+
+/// Sees every step record on the writer thread, in step order, before it is written,
+/// and may append lines (alerts) after it. Also supplies run_end's alert counts.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void on_step(const StepRecord& record, fmt::memory_buffer& out) = 0;
+  /// After the last step record, before run_end: may append lines (episodes it closes).
+  virtual void on_finish(fmt::memory_buffer& /*out*/) {}
+  virtual std::map<std::string, std::int64_t> alert_counts() const = 0;
+  virtual std::map<std::string, std::int64_t> alert_repeats() const { return {}; }
+};
+
+/// The training thread's side of the record queue (implemented by the writer).
+class StepRecordQueue {
+ public:
+  virtual ~StepRecordQueue() = default;
+  /// The slot to fill with the next step record, or null (the record is dropped).
+  virtual StepRecord* begin_step_record() noexcept = 0;
+  /// Hands the slot filled since begin_step_record to the writer.
+  virtual void commit_step_record() noexcept = 0;
+  /// Copies `r` into the queue (or drops it, see begin_step_record).
+  void push_step_record(const StepRecord& r) noexcept {
+    if (StepRecord* slot = begin_step_record()) {
+      *slot = r;
+      commit_step_record();
+    }
+  }
+};
+
+}  // namespace steptrace::detail

@@ -1,0 +1,432 @@
+#include "prometheus_sink.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "steptrace/backend.hpp"
+
+#if STEPTRACE_HAVE_HTTPLIB
+#include <httplib.h>
+#endif
+
+namespace steptrace::detail {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr const char* kMemoryKinds[] = {"allocated", "reserved", "peak",
+                                        "rss",       "heap",     "device_used"};
+constexpr const char* kRatioNames[] = {"steptrace_tensor_active_ratio",
+                                       "steptrace_dram_throughput_ratio",
+                                       "steptrace_sm_occupancy_ratio"};
+constexpr const char* kRatioHelp[] = {
+    "Share of the step's device time the tensor cores were active (0..1).",
+    "DRAM throughput over the step as a share of peak (0..1).",
+    "Achieved SM occupancy over the step (0..1)."};
+// The counter index (kCounterNames) each ratio reads.
+constexpr std::size_t kRatioCounter[] = {0, 1, 2};
+
+// A sample value as the text format wants it.
+std::string number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  return fmt::format("{}", v);
+}
+
+void header(fmt::memory_buffer& out, const char* name, const char* type, const char* help) {
+  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+void sample(fmt::memory_buffer& out, std::string_view name, std::string_view labels, double v) {
+  fmt::format_to(std::back_inserter(out), "{}{{{}}} {}\n", name, labels, number(v));
+}
+
+void histogram(fmt::memory_buffer& out, const char* name, const std::string& labels,
+               const MetricsRegistry::Histogram& h) {
+  auto it = std::back_inserter(out);
+  std::int64_t cumulative = 0;
+  for (std::size_t i = 0; i < kDurationBuckets.size(); ++i) {
+    cumulative += h.counts[i];
+    fmt::format_to(it, "{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, number(kDurationBuckets[i]),
+                   cumulative);
+  }
+  fmt::format_to(it, "{}_bucket{{{},le=\"+Inf\"}} {}\n", name, labels, h.count);
+  fmt::format_to(it, "{}_sum{{{}}} {}\n", name, labels, number(h.sum));
+  fmt::format_to(it, "{}_count{{{}}} {}\n", name, labels, h.count);
+}
+
+}  // namespace
+
+std::string escape_label_value(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (const char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void MetricsRegistry::Histogram::observe(double v) noexcept {
+  if (!std::isfinite(v)) return;
+  ++count;
+  sum += v;
+  for (std::size_t i = 0; i < kDurationBuckets.size(); ++i) {
+    if (v <= kDurationBuckets[i]) {
+      ++counts[i];
+      return;
+    }
+  }
+}
+
+MetricsRegistry::MetricsRegistry(MetricLabels labels, const PhaseNames& names, std::string version,
+                                 std::function<double()> median_s,
+                                 std::function<double()> in_flight_s)
+    : labels_(std::move(labels)),
+      names_(names),
+      version_(std::move(version)),
+      median_s_(std::move(median_s)),
+      in_flight_s_(std::move(in_flight_s)) {
+  base_labels_ = fmt::format("job=\"{}\",run_id=\"{}\",rank=\"{}\",host=\"{}\"",
+                             escape_label_value(labels_.job), escape_label_value(labels_.run_id),
+                             labels_.rank, escape_label_value(labels_.host));
+  values_.memory_bytes.fill(kNaN);
+  values_.ratios.fill(kNaN);
+}
+
+void MetricsRegistry::observe_step(const StepRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Values& v = values_;
+  ++v.steps;
+  if (r.failed) ++v.error_steps;
+  v.step.observe(static_cast<double>(r.step_ns) / 1e9);
+  for (std::uint16_t i = 0; i < r.phase_count && i < kMaxPhases; ++i) {
+    const std::uint16_t id = r.phase_ids[i];
+    if (id >= kMaxPhases) continue;
+    v.phase_seen[id] = true;
+    v.phases[id].observe(static_cast<double>(r.phase_ns[i]) / 1e9);
+  }
+  v.data_wait_s += static_cast<double>(r.data_ns) / 1e9;
+  v.last_step_unix_s = static_cast<double>(r.start_unix_ns + r.host_ns) / 1e9;
+  const std::int64_t memory[] = {r.memory.allocated_bytes, r.memory.reserved_bytes,
+                                 r.memory.peak_bytes,      r.memory.rss_bytes,
+                                 r.memory.heap_bytes,      r.memory.device_used_bytes};
+  for (std::size_t i = 0; i < std::size(memory); ++i) {
+    if (memory[i] >= 0) v.memory_bytes[i] = static_cast<double>(memory[i]);
+  }
+  if (r.counters.present) {
+    for (std::size_t i = 0; i < v.ratios.size(); ++i) {
+      const double pct = r.counters.values[kRatioCounter[i]];
+      if (std::isfinite(pct)) v.ratios[i] = std::clamp(pct, 0.0, 100.0) / 100.0;
+    }
+  }
+  // The same split as the record's comm object (host-timed collectives), else its kernels.
+  if (r.comm.count > 0) {
+    const std::int64_t exposed = std::min(r.comm.exposed_ns, r.host_ns);
+    v.split_seen = true;
+    v.comm_s += static_cast<double>(r.comm.busy_ns) / 1e9;
+    v.comm_exposed_s += static_cast<double>(exposed) / 1e9;
+    v.compute_s +=
+        static_cast<double>(std::max<std::int64_t>(0, r.host_ns - r.comm.exposed_ns)) / 1e9;
+  } else if (r.kernels.present) {
+    v.split_seen = true;
+    v.compute_s += static_cast<double>(r.kernels.compute_ns) / 1e9;
+    v.comm_s += static_cast<double>(r.kernels.nccl_ns) / 1e9;
+    v.comm_exposed_s += static_cast<double>(r.kernels.exposed_nccl_ns) / 1e9;
+  }
+}
+
+void MetricsRegistry::observe_lines(std::string_view lines) {
+  // Alerts are rare: only lines that look like one are parsed.
+  std::size_t pos = 0;
+  while (pos < lines.size()) {
+    std::size_t end = lines.find('\n', pos);
+    if (end == std::string_view::npos) end = lines.size();
+    const std::string_view line = lines.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.find("\"alert\"") == std::string_view::npos) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) continue;
+    const auto kind = j.find("kind");
+    const auto type = j.find("type");
+    if (kind == j.end() || *kind != "alert" || type == j.end() || !type->is_string()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    // Bounded: a run has a few dozen alert types; anything past 256 is folded into one.
+    std::string t = type->get<std::string>();
+    if (values_.alerts.size() >= 256 && values_.alerts.count(t) == 0) t = "other";
+    ++values_.alerts[t];
+  }
+}
+
+std::string MetricsRegistry::render() const {
+  Values v;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    v = values_;
+  }
+  const double median = median_s_ ? median_s_() : 0.0;
+  const double in_flight = in_flight_s_ ? in_flight_s_() : 0.0;
+  const std::string& l = base_labels_;
+  fmt::memory_buffer out;
+
+  header(out, "steptrace_info", "gauge", "steptrace version of the training process.");
+  sample(out, "steptrace_info", fmt::format("{},version=\"{}\"", l, escape_label_value(version_)),
+         1);
+  header(out, "steptrace_steps_total", "counter", "Steps completed and written.");
+  sample(out, "steptrace_steps_total", l, static_cast<double>(v.steps));
+  header(out, "steptrace_error_steps_total", "counter",
+         "Steps that ended with an exception (failed).");
+  sample(out, "steptrace_error_steps_total", l, static_cast<double>(v.error_steps));
+  header(out, "steptrace_step_duration_seconds", "histogram",
+         "Step time (without the data wait), on the record's clock.");
+  histogram(out, "steptrace_step_duration_seconds", l, v.step);
+  bool phase_header = false;
+  for (std::size_t id = 0; id < kMaxPhases && id < names_.size(); ++id) {
+    if (!v.phase_seen[id]) continue;
+    if (!phase_header) {
+      header(out, "steptrace_phase_duration_seconds", "histogram",
+             "Time of each phase within a step (summed when a phase runs several times).");
+      phase_header = true;
+    }
+    histogram(out, "steptrace_phase_duration_seconds",
+              fmt::format("{},phase=\"{}\"", l,
+                          escape_label_value(names_.name(static_cast<std::uint16_t>(id)))),
+              v.phases[id]);
+  }
+  header(out, "steptrace_data_wait_seconds_total", "counter",
+         "Time spent waiting on the data loader between steps.");
+  sample(out, "steptrace_data_wait_seconds_total", l, v.data_wait_s);
+  if (median > 0 && std::isfinite(median)) {
+    header(out, "steptrace_step_median_seconds", "gauge",
+           "Trailing median iteration time (data wait + step) the detectors compare with.");
+    sample(out, "steptrace_step_median_seconds", l, median);
+  }
+  if (v.steps > 0) {
+    header(out, "steptrace_last_step_timestamp_seconds", "gauge",
+           "Unix time the last written step ended.");
+    sample(out, "steptrace_last_step_timestamp_seconds", l, v.last_step_unix_s);
+  }
+  header(out, "steptrace_step_in_flight_seconds", "gauge",
+         "Age of the step now running; 0 between steps.");
+  sample(out, "steptrace_step_in_flight_seconds", l, in_flight);
+  bool memory_header = false;
+  for (std::size_t i = 0; i < v.memory_bytes.size(); ++i) {
+    if (std::isnan(v.memory_bytes[i])) continue;
+    if (!memory_header) {
+      header(out, "steptrace_memory_bytes", "gauge", "Memory at the end of the last step.");
+      memory_header = true;
+    }
+    sample(out, "steptrace_memory_bytes", fmt::format("{},kind=\"{}\"", l, kMemoryKinds[i]),
+           v.memory_bytes[i]);
+  }
+  if (!v.alerts.empty()) {
+    header(out, "steptrace_alerts_total", "counter", "Alerts written, by type.");
+    for (const auto& [type, count] : v.alerts) {
+      sample(out, "steptrace_alerts_total",
+             fmt::format("{},type=\"{}\"", l, escape_label_value(type)),
+             static_cast<double>(count));
+    }
+  }
+  for (std::size_t i = 0; i < v.ratios.size(); ++i) {
+    if (std::isnan(v.ratios[i])) continue;
+    header(out, kRatioNames[i], "gauge", kRatioHelp[i]);
+    sample(out, kRatioNames[i], l, v.ratios[i]);
+  }
+  if (v.split_seen) {
+    header(out, "steptrace_compute_seconds_total", "counter",
+           "Compute time of the steps (not blocked on communication).");
+    sample(out, "steptrace_compute_seconds_total", l, v.compute_s);
+    header(out, "steptrace_comm_seconds_total", "counter", "Communication (collective) time.");
+    sample(out, "steptrace_comm_seconds_total", l, v.comm_s);
+    header(out, "steptrace_comm_exposed_seconds_total", "counter",
+           "Communication not overlapped by compute.");
+    sample(out, "steptrace_comm_exposed_seconds_total", l, v.comm_exposed_s);
+  }
+  return std::string(out.data(), out.size());
+}
+
+#if STEPTRACE_HAVE_HTTPLIB
+struct PrometheusSink::Server {
+  httplib::Server http;
+};
+#else
+struct PrometheusSink::Server {};
+#endif
+
+std::string base64url(std::string_view v) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::string out;
+  std::size_t i = 0;
+  for (; i + 3 <= v.size(); i += 3) {
+    const auto n = (static_cast<std::uint32_t>(static_cast<unsigned char>(v[i])) << 16) |
+                   (static_cast<std::uint32_t>(static_cast<unsigned char>(v[i + 1])) << 8) |
+                   static_cast<unsigned char>(v[i + 2]);
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += kAlphabet[(n >> 6) & 63];
+    out += kAlphabet[n & 63];
+  }
+  if (const std::size_t left = v.size() - i; left > 0) {
+    std::uint32_t n = static_cast<std::uint32_t>(static_cast<unsigned char>(v[i])) << 16;
+    if (left == 2) n |= static_cast<std::uint32_t>(static_cast<unsigned char>(v[i + 1])) << 8;
+    out += kAlphabet[(n >> 18) & 63];
+    out += kAlphabet[(n >> 12) & 63];
+    out += left == 2 ? kAlphabet[(n >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+PrometheusSink::PrometheusSink(MetricsOutputs outputs, MetricLabels labels, const PhaseNames& names,
+                               std::string version, std::function<double()> median_s,
+                               std::function<double()> in_flight_s)
+    : outputs_(std::move(outputs)),
+      labels_(labels),
+      registry_(std::move(labels), names, std::move(version), std::move(median_s),
+                std::move(in_flight_s)) {
+  const int port = outputs_.port;
+  if (port < 0) return;
+#if STEPTRACE_HAVE_HTTPLIB
+  server_ = std::make_unique<Server>();
+  httplib::Server& http = server_->http;
+  // Two workers (an HA pair of Prometheus servers, or one and a curl), no more threads
+  // than that in the trainer; an idle keep-alive connection frees its worker after 1 s.
+  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  http.set_keep_alive_timeout(1);
+  http.set_read_timeout(2, 0);
+  http.set_write_timeout(2, 0);
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(registry_.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("steptrace: metrics at /metrics\n", "text/plain");
+  });
+  if (port == 0) {
+    port_ = http.bind_to_any_port("0.0.0.0");
+    if (port_ <= 0) port_ = -1;
+  } else {
+    port_ = http.bind_to_port("0.0.0.0", port) ? port : -1;
+  }
+  if (port_ < 0) {
+    error_ = port == 0 ? "could not bind any port"
+                       : fmt::format("could not bind port {} (in use, or not allowed)", port);
+    server_.reset();
+    return;
+  }
+  thread_ = std::thread([this] { server_->http.listen_after_bind(); });
+  // stop() does nothing to a server not yet running: wait until it runs (a few us).
+  for (int i = 0; i < 2000 && !http.is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+#else
+  (void)port;
+  error_ = "built without cpp-httplib (libcpp-httplib-dev)";
+#endif
+}
+
+PrometheusSink::~PrometheusSink() { stop(); }
+
+void PrometheusSink::write(std::string_view lines) {
+  registry_.observe_lines(lines);
+  if (outputs_.textfile.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - textfile_written_ < std::chrono::seconds(1)) return;
+  textfile_written_ = now;
+  write_textfile();
+}
+
+void PrometheusSink::on_close() {
+  stop();
+  if (!outputs_.textfile.empty()) write_textfile();  // the final values
+  if (!outputs_.pushgateway.empty()) push();
+}
+
+bool PrometheusSink::write_textfile() {
+  // node_exporter reads *.prom files: write a temporary name it ignores, then rename it
+  // over the old one, so a scrape never sees half a file.
+  const std::string tmp = fmt::format("{}.{}.tmp", outputs_.textfile, ::getpid());
+  const std::string text = registry_.render();
+  std::string error;
+  if (std::FILE* f = std::fopen(tmp.c_str(), "w")) {
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    const bool closed = std::fclose(f) == 0;
+    if (!ok || !closed) {
+      error = fmt::format("writing {}: {}", tmp, std::strerror(errno));
+    } else if (std::rename(tmp.c_str(), outputs_.textfile.c_str()) != 0) {
+      error = fmt::format("renaming {} to {}: {}", tmp, outputs_.textfile, std::strerror(errno));
+    }
+    if (!error.empty()) std::remove(tmp.c_str());
+  } else {
+    error = fmt::format("creating {}: {}", tmp, std::strerror(errno));
+  }
+  if (error.empty()) return true;
+  if (!textfile_reported_) {
+    textfile_reported_ = true;
+    std::fprintf(stderr, "steptrace: metrics textfile not written (%s); retrying each second\n",
+                 error.c_str());
+  }
+  return false;
+}
+
+bool PrometheusSink::push() {
+  std::string error;
+#if STEPTRACE_HAVE_HTTPLIB
+  // "http://host:port/prefix" -> client "http://host:port", path "/prefix/metrics/..."
+  const std::string& url = outputs_.pushgateway;
+  const std::size_t scheme = url.find("://");
+  const std::size_t slash = url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
+  const std::string origin = url.substr(0, slash);
+  std::string prefix = slash == std::string::npos ? "" : url.substr(slash);
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  const std::string path =
+      fmt::format("{}/metrics/job@base64/{}/run_id@base64/{}/rank/{}", prefix,
+                  base64url(labels_.job), base64url(labels_.run_id), labels_.rank);
+  try {
+    httplib::Client client(origin);
+    client.set_connection_timeout(2, 0);
+    client.set_read_timeout(5, 0);
+    client.set_write_timeout(5, 0);
+    auto res = client.Put(path, registry_.render(), "text/plain; version=0.0.4; charset=utf-8");
+    if (!res) {
+      error = fmt::format("{}{}: {}", origin, path, httplib::to_string(res.error()));
+    } else if (res->status / 100 != 2) {
+      error = fmt::format("{}{}: HTTP {} {}", origin, path, res->status, res->body.substr(0, 200));
+    }
+  } catch (const std::exception& e) {
+    error = fmt::format("{}: {}", url, e.what());
+  }
+#else
+  error = "built without cpp-httplib (libcpp-httplib-dev)";
+#endif
+  if (error.empty()) return true;
+  std::fprintf(stderr, "steptrace: Pushgateway push failed (%s); the log file has everything\n",
+               error.c_str());
+  return false;
+}
+
+void PrometheusSink::stop() noexcept {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+#if STEPTRACE_HAVE_HTTPLIB
+  if (server_) server_->http.stop();
+#endif
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace steptrace::detail

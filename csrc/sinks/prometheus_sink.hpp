@@ -1,0 +1,137 @@
+// Prometheus exposition of the step records: a registry the writer thread updates from
+// each record, and a sink that serves it over HTTP (cpp-httplib) on its own thread.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "../core/record_sink.hpp"
+#include "../core/step_record.hpp"
+
+namespace steptrace::detail {
+
+/// The labels every series carries.
+struct MetricLabels {
+  std::string job = "steptrace";
+  std::string run_id;
+  int rank = 0;
+  std::string host;
+};
+
+/// Upper bounds of the duration histograms, in seconds (roughly x2.5 apart).
+inline constexpr std::array<double, 15> kDurationBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0};
+
+/// The metric values of one run. observe_*() from the writer thread; render() from any
+/// thread (it copies the values under a short lock and formats outside it).
+class MetricsRegistry {
+ public:
+  /// `names` resolves phase ids (read without a lock, see PhaseNames). `median_s` and
+  /// `in_flight_s` are read at each render (any thread); either may be empty.
+  MetricsRegistry(MetricLabels labels, const PhaseNames& names, std::string version,
+                  std::function<double()> median_s = {}, std::function<double()> in_flight_s = {});
+
+  void observe_step(const StepRecord& r);
+  /// Counts the alert records among complete JSON lines.
+  void observe_lines(std::string_view lines);
+  /// The exposition, text format 0.0.4.
+  std::string render() const;
+
+  struct Histogram {
+    std::array<std::int64_t, kDurationBuckets.size()> counts{};  // not cumulative
+    std::int64_t count = 0;
+    double sum = 0;
+    void observe(double v) noexcept;
+  };
+  struct Values {
+    Histogram step;
+    std::array<Histogram, kMaxPhases> phases;
+    std::array<bool, kMaxPhases> phase_seen{};
+    std::int64_t steps = 0;
+    std::int64_t error_steps = 0;
+    double data_wait_s = 0;
+    double last_step_unix_s = 0;
+    // allocated, reserved, peak, rss, heap, device_used; NaN: never seen
+    std::array<double, 6> memory_bytes{};
+    std::array<double, 3> ratios{};  // tensor_active, dram_throughput, sm_occupancy; NaN: none
+    bool split_seen = false;
+    double compute_s = 0, comm_s = 0, comm_exposed_s = 0;
+    std::map<std::string, std::int64_t> alerts;  // by type
+  };
+
+ private:
+  const MetricLabels labels_;
+  const PhaseNames& names_;
+  const std::string version_;
+  const std::function<double()> median_s_;
+  const std::function<double()> in_flight_s_;
+  std::string base_labels_;  // job="...",run_id="...",rank="...",host="..."
+  mutable std::mutex mu_;
+  Values values_;  // guarded by mu_
+};
+
+/// Where the metrics go besides the registry.
+struct MetricsOutputs {
+  int port = -1;            // HTTP endpoint: -1 none, 0 any free port, N port N
+  std::string textfile;     // node-exporter textfile: rewritten atomically (at most 1/s)
+  std::string pushgateway;  // Pushgateway base URL: one push (PUT) at close
+};
+
+/// Serves a MetricsRegistry at http://<any address>:<port>/metrics, writes it to a
+/// node-exporter textfile and pushes it to a Pushgateway at close, as configured. Binding
+/// happens in the constructor: port() is the bound port, or -1 with error() saying why
+/// (the run goes on without the endpoint). The server thread stops at on_close() or
+/// destruction. Textfile and push failures are said once on stderr, never thrown.
+class PrometheusSink final : public RecordSink {
+ public:
+  PrometheusSink(MetricsOutputs outputs, MetricLabels labels, const PhaseNames& names,
+                 std::string version, std::function<double()> median_s,
+                 std::function<double()> in_flight_s);
+  ~PrometheusSink() override;
+  PrometheusSink(const PrometheusSink&) = delete;
+  PrometheusSink& operator=(const PrometheusSink&) = delete;
+
+  std::string_view name() const noexcept override { return "prometheus"; }
+  void write(std::string_view lines) override;
+  void on_step(const StepRecord& r) override { registry_.observe_step(r); }
+  void on_close() override;
+
+  int port() const noexcept { return port_; }
+  const std::string& error() const noexcept { return error_; }
+  const MetricsRegistry& registry() const noexcept { return registry_; }
+  /// Stops serving (idempotent).
+  void stop() noexcept;
+  /// Writes the textfile now (tmp file + rename); false on failure (said once).
+  bool write_textfile();
+  /// Pushes to the Pushgateway now (PUT <url>/metrics/job/<job>/run_id/<id>/rank/<rank>);
+  /// false on failure (said once).
+  bool push();
+
+ private:
+  struct Server;
+  const MetricsOutputs outputs_;
+  const MetricLabels labels_;
+  std::chrono::steady_clock::time_point textfile_written_{};
+  bool textfile_reported_ = false;
+  MetricsRegistry registry_;
+  std::unique_ptr<Server> server_;
+  int port_ = -1;
+  std::string error_;
+  std::thread thread_;
+  std::mutex stop_mu_;
+};
+
+/// Escapes a label value for the text format (backslash, double quote, newline).
+std::string escape_label_value(std::string_view v);
+/// RFC 4648 base64url with padding (Pushgateway's `label@base64/value` path segments).
+std::string base64url(std::string_view v);
+
+}  // namespace steptrace::detail

@@ -1,0 +1,152 @@
+// A stand-in libnvidia-ml.so.1 for tests (loaded through STEPTRACE_NVML_LIBRARY). It
+// plays a scripted series chosen by $STEPTRACE_FAKE_NVML_SCENARIO, read at nvmlInit_v2:
+// reading i (each nvmlDeviceGetPowerUsage call after init starts the next; the others
+// report reading i) is scripted second i, so tests drive it without waiting on time.
+//   steady    650 W (+-2), 65-66 C, 1980 MHz, no throttling
+//   sag       650 W for 20 s, then -5 W/s down to 350 W (below 70% of 700 W from 53 s)
+//   cooling   60 C for 20 s, then up to 85 C in 30 s (50 C/min)
+//   drop      700 W for 40 s, then 200 W
+//   xid       steady; XID 79 at reading 25; uncorrectable ECC 0 -> 2 at reading 30
+//   throttle  steady; hw_thermal_slowdown at readings 30..39, sw_power_cap at 50..59
+//   nodevice  NVML loads, but sees no GPU
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+using Return = int;
+constexpr Return kSuccess = 0;
+constexpr Return kInvalidArgument = 2;
+constexpr Return kTimeout = 10;
+
+struct EventData {
+  void* device;
+  unsigned long long event_type;
+  unsigned long long event_data;
+  unsigned gpu_instance_id;
+  unsigned compute_instance_id;
+};
+
+std::string g_scenario = "steady";
+long g_reading = -1;  // the current reading; -1: none yet
+double g_energy_mj = 0;
+bool g_xid_delivered = false;
+int g_device = 0;  // the handle's target
+
+double power_w(long i) {
+  if (g_scenario == "sag") {
+    if (i < 20) return 650;
+    const double w = 650 - 5.0 * static_cast<double>(i - 20);
+    return w < 350 ? 350 : w;
+  }
+  if (g_scenario == "drop") return i < 40 ? 700 : 200;
+  return 650 + static_cast<double>((i * 7) % 5) - 2;
+}
+double temp_c(long i) {
+  if (g_scenario == "cooling") {
+    if (i < 20) return 60;
+    const double t = 60 + 25.0 * static_cast<double>(i - 20) / 30.0;
+    return t > 85 ? 85 : t;
+  }
+  return 65 + static_cast<double>(i % 2);
+}
+unsigned long long reasons(long i) {
+  if (g_scenario == "throttle") {
+    if (i >= 30 && i < 40) return 0x40;  // hw_thermal_slowdown
+    if (i >= 50 && i < 60) return 0x4;   // sw_power_cap
+  }
+  return 0;
+}
+long current() { return g_reading < 0 ? 0 : g_reading; }
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) Return nvmlInit_v2() {
+  const char* s = std::getenv("STEPTRACE_FAKE_NVML_SCENARIO");
+  g_scenario = s != nullptr && *s != '\0' ? s : "steady";
+  g_reading = -1;
+  g_energy_mj = 1e9;  // the counter runs since driver load, not since the run started
+  g_xid_delivered = false;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlShutdown() { return kSuccess; }
+__attribute__((visibility("default"))) const char* nvmlErrorString(Return r) {
+  return r == kTimeout ? "Timeout" : "Fake error";
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetCount_v2(unsigned* count) {
+  *count = g_scenario == "nodevice" ? 0 : 1;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetHandleByIndex_v2(unsigned index,
+                                                                            void** device) {
+  if (index != 0) return kInvalidArgument;
+  *device = &g_device;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetName(void*, char* name, unsigned n) {
+  std::strncpy(name, "Fake H100", n);
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetPowerUsage(void*, unsigned* mw) {
+  ++g_reading;
+  *mw = static_cast<unsigned>(power_w(g_reading) * 1000);
+  g_energy_mj += power_w(g_reading) * 1000;  // one scripted second at this power
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetEnforcedPowerLimit(void*, unsigned* mw) {
+  *mw = 700000;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetTotalEnergyConsumption(
+    void*, unsigned long long* mj) {
+  *mj = static_cast<unsigned long long>(g_energy_mj);
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetTemperature(void*, unsigned,
+                                                                       unsigned* c) {
+  *c = static_cast<unsigned>(temp_c(current()));
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetClockInfo(void*, unsigned type,
+                                                                     unsigned* mhz) {
+  const unsigned long long r = reasons(current());
+  *mhz = type == 1 ? ((r & 0x40) != 0 ? 1400 : (r & 0x4) != 0 ? 1600 : 1980) : 2619;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetCurrentClocksEventReasons(
+    void*, unsigned long long* r) {
+  *r = reasons(current());
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetUtilizationRates(void*, unsigned* util) {
+  util[0] = 98;
+  util[1] = 60;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetTotalEccErrors(
+    void*, unsigned, unsigned, unsigned long long* count) {
+  *count = g_scenario == "xid" && current() >= 30 ? 2 : 0;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlEventSetCreate(void** set) {
+  *set = &g_device;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceRegisterEvents(void*, unsigned long long,
+                                                                       void*) {
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlEventSetWait_v2(void*, EventData* data,
+                                                                  unsigned) {
+  if (g_scenario == "xid" && current() >= 25 && !g_xid_delivered) {
+    g_xid_delivered = true;
+    *data = EventData{&g_device, 0x8, 79, 0, 0};
+    return kSuccess;
+  }
+  return kTimeout;
+}
+
+}  // extern "C"

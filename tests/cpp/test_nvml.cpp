@@ -1,0 +1,227 @@
+// The NVML backend's call layer and the profiler's hw records against the fake
+// libnvidia-ml (tests/cpp/fake_nvml), loaded through STEPTRACE_NVML_LIBRARY. The source is
+// sampled by hand (interval 0) on the profiler's fake clock: one reading per one-second
+// step, so every scripted series plays out the same way each run, without waiting.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <map>
+#include <string>
+
+#include "backends/fake/fake_backends.hpp"
+#include "steptrace/profiler.hpp"
+#include "test_util.hpp"
+
+namespace steptrace {
+namespace {
+
+using testing::of_kind;
+using testing::read_jsonl;
+using testing::TempDir;
+constexpr std::int64_t kS = 1'000'000'000;
+
+struct ScriptedRun {
+  std::vector<nlohmann::json> records;
+  std::vector<nlohmann::json> steps() const { return of_kind(records, "step"); }
+  std::vector<nlohmann::json> alerts() const { return of_kind(records, "alert"); }
+  std::vector<std::string> alert_types() const {
+    std::vector<std::string> out;
+    for (const auto& a : alerts()) out.push_back(a.at("type"));
+    return out;
+  }
+  const nlohmann::json& first(const std::string& type) const {
+    for (const auto& r : records) {
+      if (r.at("kind") == "alert" && r.at("type") == type) return r;
+    }
+    throw std::runtime_error("no " + type + " alert");
+  }
+};
+
+// `steps` one-second steps of scenario `scenario`, a reading at the end of each. The fake's
+// reading 0 is the backend's own check at creation, reading 1 is taken before the first
+// step, so step i gets reading i + 2. Alerts reach `on_alert` with the steps done by then.
+ScriptedRun play(const TempDir& tmp, const char* scenario, int steps,
+                 std::vector<std::pair<int, std::string>>* on_alert = nullptr) {
+  setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", scenario, 1);
+  Config config = testing::run_config(tmp);
+  config.warmup_steps = 5;
+  Backends backends;
+  auto clock = std::make_unique<fake::FakeClock>();
+  fake::FakeClock* c = clock.get();
+  std::string why;
+  auto source = make_nvml_telemetry(0, 0, &why, c);
+  EXPECT_NE(source, nullptr) << why;
+  TelemetrySource* nvml = source.get();
+  backends.clock = std::move(clock);
+  backends.telemetry = std::move(source);
+  sample_nvml_now(*nvml);  // the reading before the first step
+  Profiler prof(config, RunInfo{}, std::move(backends));
+  int done = 0;
+  if (on_alert != nullptr) {
+    prof.set_alert_callback([&](const std::string& line) {
+      on_alert->push_back({done, nlohmann::json::parse(line).at("type")});
+    });
+  }
+  for (int i = 0; i < steps; ++i) {
+    {
+      auto step = prof.step();
+      c->advance(kS);
+    }
+    done = i + 1;
+    sample_nvml_now(*nvml);
+  }
+  prof.close();
+  ScriptedRun run;
+  run.records = read_jsonl(prof.log_path());
+  return run;
+}
+
+TEST(Nvml, UnavailableWithoutTheLibraryOrADevice) {
+  std::string why;
+  setenv("STEPTRACE_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1", 1);
+  EXPECT_EQ(make_nvml_telemetry(-1, 100, &why), nullptr);
+  EXPECT_NE(why.find("could not be loaded"), std::string::npos) << why;
+  setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", "nodevice", 1);
+  EXPECT_EQ(make_nvml_telemetry(-1, 100, &why), nullptr);
+  EXPECT_NE(why.find("no GPU"), std::string::npos) << why;
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady", 1);
+  setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+  EXPECT_EQ(make_nvml_telemetry(0, 100, &why), nullptr);  // NVML device 3 does not exist
+  EXPECT_NE(why.find("NVML device 3"), std::string::npos) << why;
+  unsetenv("CUDA_VISIBLE_DEVICES");
+
+  // the profiler says why in run_start and writes steps without hw
+  TempDir tmp;
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", "nodevice", 1);
+  Config config = testing::run_config(tmp);
+  Profiler prof(config);
+  { auto step = prof.step(); }
+  prof.close();
+  const auto records = read_jsonl(prof.log_path());
+  const auto& telemetry = records.front().at("backends").at("telemetry");
+  EXPECT_TRUE(telemetry.at("active").empty());
+  EXPECT_NE(telemetry.at("unavailable").at("nvml").get<std::string>().find("no GPU"),
+            std::string::npos);
+  EXPECT_FALSE(of_kind(records, "step").at(0).contains("hw"));
+  EXPECT_FALSE(of_kind(records, "run_end").at(0).contains("hw"));
+}
+
+TEST(Nvml, SteadyRunHasHwInEveryStepAndRaisesNothing) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "steady", 120);
+  const auto& backends = run.records.front().at("backends").at("telemetry");
+  EXPECT_EQ(backends.at("active"), nlohmann::json::array({"nvml"}));
+  EXPECT_NE(backends.at("device").get<std::string>().find("Fake H100"), std::string::npos);
+  EXPECT_EQ(backends.at("power_limit_w"), 700);
+  const auto steps = run.steps();
+  ASSERT_EQ(steps.size(), 120u);
+  for (const auto& s : steps) {
+    ASSERT_TRUE(s.contains("hw")) << s.dump();
+    const auto& hw = s.at("hw");
+    // reading i+1 stands for step i: 650 W +- 2 over one second
+    EXPECT_NEAR(hw.at("power_w").get<double>(), 650, 2.01);
+    EXPECT_NEAR(hw.at("energy_j").get<double>(), hw.at("power_w").get<double>(), 1e-3);
+    EXPECT_EQ(hw.at("min_power_w"), hw.at("power_w"));
+    EXPECT_EQ(hw.at("sm_clock_mhz"), 1980);
+    EXPECT_GE(hw.at("max_temp_c").get<double>(), 65);
+    EXPECT_TRUE(hw.at("throttle_reasons").empty());
+    EXPECT_EQ(hw.at("samples"), 1);
+  }
+  EXPECT_TRUE(run.alerts().empty()) << run.alerts().front().dump();
+  const nlohmann::json hw_end = of_kind(run.records, "run_end").at(0).at("hw");
+  EXPECT_EQ(hw_end.at("steps_with_hw"), 120);
+  EXPECT_NEAR(hw_end.at("energy_j_per_1000_steps").get<double>(), 650'000, 2'100);
+  // the steps cover the run: the counter's rise is the steps' energy
+  EXPECT_NEAR(hw_end.at("energy_j").get<double>(), hw_end.at("steps_energy_j").get<double>(), 1);
+}
+
+TEST(Nvml, SlowPowerSagIsPowerLow) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "sag", 120);
+  EXPECT_EQ(run.alert_types(), std::vector<std::string>{"power_low"});
+  const auto& a = run.first("power_low");
+  // below 490 W from reading 53 (step 51), sustained 30 s later
+  EXPECT_EQ(a.at("step"), 80);
+  EXPECT_NEAR(a.at("threshold").get<double>(), 490, 1e-9);
+  EXPECT_EQ(a.at("baseline"), 700);
+}
+
+TEST(Nvml, CoolingFailureIsTemperatureRisingBeforeItPeaks) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "cooling", 80);
+  EXPECT_EQ(run.alert_types(), std::vector<std::string>{"temperature_rising"});
+  const auto& a = run.first("temperature_rising");
+  EXPECT_GT(a.at("value").get<double>(), 10);
+  EXPECT_GT(a.at("step").get<int>(), 20);
+  EXPECT_LT(a.at("step").get<int>(), 50);  // while the temperature still climbs
+  EXPECT_EQ(run.steps().at(60).at("hw").at("max_temp_c"), 85);
+}
+
+TEST(Nvml, PowerDrop700To200WIsPowerDrop) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "drop", 60);
+  ASSERT_FALSE(run.alert_types().empty());
+  EXPECT_EQ(run.alert_types().front(), "power_drop");
+  const auto& a = run.first("power_drop");
+  EXPECT_EQ(a.at("step"), 38);  // reading 40 is the first at 200 W: step 38's
+  EXPECT_EQ(a.at("value"), 500);
+  EXPECT_EQ(a.at("threshold"), 300);
+}
+
+TEST(Nvml, XidAndEccAreHardwareErrorsWrittenAtOnce) {
+  TempDir tmp;
+  std::vector<std::pair<int, std::string>> seen;
+  const ScriptedRun run = play(tmp, "xid", 40, &seen);
+  EXPECT_EQ(run.alert_types(), (std::vector<std::string>{"hardware_error", "hardware_error"}));
+  const auto alerts = run.alerts();
+  EXPECT_EQ(alerts[0].at("details").at("kind"), "xid");
+  EXPECT_EQ(alerts[0].at("details").at("code"), 79);
+  EXPECT_EQ(alerts[1].at("details").at("kind"), "ecc_uncorrected");
+  EXPECT_EQ(alerts[1].at("details").at("delta"), 2);
+  // published as the sampler read them (readings 25 and 30: once 24 and 29 steps were
+  // done), not when a later step record reached the writer
+  EXPECT_EQ(seen, (std::vector<std::pair<int, std::string>>{{24, "hardware_error"},
+                                                            {29, "hardware_error"}}));
+}
+
+TEST(Nvml, ThrottleReasonsNamedInStepsAndAlerted) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "throttle", 70);
+  EXPECT_EQ(run.alert_types(), (std::vector<std::string>{"thermal_throttle", "power_throttle"}));
+  const auto steps = run.steps();
+  // readings 30..39 and 50..59: steps 28..37 and 48..57
+  EXPECT_EQ(steps.at(28).at("hw").at("throttle_reasons"),
+            nlohmann::json::array({"hw_thermal_slowdown"}));
+  EXPECT_EQ(steps.at(28).at("hw").at("sm_clock_mhz"), 1400);
+  EXPECT_EQ(steps.at(48).at("hw").at("throttle_reasons"), nlohmann::json::array({"sw_power_cap"}));
+  EXPECT_TRUE(steps.at(45).at("hw").at("throttle_reasons").empty());
+  EXPECT_EQ(run.first("thermal_throttle").at("step"), 28);
+  EXPECT_EQ(run.first("power_throttle").at("step"), 48);
+  // both episodes end when the reasons clear
+  EXPECT_EQ(of_kind(run.records, "resolved").size(), 2u);
+}
+
+TEST(Nvml, SamplerThreadFillsHwOnTheHostClock) {
+  // the real path: a sampler thread every 1 ms; steps wait for a reading after their end
+  TempDir tmp;
+  setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady", 1);
+  Config config = testing::run_config(tmp);
+  config.nvml_interval_ms = 1;
+  Profiler prof(config);
+  for (int i = 0; i < 5; ++i) {
+    auto step = prof.step();
+  }
+  prof.close();
+  const auto records = read_jsonl(prof.log_path());
+  EXPECT_EQ(records.front().at("backends").at("telemetry").at("interval_ms"), 1);
+  int with_hw = 0;
+  for (const auto& s : of_kind(records, "step")) with_hw += s.contains("hw") ? 1 : 0;
+  EXPECT_GE(with_hw, 4);  // the first may come before the first reading
+  EXPECT_GT(of_kind(records, "run_end").at(0).at("hw").at("samples").get<int>(), 0);
+}
+
+}  // namespace
+}  // namespace steptrace

@@ -1,0 +1,182 @@
+// The pure parts of GPU telemetry: per-step figures from readings, throttle names, and
+// the detectors on synthetic timelines.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/telemetry.hpp"
+
+namespace steptrace::detail {
+namespace {
+
+constexpr std::int64_t kS = 1'000'000'000;
+
+TelemetrySample reading(std::int64_t t_ns, double power_w, double energy_j, double temp_c = 60,
+                        std::uint64_t reasons = 0) {
+  TelemetrySample s;
+  s.t_ns = t_ns;
+  s.power_w = power_w;
+  s.energy_j = energy_j;
+  s.temp_c = temp_c;
+  s.sm_clock_mhz = 1980;
+  s.throttle_reasons = reasons;
+  return s;
+}
+
+TEST(HwStats, WeighsReadingsByTheirPeriodAndTakesEnergyFromTheCounter) {
+  // readings every second; each stands for the second before it
+  std::vector<TelemetrySample> s = {reading(0, 500, 1000), reading(1 * kS, 600, 1600),
+                                    reading(2 * kS, 400, 2000, 70), reading(3 * kS, 700, 2700)};
+  // the step spans [0.5 s, 2.5 s]: half of 600 W's period, all of 400 W's... and half of 700 W's
+  const HwStats h = hw_stats(s, kS / 2, 5 * kS / 2, 0, 700);
+  ASSERT_TRUE(h.present);
+  EXPECT_NEAR(h.avg_power_w, (0.5 * 600 + 1 * 400 + 0.5 * 700) / 2.0, 1e-9);
+  EXPECT_DOUBLE_EQ(h.min_power_w, 400);
+  EXPECT_DOUBLE_EQ(h.max_temp_c, 70);
+  // counter interpolated at 0.5 s (1300 J) and 2.5 s (2350 J)
+  EXPECT_NEAR(h.energy_j, 1050, 1e-9);
+  EXPECT_DOUBLE_EQ(h.max_drop_w, 200);  // 600 -> 400
+  EXPECT_EQ(h.samples, 3);
+  EXPECT_DOUBLE_EQ(h.power_limit_w, 700);
+}
+
+TEST(HwStats, AbsentBeforeAnyReadingAndPowerTimesTimeWithoutACounter) {
+  std::vector<TelemetrySample> s = {reading(kS, 300, NAN)};
+  EXPECT_FALSE(hw_stats(s, 2 * kS, 3 * kS, 0, 0).present);  // nothing after the start
+  const HwStats h = hw_stats(s, 0, kS, 0, 0);
+  ASSERT_TRUE(h.present);
+  EXPECT_NEAR(h.energy_j, 300, 1e-9);
+}
+
+TEST(ThrottleReasons, NamesTheSetBits) {
+  EXPECT_EQ(throttle_reason_names(0), std::vector<std::string>{});
+  EXPECT_EQ(throttle_reason_names(kThrottleSwPowerCap | kThrottleHwThermal),
+            (std::vector<std::string>{"sw_power_cap", "hw_thermal_slowdown"}));
+  EXPECT_EQ(throttle_reason_names(1ULL << 40), std::vector<std::string>{"reason_0x10000000000"});
+}
+
+// A run of one-second steps with the given per-step figures through the detector.
+struct Timeline {
+  Config config;
+  std::vector<AlertEvent> events;
+  TelemetryDetector detector{config};
+  std::int64_t step = 0;
+  Timeline() { config.warmup_steps = 2; }
+  void add(double power_w, double temp_c, double drop_w = 0, std::uint64_t reasons = 0) {
+    StepRecord r;
+    r.step = step;
+    r.step_ns = kS;
+    r.host_ns = kS;
+    r.telemetry_begin_ns = step * kS;
+    r.telemetry_end_ns = (step + 1) * kS;
+    r.hw.present = true;
+    r.hw.avg_power_w = power_w;
+    r.hw.min_power_w = power_w;
+    r.hw.max_temp_c = temp_c;
+    r.hw.max_drop_w = drop_w;
+    r.hw.power_limit_w = 700;
+    r.hw.throttle_reasons = reasons;
+    r.hw.sm_clock_mhz = 1980;
+    ++step;
+    detector.observe(r, events);
+  }
+  std::vector<std::string> alerts() const {
+    std::vector<std::string> out;
+    for (const auto& e : events) {
+      if (!e.resolved) out.push_back(e.type);
+    }
+    return out;
+  }
+};
+
+TEST(TelemetryDetector, SteadyTrainingRaisesNothing) {
+  Timeline run;
+  for (int i = 0; i < 300; ++i) run.add(650 + (i % 5) - 2, 65 + (i % 2), 4);
+  EXPECT_TRUE(run.events.empty());
+}
+
+TEST(TelemetryDetector, PowerLowOnlyOnceSustained) {
+  Timeline run;
+  for (int i = 0; i < 10; ++i) run.add(650, 65);
+  for (int i = 0; i < 29; ++i) run.add(400, 65);  // 29 s below 490 W: not yet
+  EXPECT_TRUE(run.events.empty());
+  for (int i = 0; i < 20; ++i) run.add(400, 65);
+  ASSERT_EQ(run.alerts(), std::vector<std::string>{"power_low"});
+  EXPECT_EQ(run.events[0].step, 39);
+  EXPECT_DOUBLE_EQ(run.events[0].threshold, 490);
+  EXPECT_NE(run.events[0].message.find("batch-size bound"), std::string::npos);
+  run.add(650, 65);
+  ASSERT_EQ(run.events.size(), 2u);
+  EXPECT_TRUE(run.events[1].resolved);
+  EXPECT_EQ(run.events[1].repeats, 19);
+}
+
+TEST(TelemetryDetector, TemperatureRisingAtTheThreshold) {
+  Timeline run;
+  // 8 C/min (below 10) for two minutes: nothing
+  for (int i = 0; i < 120; ++i) run.add(650, 60 + 8.0 * i / 60.0);
+  EXPECT_TRUE(run.events.empty());
+  // then 50 C/min (the cooling failure)
+  const double base = 60 + 8.0 * 2;
+  for (int i = 0; i < 30; ++i) run.add(650, base + 25.0 * i / 30.0);
+  EXPECT_EQ(run.alerts(), std::vector<std::string>{"temperature_rising"});
+}
+
+TEST(TelemetryDetector, PowerDropUsesTheLargerOf300WAnd40PercentOfTheLimit) {
+  Timeline run;
+  for (int i = 0; i < 10; ++i) run.add(650, 65);
+  run.add(650, 65, 290);  // max(300, 280) = 300: not a drop
+  EXPECT_TRUE(run.events.empty());
+  run.add(200, 65, 500);
+  EXPECT_EQ(run.alerts(), std::vector<std::string>{"power_drop"});
+  Timeline strict;  // configurable
+  strict.config.power_drop_w = 600;
+  for (int i = 0; i < 10; ++i) strict.add(650, 65);
+  strict.add(200, 65, 500);
+  EXPECT_TRUE(strict.events.empty());
+}
+
+TEST(TelemetryDetector, ThrottlesNamedWithTheStepTimeTheyCost) {
+  Timeline run;
+  for (int i = 0; i < 10; ++i) run.add(650, 65);
+  run.add(650, 80, 0, kThrottleHwThermal);
+  run.add(650, 80, 0, kThrottleHwThermal);  // same episode
+  run.add(650, 65, 0, kThrottleSwPowerCap);
+  EXPECT_EQ(run.alerts(), (std::vector<std::string>{"thermal_throttle", "power_throttle"}));
+  const AlertEvent& thermal = run.events[0];
+  EXPECT_EQ(thermal.details["reasons"][0], "hw_thermal_slowdown");
+  ASSERT_TRUE(thermal.baseline.has_value());
+  EXPECT_NE(thermal.message.find("+0%"), std::string::npos);
+}
+
+TEST(ChainedCompleter, CompletesEachStageOnceAndJoinsRunEndFields) {
+  struct Stage final : StepCompleter {
+    int completes = 0;
+    bool ready = true;
+    std::string fields;
+    void arrived(StepRecord&) override {}
+    bool complete(StepRecord&, bool force) override {
+      ++completes;
+      return ready || force;
+    }
+    void finish() noexcept override {}
+    std::string run_end_fields() override { return fields; }
+  };
+  Stage a, b;
+  a.fields = "\"a\":1";
+  b.fields = "\"b\":2";
+  b.ready = false;
+  ChainedCompleter chain({&a, &b});
+  StepRecord r;
+  chain.arrived(r);
+  EXPECT_FALSE(chain.complete(r, false));
+  EXPECT_FALSE(chain.complete(r, false));
+  EXPECT_TRUE(chain.complete(r, true));
+  EXPECT_EQ(a.completes, 1);  // not asked again while the second waits
+  EXPECT_EQ(b.completes, 3);
+  EXPECT_EQ(chain.run_end_fields(), "\"a\":1,\"b\":2");
+}
+
+}  // namespace
+}  // namespace steptrace::detail

@@ -1,0 +1,419 @@
+// The Prometheus sink: the registry's exposition from synthetic records, the endpoint of
+// a real profiler scraped over HTTP, and the sink seam (a failing sink is isolated).
+#include "sinks/prometheus_sink.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sinks/jsonl_writer.hpp"
+#include "steptrace/profiler.hpp"
+#include "test_util.hpp"
+
+namespace steptrace::detail {
+namespace {
+
+using steptrace::testing::of_kind;
+using steptrace::testing::read_jsonl;
+using steptrace::testing::run_config;
+using steptrace::testing::TempDir;
+
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+// Parses the text format (no escapes inside label values in these tests' data).
+std::vector<Sample> parse(const std::string& text) {
+  std::vector<Sample> out;
+  std::istringstream in(text);
+  const std::regex line_re(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)$)");
+  const std::regex label_re(R"re(([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)")re");
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_match(line, m, line_re)) << line;
+    if (m.empty()) continue;
+    Sample s;
+    s.name = m[1];
+    const std::string labels = m[2];
+    for (auto it = std::sregex_iterator(labels.begin(), labels.end(), label_re);
+         it != std::sregex_iterator(); ++it) {
+      s.labels[(*it)[1]] = (*it)[2];
+    }
+    const std::string v = m[3];
+    s.value = v == "+Inf" ? INFINITY : std::stod(v);
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<Sample> named(const std::vector<Sample>& all, const std::string& name,
+                          const std::map<std::string, std::string>& match = {}) {
+  std::vector<Sample> out;
+  for (const Sample& s : all) {
+    if (s.name != name) continue;
+    bool ok = true;
+    for (const auto& [k, v] : match) ok = ok && s.labels.count(k) && s.labels.at(k) == v;
+    if (ok) out.push_back(s);
+  }
+  return out;
+}
+
+double value_of(const std::vector<Sample>& all, const std::string& name,
+                const std::map<std::string, std::string>& match = {}) {
+  const auto s = named(all, name, match);
+  EXPECT_EQ(s.size(), 1u) << name;
+  return s.empty() ? NAN : s[0].value;
+}
+
+// Cumulative buckets never fall, and +Inf equals _count.
+void check_histogram(const std::vector<Sample>& all, const std::string& name,
+                     const std::map<std::string, std::string>& match, double count) {
+  const auto buckets = named(all, name + "_bucket", match);
+  ASSERT_EQ(buckets.size(), kDurationBuckets.size() + 1) << name;
+  double prev = 0;
+  double prev_le = -1;
+  for (const Sample& b : buckets) {
+    const double le = b.labels.at("le") == "+Inf" ? INFINITY : std::stod(b.labels.at("le"));
+    EXPECT_GT(le, prev_le) << name;
+    EXPECT_GE(b.value, prev) << name << " le=" << b.labels.at("le");
+    prev = b.value;
+    prev_le = le;
+  }
+  EXPECT_EQ(buckets.back().labels.at("le"), "+Inf");
+  EXPECT_EQ(buckets.back().value, count) << name;
+  EXPECT_EQ(value_of(all, name + "_count", match), count) << name;
+}
+
+StepRecord record(std::int64_t step, std::int64_t step_ns) {
+  StepRecord r;
+  r.step = step;
+  r.step_ns = step_ns;
+  r.host_ns = step_ns;
+  r.start_unix_ns = 1'700'000'000'000'000'000 + step * step_ns;
+  return r;
+}
+
+TEST(MetricsRegistry, RendersEveryFamilyFromTheRecords) {
+  PhaseNames names;
+  const std::uint16_t fwd = names.intern("forward");
+  MetricLabels labels{"train \"a\"", "run-1", 3, "node\\7"};
+  MetricsRegistry reg(
+      labels, names, "9.9.9", [] { return 0.25; }, [] { return 1.5; });
+  StepRecord a = record(0, 2'000'000);  // 2 ms
+  a.data_ns = 500'000'000;
+  a.phase_count = 1;
+  a.phase_ids[0] = fwd;
+  a.phase_ns[0] = 1'000'000;
+  a.memory.allocated_bytes = 100;
+  a.memory.rss_bytes = 4096;
+  a.counters.present = true;
+  a.counters.values[0] = 45.0;
+  a.counters.values[1] = NAN;
+  a.counters.values[2] = 120.0;  // clamped to 1
+  a.kernels.present = true;
+  a.kernels.compute_ns = 1'000'000;
+  a.kernels.nccl_ns = 400'000;
+  a.kernels.exposed_nccl_ns = 100'000;
+  reg.observe_step(a);
+  StepRecord b = record(1, 70'000'000'000);  // 70 s: past the last bucket
+  b.failed = true;
+  b.comm.count = 2;
+  b.comm.busy_ns = 3'000'000'000;
+  b.comm.exposed_ns = 1'000'000'000;
+  reg.observe_step(b);
+  reg.observe_lines(
+      "{\"kind\":\"step\",\"step\":1}\n{\"kind\":\"alert\",\"rank\":3,\"type\":\"stall\"}\n"
+      "{\"kind\":\"resolved\",\"type\":\"stall\"}\n{\"type\":\"straggler\",\"kind\":\"alert\"}\n"
+      "{\"kind\":\"alert\",\"type\":\"stall\"}\n");
+  const std::string text = reg.render();
+  EXPECT_NE(text.find("# TYPE steptrace_step_duration_seconds histogram"), std::string::npos);
+  EXPECT_NE(text.find("job=\"train \\\"a\\\"\""), std::string::npos) << text;
+  EXPECT_NE(text.find("host=\"node\\\\7\""), std::string::npos) << text;
+  const auto all = parse(text);
+  check_histogram(all, "steptrace_step_duration_seconds", {}, 2);
+  EXPECT_EQ(named(all, "steptrace_step_duration_seconds_bucket", {{"le", "0.0025"}})[0].value, 1);
+  EXPECT_EQ(named(all, "steptrace_step_duration_seconds_bucket", {{"le", "60"}})[0].value, 1);
+  check_histogram(all, "steptrace_phase_duration_seconds", {{"phase", "forward"}}, 1);
+  EXPECT_EQ(value_of(all, "steptrace_steps_total"), 2);
+  EXPECT_EQ(value_of(all, "steptrace_error_steps_total"), 1);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_data_wait_seconds_total"), 0.5);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_step_median_seconds"), 0.25);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_step_in_flight_seconds"), 1.5);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_last_step_timestamp_seconds"),
+                   static_cast<double>(b.start_unix_ns + b.host_ns) / 1e9);
+  EXPECT_EQ(value_of(all, "steptrace_memory_bytes", {{"kind", "allocated"}}), 100);
+  EXPECT_EQ(value_of(all, "steptrace_memory_bytes", {{"kind", "rss"}}), 4096);
+  EXPECT_TRUE(named(all, "steptrace_memory_bytes", {{"kind", "reserved"}}).empty());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_tensor_active_ratio"), 0.45);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_sm_occupancy_ratio"), 1.0);
+  EXPECT_TRUE(named(all, "steptrace_dram_throughput_ratio").empty());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_compute_seconds_total"), 0.001 + 69.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_comm_seconds_total"), 0.0004 + 3.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_comm_exposed_seconds_total"), 0.0001 + 1.0);
+  EXPECT_EQ(value_of(all, "steptrace_alerts_total", {{"type", "stall"}}), 2);
+  EXPECT_EQ(value_of(all, "steptrace_alerts_total", {{"type", "straggler"}}), 1);
+  EXPECT_EQ(value_of(all, "steptrace_info", {{"version", "9.9.9"}}), 1);
+  for (const Sample& s : all) {
+    EXPECT_EQ(s.labels.at("rank"), "3") << s.name;
+    EXPECT_EQ(s.labels.at("run_id"), "run-1") << s.name;
+  }
+}
+
+TEST(MetricsRegistry, AbsentDataIsAbsent) {
+  PhaseNames names;
+  MetricsRegistry reg(MetricLabels{}, names, "1");
+  const auto all = parse(reg.render());
+  EXPECT_EQ(value_of(all, "steptrace_steps_total"), 0);
+  for (const char* absent :
+       {"steptrace_step_median_seconds", "steptrace_last_step_timestamp_seconds",
+        "steptrace_memory_bytes", "steptrace_alerts_total", "steptrace_tensor_active_ratio",
+        "steptrace_comm_seconds_total", "steptrace_phase_duration_seconds_count"}) {
+    EXPECT_TRUE(named(all, absent).empty()) << absent;
+  }
+}
+
+std::string scrape(int port, std::string* content_type = nullptr) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(5, 0);
+  client.set_read_timeout(5, 0);
+  auto res = client.Get("/metrics");
+  EXPECT_TRUE(res) << "GET /metrics on port " << port << " failed";
+  if (!res) return "";
+  EXPECT_EQ(res->status, 200);
+  if (content_type != nullptr) *content_type = res->get_header_value("Content-Type");
+  return res->body;
+}
+
+TEST(PrometheusEndpoint, AProfilerServesItsStepsOverHttp) {
+  TempDir tmp;
+  Config config = run_config(tmp);
+  config.metrics_port = 0;
+  config.run_id = "endpoint-test";
+  config.job = "unit";
+  config.clock = "host";
+  Profiler prof(config);
+  ASSERT_GT(prof.metrics_port(), 0);
+  const auto start = read_jsonl(prof.log_path());
+  ASSERT_FALSE(start.empty());
+  EXPECT_EQ(start[0]["metrics"]["port"], prof.metrics_port());
+  EXPECT_EQ(start[0]["metrics"]["path"], "/metrics");
+  EXPECT_EQ(start[0]["config"]["metrics_port"], 0);
+
+  constexpr int kSteps = 25;
+  for (int i = 0; i < kSteps; ++i) {
+    auto step = prof.step();
+    {
+      auto p = step.phase("forward");
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+    }
+    { auto p = step.phase("backward"); }
+    if (i == 3) step.fail();
+  }
+  prof.write_record(R"({"kind":"alert","type":"straggler","step":3,"message":"x"})");
+  prof.flush();
+  std::string content_type;
+  const std::string text = scrape(prof.metrics_port(), &content_type);
+  EXPECT_EQ(content_type, "text/plain; version=0.0.4; charset=utf-8");
+  const auto all = parse(text);
+  ASSERT_FALSE(all.empty()) << text;
+  for (const Sample& s : all) {
+    EXPECT_EQ(s.labels.at("job"), "unit") << s.name;
+    EXPECT_EQ(s.labels.at("run_id"), "endpoint-test") << s.name;
+    EXPECT_EQ(s.labels.at("rank"), "0") << s.name;
+    EXPECT_FALSE(s.labels.at("host").empty()) << s.name;
+  }
+  EXPECT_EQ(value_of(all, "steptrace_steps_total"), kSteps);
+  EXPECT_EQ(value_of(all, "steptrace_error_steps_total"), 1);
+  check_histogram(all, "steptrace_step_duration_seconds", {}, kSteps);
+  check_histogram(all, "steptrace_phase_duration_seconds", {{"phase", "forward"}}, kSteps);
+  check_histogram(all, "steptrace_phase_duration_seconds", {{"phase", "backward"}}, kSteps);
+  EXPECT_GT(value_of(all, "steptrace_step_duration_seconds_sum"), kSteps * 0.0003 * 0.9);
+  EXPECT_EQ(value_of(all, "steptrace_alerts_total", {{"type", "straggler"}}), 1);
+  EXPECT_EQ(value_of(all, "steptrace_step_in_flight_seconds"), 0);
+  EXPECT_GT(value_of(all, "steptrace_memory_bytes", {{"kind", "rss"}}), 0);
+  EXPECT_GT(value_of(all, "steptrace_step_median_seconds"), 0);
+  const double last = value_of(all, "steptrace_last_step_timestamp_seconds");
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_NEAR(last, now, 60);
+  EXPECT_EQ(named(all, "steptrace_info").size(), 1u);
+  EXPECT_EQ(named(all, "steptrace_info")[0].labels.at("version"), version());
+
+  {  // a step in flight has an age
+    auto step = prof.step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_GT(value_of(parse(scrape(prof.metrics_port())), "steptrace_step_in_flight_seconds"),
+              0.015);
+  }
+  const int port = prof.metrics_port();
+  prof.close();
+  httplib::Client after("127.0.0.1", port);
+  after.set_connection_timeout(1, 0);
+  EXPECT_FALSE(after.Get("/metrics")) << "the endpoint stops with the run";
+}
+
+TEST(PrometheusEndpoint, ABusyPortLeavesTheRunWithoutTheEndpoint) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::unsetenv("LOCAL_RANK");  // the port itself, not a rank's offset from it
+  TempDir tmp;
+  Config config = run_config(tmp);
+  config.metrics_port = ntohs(addr.sin_port);
+  std::string log;
+  {
+    Profiler prof(config);
+    EXPECT_EQ(prof.metrics_port(), -1);
+    { auto s = prof.step(); }
+    log = prof.log_path();
+  }
+  ::close(fd);
+  const auto records = read_jsonl(log);
+  EXPECT_TRUE(records[0]["metrics"]["port"].is_null());
+  EXPECT_NE(records[0]["metrics"]["error"].get<std::string>().find("could not bind"),
+            std::string::npos);
+  EXPECT_EQ(of_kind(records, "step").size(), 1u);
+}
+
+TEST(PrometheusEndpoint, OffByDefault) {
+  TempDir tmp;
+  Profiler prof(run_config(tmp));
+  EXPECT_EQ(prof.metrics_port(), -1);
+  EXPECT_FALSE(read_jsonl(prof.log_path())[0].contains("metrics"));
+}
+
+TEST(PrometheusEndpoint, TextfileModeWritesTheMetricsAtomically) {
+  TempDir tmp;
+  Config config = run_config(tmp);
+  config.metrics_textfile = tmp.str("steptrace.prom");
+  config.flush_interval_ms = 10;
+  {
+    Profiler prof(config);
+    EXPECT_EQ(prof.metrics_port(), -1);  // no HTTP endpoint in textfile mode alone
+    for (int i = 0; i < 7; ++i) {
+      auto s = prof.step();
+    }
+    prof.flush();
+    ASSERT_TRUE(std::filesystem::exists(config.metrics_textfile));  // the first batch's
+    const auto start = read_jsonl(prof.log_path())[0];
+    EXPECT_TRUE(start["metrics"]["port"].is_null());
+    EXPECT_EQ(start["metrics"]["textfile"], config.metrics_textfile);
+  }
+  std::ifstream in(config.metrics_textfile);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto all = parse(text);
+  EXPECT_EQ(value_of(all, "steptrace_steps_total"), 7);  // the final values, from close
+  check_histogram(all, "steptrace_step_duration_seconds", {}, 7);
+  for (const auto& entry : std::filesystem::directory_iterator(tmp.path())) {
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+  }
+}
+
+TEST(PrometheusEndpoint, PushesToAPushgatewayAtClose) {
+  httplib::Server gateway;
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::string>> pushes;  // path, body
+  gateway.Put(R"(/prefix/metrics/.*)", [&](const httplib::Request& req, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(mu);
+    pushes.emplace_back(req.path, req.body);
+    res.status = 200;
+  });
+  const int port = gateway.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread server([&] { gateway.listen_after_bind(); });
+  while (!gateway.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  TempDir tmp;
+  Config config = run_config(tmp);
+  config.run_id = "short/job";
+  config.job = "batch";
+  config.metrics_pushgateway = fmt::format("http://127.0.0.1:{}/prefix/", port);
+  {
+    Profiler prof(config);
+    for (int i = 0; i < 4; ++i) {
+      auto s = prof.step();
+    }
+  }
+  gateway.stop();
+  server.join();
+  ASSERT_EQ(pushes.size(), 1u);
+  EXPECT_EQ(pushes[0].first, fmt::format("/prefix/metrics/job@base64/{}/run_id@base64/{}/rank/0",
+                                         base64url("batch"), base64url("short/job")));
+  EXPECT_EQ(value_of(parse(pushes[0].second), "steptrace_steps_total"), 4);
+}
+
+TEST(PrometheusEndpoint, Base64urlPadsAndUsesTheUrlAlphabet) {
+  EXPECT_EQ(base64url(""), "");
+  EXPECT_EQ(base64url("f"), "Zg==");
+  EXPECT_EQ(base64url("fo"), "Zm8=");
+  EXPECT_EQ(base64url("foo"), "Zm9v");
+  EXPECT_EQ(base64url("\xfb\xff"), "-_8=");
+}
+
+// A sink that throws on its first step, and one that counts what it was fed.
+class ThrowingSink final : public RecordSink {
+ public:
+  std::string_view name() const noexcept override { return "throwing"; }
+  void on_step(const StepRecord&) override { throw std::runtime_error("disk on fire"); }
+};
+class CountingSink final : public RecordSink {
+ public:
+  std::string_view name() const noexcept override { return "counting"; }
+  void write(std::string_view lines) override {
+    for (char c : lines) lines_ += c == '\n';
+  }
+  void on_step(const StepRecord&) override { ++steps_; }
+  void on_close() override { closed_ = true; }
+  int steps_ = 0;
+  int lines_ = 0;
+  bool closed_ = false;
+};
+
+TEST(RecordSinks, AFailingSinkIsDisabledOnceAndTheOthersCarryOn) {
+  TempDir tmp;
+  const std::string path = tmp.str("log.jsonl");
+  PhaseNames names;
+  ThrowingSink bad;
+  CountingSink good;
+  {
+    JsonlWriter w(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644),
+                  "{\"kind\":\"run_start\"}\n", 0, names, 64, std::chrono::milliseconds(10),
+                  nullptr, nullptr, {&bad, &good});
+    for (int i = 0; i < 10; ++i) w.push_step_record(record(i, 1000));
+    w.close(RunEnd{"normal", {}, 1, 0.5, 0});
+    ASSERT_EQ(w.sink_failures().size(), 1u);
+    EXPECT_NE(w.sink_failures()[0].find("throwing: disk on fire"), std::string::npos);
+  }
+  EXPECT_EQ(good.steps_, 10);
+  EXPECT_EQ(good.lines_, 12);  // run_start, 10 steps, run_end: what the file has
+  EXPECT_TRUE(good.closed_);
+  EXPECT_EQ(read_jsonl(path).size(), 12u);
+}
+
+}  // namespace
+}  // namespace steptrace::detail

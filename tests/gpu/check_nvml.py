@@ -1,0 +1,94 @@
+"""Device check of the NVML telemetry on a real GPU (run by tests/gpu/run.sh).
+
+A matmul loop of about 20 s with NVML on: every step has `hw`; the mean step power agrees
+with `nvidia-smi --query-gpu=power.draw` polled alongside within 5%; the steps' energy
+adds up to the run's energy counter (the waits between steps are short); the power limit
+matches `power.limit`; and the sampler's cost per step, against the same loop with
+nvml="off", is within the run's noise (2%).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import steptrace
+
+sys.path.insert(0, str(Path(__file__).parent))
+from device_check import Checks, cuda_device, steps  # noqa: E402
+
+
+def loop(run_dir: str, seconds: float, **options) -> float:
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    start = time.monotonic()
+    n = 0
+    with steptrace.Profiler(run_dir, **options) as prof:
+        while time.monotonic() - start < seconds:
+            with prof.step():
+                with prof.phase("forward"):
+                    for _ in range(8):
+                        a = (a @ b).clamp_(-1, 1)
+            n += 1
+    torch.cuda.synchronize()
+    return (time.monotonic() - start) / max(n, 1)
+
+
+def main() -> int:
+    device = cuda_device()
+    if device is None:
+        return 0
+    import torch
+
+    index = torch.cuda.current_device()
+    checks = Checks()
+    with tempfile.TemporaryDirectory() as tmp:
+        smi = subprocess.Popen(
+            ["nvidia-smi", f"--id={index}", "--query-gpu=power.draw,power.limit",
+             "--format=csv,noheader,nounits", "-lms", "200"],
+            stdout=subprocess.PIPE, text=True)
+        loop(f"{tmp}/warm", 5)  # clocks and temperature settle first
+        t0 = time.monotonic()
+        loop(f"{tmp}/on", 20)
+        elapsed = time.monotonic() - t0
+        smi.terminate()
+        out, _ = smi.communicate()
+        rows = [line.split(",") for line in out.strip().splitlines() if line.strip()]
+        readings = [float(p) for p, _ in rows][-int(elapsed / 0.2):]
+        smi_limit = float(rows[-1][1]) if rows else 0.0
+
+        records = list(steptrace.read(f"{tmp}/on/rank0.jsonl"))
+        start = records[0]
+        telemetry = start["backends"]["telemetry"]
+        checks("nvml active", str(telemetry), telemetry["active"] == ["nvml"])
+        s = steps(f"{tmp}/on/rank0.jsonl")[5:]
+        with_hw = [r for r in s if "hw" in r]
+        checks("hw in every step", f"{len(with_hw)}/{len(s)}", len(with_hw) == len(s))
+        if with_hw and readings:
+            mean_w = statistics.fmean(r["hw"]["power_w"] for r in with_hw)
+            smi_w = statistics.fmean(readings)
+            checks("power vs nvidia-smi", f"steptrace {mean_w:.0f} W, nvidia-smi {smi_w:.0f} W",
+                   abs(mean_w - smi_w) <= 0.05 * smi_w)
+            limit = with_hw[0]["hw"].get("power_limit_w", 0)
+            checks("power limit", f"{limit} W vs {smi_limit} W", abs(limit - smi_limit) <= 1)
+            end = next(r for r in records if r["kind"] == "run_end")["hw"]
+            steps_j = end["steps_energy_j"]
+            checks("energy per step adds up", f"steps {steps_j:.0f} J, counter {end.get('energy_j', 0):.0f} J",
+                   abs(steps_j - end.get("energy_j", 0)) <= 0.05 * max(steps_j, 1))
+            checks("energy per 1000 steps", f"{end.get('energy_j_per_1000_steps', 0):.0f} J", steps_j > 0)
+        on = statistics.median(loop(f"{tmp}/on{i}", 5) for i in range(3))
+        off = statistics.median(loop(f"{tmp}/off{i}", 5, nvml="off") for i in range(3))
+        checks("sampler cost per step", f"on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms",
+               on <= off * 1.02)
+    return checks.table()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The Prometheus endpoint of a real CPU training loop, scraped by a real Prometheus
+server (Debian's ``prometheus``), queried back through its HTTP API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+import steptrace
+from training import batches, train
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def _poll(what: str, fn, timeout_s: float = 90.0, every_s: float = 0.25):
+    """fn() until it returns something truthy; fails naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = fn()
+            if value:
+                return value
+        except OSError as e:  # not listening yet, or mid-restart
+            last_error = e
+        time.sleep(every_s)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what} (last error: {last_error})")
+
+
+def test_endpoint_serves_the_run_without_prometheus(tmp_path):
+    with steptrace.Profiler(tmp_path / "run", metrics_port=0, run_id="plain-scrape", job="pytest") as prof:
+        train(prof, batches(12))
+        prof.flush()
+        port = prof.metrics_port
+        assert port > 0
+        text = _get(f"http://127.0.0.1:{port}/metrics").decode()
+    assert f'steptrace_steps_total{{job="pytest",run_id="plain-scrape",rank="0",host="{socket.gethostname()}"}} 12' in text
+    for phase in ("forward", "loss", "backward", "clip", "optimizer"):
+        assert f'steptrace_phase_duration_seconds_count{{job="pytest",run_id="plain-scrape",rank="0",host="{socket.gethostname()}",phase="{phase}"}} 12' in text
+    start = json.loads(open(prof.log_path).readline())
+    assert start["metrics"] == {"port": port, "path": "/metrics"}
+    assert start["config"]["metrics_port"] == 0 and start["config"]["job"] == "pytest"
+
+
+def test_metrics_port_is_off_by_default_and_validated(tmp_path):
+    with steptrace.Profiler(tmp_path / "run") as prof:
+        assert prof.metrics_port == -1
+    with pytest.raises(steptrace.ConfigError, match="metrics_port"):
+        steptrace.Profiler(tmp_path / "bad", metrics_port=70000)
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)")
+def test_a_real_prometheus_scrapes_a_training_loop(tmp_path):
+    steps = 40
+    run_id = f"prom-{int(time.time())}"
+    with steptrace.Profiler(tmp_path / "run", metrics_port=0, run_id=run_id) as prof:
+        train(prof, batches(steps))
+        prof.flush()
+        port = prof.metrics_port
+        assert port > 0
+        web_port = _free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: steptrace-under-test\n    honor_labels: true\n"
+            f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        )
+        log = open(tmp_path / "prometheus.log", "wb")
+        server = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{web_port}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base = f"http://127.0.0.1:{web_port}"
+            _poll("Prometheus to be ready", lambda: server.poll() is None and _get(f"{base}/-/ready"), 60)
+
+            def query(expr: str):
+                url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+                body = json.loads(_get(url))
+                assert body["status"] == "success", body
+                return body["data"]["result"]
+
+            def steps_total():
+                assert server.poll() is None, (tmp_path / "prometheus.log").read_text()
+                result = query(f'steptrace_steps_total{{run_id="{run_id}"}}')
+                return result if result and result[0]["value"][1] == str(steps) else None
+
+            result = _poll(f"Prometheus to scrape steptrace_steps_total == {steps}", steps_total, 90)
+            assert len(result) == 1
+            labels = result[0]["metric"]
+            assert labels["job"] == "steptrace"  # the default job label, kept by honor_labels
+            assert labels["rank"] == "0" and labels["host"] == socket.gethostname()
+            assert labels["instance"] == f"127.0.0.1:{port}"
+            # the histograms and the per-phase split arrive in the same scrape
+            count = query(f'steptrace_step_duration_seconds_count{{run_id="{run_id}"}}')
+            assert count[0]["value"][1] == str(steps)
+            phases = query(f'steptrace_phase_duration_seconds_count{{run_id="{run_id}"}}')
+            assert sorted(r["metric"]["phase"] for r in phases) == sorted(
+                ["forward", "loss", "backward", "clip", "optimizer"])
+            p50 = query(f'histogram_quantile(0.5, steptrace_step_duration_seconds_bucket{{run_id="{run_id}"}})')
+            assert float(p50[0]["value"][1]) > 0
+            up = query(f'up{{instance="127.0.0.1:{port}"}}')
+            assert up[0]["value"][1] == "1"
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            log.close()
+
+
+def _start(argv: list, log_path) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def test_textfile_mode_leaves_the_final_metrics(tmp_path):
+    path = tmp_path / "steptrace.prom"
+    with steptrace.Profiler(tmp_path / "run", metrics_textfile=str(path), run_id="textfile") as prof:
+        train(prof, batches(9))
+        assert prof.metrics_port == -1
+    text = path.read_text()
+    assert f'steptrace_steps_total{{job="steptrace",run_id="textfile",rank="0",host="{socket.gethostname()}"}} 9' in text
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+PUSHGATEWAY = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
+
+
+@pytest.mark.skipif(PUSHGATEWAY is None, reason="needs Debian's prometheus-pushgateway")
+def test_a_short_job_pushes_to_a_real_pushgateway_at_close(tmp_path):
+    port = _free_port()
+    server = _start([PUSHGATEWAY, f"--web.listen-address=127.0.0.1:{port}",
+                     f"--persistence.file={tmp_path / 'pushgateway.data'}"], tmp_path / "pushgateway.log")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _poll("the Pushgateway to be ready", lambda: server.poll() is None and _get(f"{base}/-/ready"), 60)
+        with steptrace.Profiler(tmp_path / "run", metrics_pushgateway=base, run_id="short/job", job="batch") as prof:
+            train(prof, batches(6))
+        text = _get(f"{base}/metrics").decode()
+        lines = [l for l in text.splitlines() if l.startswith("steptrace_steps_total{")]
+        assert len(lines) == 1, text
+        assert 'job="batch"' in lines[0] and 'run_id="short/job"' in lines[0] and 'rank="0"' in lines[0]
+        assert lines[0].endswith(" 6")
+    finally:
+        _stop(server)
