@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--synthetic", action="store_true", help="generated data instead of digits")
+    parser.add_argument("--metrics-port", type=int, default=-1,
+                        help="serve Prometheus metrics on this port (0: any free port; -1: off)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -48,7 +50,7 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-    with steptrace.Profiler(args.log_dir, overwrite=True) as prof:
+    with steptrace.Profiler(args.log_dir, overwrite=True, metrics_port=args.metrics_port) as prof:
         for epoch in range(args.epochs):
             for x, y in prof.data(loader):  # the wait for each batch is the step's data_ms
                 with prof.step():
