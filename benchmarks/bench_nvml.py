@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -97,8 +97,11 @@ class Loop:
         self.loss_fn = nn.CrossEntropyLoss()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
 
-    def run(self, log_dir: Path, interval_ms: Optional[int], lib: Path) -> Dict[str, float]:
-        """One run under steptrace: NVML off (interval_ms None) or on at that interval."""
+    def run(self, log_dir: Path, interval_ms: Optional[int], lib: Path, extra: Optional[dict] = None,
+            on_start: Optional[Callable[[Profiler], Callable[[], None]]] = None) -> Dict[str, float]:
+        """One run under steptrace: NVML off (interval_ms None) or on at that interval;
+        ``extra`` options for the profiler; ``on_start(prof)`` runs before the first step
+        and returns what to call after the last one (bench_metrics.py starts a scraper)."""
         with torch.no_grad():
             self.model.load_state_dict(self.init)
         self.opt.state.clear()
@@ -108,7 +111,8 @@ class Loop:
         os.environ["STEPTRACE_FAKE_NVML_SCENARIO"] = "steady"
         opts = {"nvml": "off"} if interval_ms is None else {"nvml_interval_ms": interval_ms}
         before = set(thread_stats())
-        with Profiler(log_dir, overwrite=True, **opts) as prof:
+        with Profiler(log_dir, overwrite=True, **opts, **(extra or {})) as prof:
+            after = on_start(prof) if on_start else None
             s0 = thread_stats()
             c0, t0 = time.thread_time_ns(), pc()
             for x, y in prof.data(self.batches):
@@ -124,6 +128,8 @@ class Loop:
                         opt.zero_grad()
             t1, c1 = pc(), time.thread_time_ns()
             s1 = thread_stats()
+            if after:
+                after()
         wall_s = (t1 - t0) / 1e9
         mine = {tid: (cpu - s0.get(tid, (0, 0))[0], vol - s0.get(tid, (0, 0))[1])
                 for tid, (cpu, vol) in s1.items() if tid not in before}
