@@ -799,6 +799,16 @@ class ProfilerImpl final : public SignalClosable {
             "GPU reported XID {} ({}): look it up in NVIDIA's XID catalog; the job may need "
             "this GPU drained",
             e.code, telemetry_->device());
+      } else if (e.kind == "nvlink_crc") {
+        a.message = fmt::format(
+            "NVLink CRC errors keep growing (+{} to {} over the active links, {}): a failing "
+            "link or cable slows collectives and may drop; drain this GPU's node",
+            e.delta, e.code, telemetry_->device());
+      } else if (e.kind == "remapped_rows") {
+        a.message = fmt::format(
+            "GPU memory rows remapped after uncorrectable errors (+{} to {}, or a remap "
+            "failed; {}): reset the GPU, replace it if remapping failed",
+            e.delta, e.code, telemetry_->device());
       } else {
         a.message = fmt::format(
             "GPU uncorrectable ECC errors rose by {} to {} ({}): the data on this GPU may be "
@@ -807,6 +817,10 @@ class ProfilerImpl final : public SignalClosable {
       }
       a.details = {{"kind", e.kind}, {"code", e.code}};
       if (e.kind != "xid") a.details["delta"] = e.delta;
+      if (e.kind == "nvlink_crc" || e.kind == "remapped_rows") {
+        a.details["source"] = e.kind;
+        a.details["count"] = e.code;
+      }
       a.unix_ns = unix_ns_at(clock_->now_ns());
       const std::string line = alert_json_line(a, config_.rank);
       writer_->push_line_now(line);

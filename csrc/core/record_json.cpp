@@ -88,6 +88,12 @@ void append_hw(fmt::memory_buffer& out, const HwStats& h) {
   if (std::isfinite(h.max_temp_c)) fmt::format_to(it, ",\"max_temp_c\":{:.0f}", h.max_temp_c);
   if (std::isfinite(h.sm_clock_mhz)) fmt::format_to(it, ",\"sm_clock_mhz\":{:.0f}", h.sm_clock_mhz);
   if (h.power_limit_w > 0) fmt::format_to(it, ",\"power_limit_w\":{:.0f}", h.power_limit_w);
+  if (std::isfinite(h.pcie_tx_mb_s)) fmt::format_to(it, ",\"pcie_tx_mb_s\":{:.1f}", h.pcie_tx_mb_s);
+  if (std::isfinite(h.pcie_rx_mb_s)) fmt::format_to(it, ",\"pcie_rx_mb_s\":{:.1f}", h.pcie_rx_mb_s);
+  if (std::isfinite(h.mem_clock_mhz))
+    fmt::format_to(it, ",\"mem_clock_mhz\":{:.0f}", h.mem_clock_mhz);
+  if (std::isfinite(h.max_mem_temp_c))
+    fmt::format_to(it, ",\"max_mem_temp_c\":{:.0f}", h.max_mem_temp_c);
   out.append(std::string_view(",\"throttle_reasons\":["));
   const char* sep = "";
   for (const std::string& name : throttle_reason_names(h.throttle_reasons)) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -58,6 +59,11 @@ struct HwStats {
   double max_drop_w = 0;               // largest fall of power between consecutive samples
   double power_limit_w = 0;            // the device's enforced limit; 0: unknown
   std::uint64_t throttle_reasons = 0;  // OR of the reasons seen during the step
+  // Optional (NaN where the device does not report them): time-weighted means, hottest.
+  double pcie_tx_mb_s = std::numeric_limits<double>::quiet_NaN();
+  double pcie_rx_mb_s = std::numeric_limits<double>::quiet_NaN();
+  double mem_clock_mhz = std::numeric_limits<double>::quiet_NaN();
+  double max_mem_temp_c = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct StepRecord {

@@ -78,13 +78,18 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
   periods.reserve(hi - lo + 1);
   h.min_power_w = std::numeric_limits<double>::infinity();
   h.max_temp_c = -std::numeric_limits<double>::infinity();
+  double max_mem_temp_c = -std::numeric_limits<double>::infinity();
   bool energy_ok = true;
   for (std::size_t i = lo; i <= hi; ++i) {
     const TelemetrySample& s = samples[i];
     const std::int64_t from = i > 0 ? samples[i - 1].t_ns : s.t_ns - 1;
-    periods.push_back({from, s.t_ns, {s.power_w, s.sm_clock_mhz}});
+    periods.push_back(
+        {from,
+         s.t_ns,
+         {s.power_w, s.sm_clock_mhz, s.pcie_tx_mb_s, s.pcie_rx_mb_s, s.mem_clock_mhz}});
     h.min_power_w = std::min(h.min_power_w, s.power_w);
     if (std::isfinite(s.temp_c)) h.max_temp_c = std::max(h.max_temp_c, s.temp_c);
+    if (std::isfinite(s.mem_temp_c)) max_mem_temp_c = std::max(max_mem_temp_c, s.mem_temp_c);
     h.throttle_reasons |= s.throttle_reasons;
     energy_ok = energy_ok && std::isfinite(s.energy_j);
   }
@@ -92,14 +97,21 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
     h.max_drop_w = std::max(h.max_drop_w, samples[i - 1].power_w - samples[i].power_w);
   }
   if (!std::isfinite(h.max_temp_c)) h.max_temp_c = kNaN;
-  const AggregationResult agg = aggregate_samples(periods, {{0, begin_ns, end_ns}}, 2);
+  if (std::isfinite(max_mem_temp_c)) h.max_mem_temp_c = max_mem_temp_c;
+  const AggregationResult agg = aggregate_samples(periods, {{0, begin_ns, end_ns}}, 5);
   const StepCounters& c = agg.steps.front();
   h.avg_power_w = c.values[0];
   h.sm_clock_mhz = c.values[1];
+  h.pcie_tx_mb_s = c.values[2];
+  h.pcie_rx_mb_s = c.values[3];
+  h.mem_clock_mhz = c.values[4];
   h.samples = static_cast<int>(hi - lo + 1);
   if (!std::isfinite(h.avg_power_w)) {  // a reading right at the window's edge only
     h.avg_power_w = samples[hi].power_w;
     h.sm_clock_mhz = samples[hi].sm_clock_mhz;
+    h.pcie_tx_mb_s = samples[hi].pcie_tx_mb_s;
+    h.pcie_rx_mb_s = samples[hi].pcie_rx_mb_s;
+    h.mem_clock_mhz = samples[hi].mem_clock_mhz;
   }
   const double span_s = static_cast<double>(end_ns - begin_ns) / kNsPerS;
   if (energy_ok && lo > 0) {
@@ -129,6 +141,7 @@ void TelemetryStage::take() {
       last_energy_j_ = s.energy_j;
     }
     samples_.push_back(s);
+    last_ = s;
   }
 }
 
@@ -170,6 +183,18 @@ std::string TelemetryStage::run_end_fields() {
   // the whole run, the waits between steps included
   if (first_energy_j_ >= 0) hw["energy_j"] = last_energy_j_ - first_energy_j_;
   if (source_->power_limit_w() > 0) hw["power_limit_w"] = source_->power_limit_w();
+  // the error counters at the last reading, where the device has them
+  auto counter = [&](const char* key, std::int64_t v) {
+    if (v >= 0) hw[key] = v;
+  };
+  counter("nvlink_crc_errors", last_.nvlink_crc_errors);
+  counter("nvlink_replay_errors", last_.nvlink_replay_errors);
+  if (last_.remap_corrected >= 0) {
+    hw["remapped_rows"] = {{"corrected", last_.remap_corrected},
+                           {"uncorrected", last_.remap_uncorrected},
+                           {"pending", last_.remap_pending != 0},
+                           {"failure", last_.remap_failure != 0}};
+  }
   if (std::string status = source_->status(); !status.empty()) hw["status"] = std::move(status);
   return "\"hw\":" + hw.dump();
 }

@@ -46,7 +46,8 @@ class TelemetryStage final : public StepCompleter {
   void arrived(StepRecord& r) override;
   bool complete(StepRecord& r, bool force) override;
   void finish() noexcept override;
-  /// run_end's "hw": total energy, energy per 1,000 steps, sample count.
+  /// run_end's "hw": total energy, energy per 1,000 steps, sample count, and the NVLink
+  /// and row-remap counters at the last reading.
   std::string run_end_fields() override;
 
   static constexpr std::chrono::milliseconds kMaxHold{2000};
@@ -63,6 +64,7 @@ class TelemetryStage final : public StepCompleter {
   double step_energy_j_ = 0;
   double first_energy_j_ = -1;  // the counter at the first and last samples of the run
   double last_energy_j_ = -1;
+  TelemetrySample last_;  // the latest reading: run_end's error counters
 };
 
 /// power_low, temperature_rising, power_drop, thermal_throttle, power_throttle from the

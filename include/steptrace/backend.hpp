@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -215,15 +216,27 @@ struct TelemetrySample {
   double sm_clock_mhz = 0;             // SM clock
   double util_pct = 0;                 // GPU utilization (share of time a kernel ran)
   std::uint64_t throttle_reasons = 0;  // NVML clock event reason bits
+  // Optional readings: NaN, or -1 for counters, where the device does not report them.
+  double pcie_tx_mb_s = std::numeric_limits<double>::quiet_NaN();   // PCIe TX, MB/s
+  double pcie_rx_mb_s = std::numeric_limits<double>::quiet_NaN();   // PCIe RX, MB/s
+  double mem_clock_mhz = std::numeric_limits<double>::quiet_NaN();  // memory clock
+  double mem_temp_c = std::numeric_limits<double>::quiet_NaN();     // HBM temperature
+  std::int64_t nvlink_crc_errors = -1;     // CRC flit errors summed over active links
+  std::int64_t nvlink_replay_errors = -1;  // replay errors summed over active links
+  std::int64_t remap_corrected = -1;       // remapped rows: correctable
+  std::int64_t remap_uncorrected = -1;     // remapped rows: uncorrectable
+  std::int64_t remap_pending = -1;         // 1: a remap waits for a GPU reset
+  std::int64_t remap_failure = -1;         // 1: a remap failed
 };
 
-/// A hardware fault the sampler found: a critical XID event, or a rise of the volatile
-/// uncorrected ECC count.
+/// A hardware fault the sampler found: a critical XID event, a rise of the volatile
+/// uncorrected ECC count, NVLink CRC errors that keep growing, or a new uncorrectable
+/// row remap or remap failure.
 struct HardwareError {
   std::int64_t t_ns = 0;
-  std::string kind;         // "xid" or "ecc_uncorrected"
-  std::uint64_t code = 0;   // the XID, or the new ECC count
-  std::uint64_t delta = 0;  // ecc_uncorrected: errors since the previous reading
+  std::string kind;         // "xid", "ecc_uncorrected", "nvlink_crc" or "remapped_rows"
+  std::uint64_t code = 0;   // the XID, or the new count
+  std::uint64_t delta = 0;  // the counts: the rise that raised it
 };
 
 /// GPU hardware telemetry read on a background thread (never the training thread) every

@@ -128,6 +128,11 @@ TEST(Nvml, SteadyRunHasHwInEveryStepAndRaisesNothing) {
     EXPECT_GE(hw.at("max_temp_c").get<double>(), 65);
     EXPECT_TRUE(hw.at("throttle_reasons").empty());
     EXPECT_EQ(hw.at("samples"), 1);
+    // the optional readings the fake device has: 2,000,000 / 1,000,000 KB/s
+    EXPECT_EQ(hw.at("pcie_tx_mb_s"), 2000);
+    EXPECT_EQ(hw.at("pcie_rx_mb_s"), 1000);
+    EXPECT_EQ(hw.at("mem_clock_mhz"), 2619);
+    EXPECT_EQ(hw.at("max_mem_temp_c"), 70);
   }
   EXPECT_TRUE(run.alerts().empty()) << run.alerts().front().dump();
   const nlohmann::json hw_end = of_kind(run.records, "run_end").at(0).at("hw");
@@ -135,6 +140,12 @@ TEST(Nvml, SteadyRunHasHwInEveryStepAndRaisesNothing) {
   EXPECT_NEAR(hw_end.at("energy_j_per_1000_steps").get<double>(), 650'000, 2'100);
   // the steps cover the run: the counter's rise is the steps' energy
   EXPECT_NEAR(hw_end.at("energy_j").get<double>(), hw_end.at("steps_energy_j").get<double>(), 1);
+  // the final error counters: four active links, flat
+  EXPECT_EQ(hw_end.at("nvlink_crc_errors"), 4 * 5);
+  EXPECT_EQ(hw_end.at("nvlink_replay_errors"), 4 * 7);
+  EXPECT_EQ(hw_end.at("remapped_rows"),
+            (nlohmann::json{
+                {"corrected", 3}, {"uncorrected", 0}, {"pending", false}, {"failure", false}}));
 }
 
 TEST(Nvml, SlowPowerSagIsPowerLow) {
@@ -184,6 +195,38 @@ TEST(Nvml, XidAndEccAreHardwareErrorsWrittenAtOnce) {
   // done), not when a later step record reached the writer
   EXPECT_EQ(seen, (std::vector<std::pair<int, std::string>>{{24, "hardware_error"},
                                                             {29, "hardware_error"}}));
+}
+
+TEST(Nvml, NvLinkCrcErrorsThatKeepGrowingAreOneHardwareError) {
+  TempDir tmp;
+  std::vector<std::pair<int, std::string>> seen;
+  const ScriptedRun run = play(tmp, "nvlink", 60, &seen);
+  // rising from reading 30 on: the third rise in a row (reading 32) raises it, once
+  EXPECT_EQ(run.alert_types(), std::vector<std::string>{"hardware_error"});
+  const auto& a = run.first("hardware_error");
+  EXPECT_EQ(a.at("details").at("source"), "nvlink_crc");
+  EXPECT_EQ(a.at("details").at("count"), 4 * 5 + 3);
+  EXPECT_EQ(a.at("details").at("delta"), 3);
+  EXPECT_EQ(seen, (std::vector<std::pair<int, std::string>>{{31, "hardware_error"}}));
+}
+
+TEST(Nvml, ASingleNvLinkCrcIncrementRaisesNothing) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "nvlink_blip", 60);
+  EXPECT_TRUE(run.alerts().empty()) << run.alerts().front().dump();
+  EXPECT_EQ(of_kind(run.records, "run_end").at(0).at("hw").at("nvlink_crc_errors"), 4 * 5 + 1);
+}
+
+TEST(Nvml, UncorrectableRowRemapIsAHardwareError) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "remap", 60);
+  EXPECT_EQ(run.alert_types(), std::vector<std::string>{"hardware_error"});
+  const auto& a = run.first("hardware_error");
+  EXPECT_EQ(a.at("details").at("source"), "remapped_rows");
+  EXPECT_EQ(a.at("details").at("count"), 1);
+  const nlohmann::json rows = of_kind(run.records, "run_end").at(0).at("hw").at("remapped_rows");
+  EXPECT_EQ(rows.at("uncorrected"), 1);
+  EXPECT_EQ(rows.at("pending"), true);
 }
 
 TEST(Nvml, ThrottleReasonsNamedInStepsAndAlerted) {

@@ -49,6 +49,20 @@ TEST(HwStats, AbsentBeforeAnyReadingAndPowerTimesTimeWithoutACounter) {
   EXPECT_NEAR(h.energy_j, 300, 1e-9);
 }
 
+TEST(HwStats, OptionalReadingsAreMeansOrLeftOutWhereTheDeviceLacksThem) {
+  std::vector<TelemetrySample> s = {reading(0, 500, 1000), reading(kS, 500, 1500),
+                                    reading(2 * kS, 500, 2000)};
+  s[1].pcie_tx_mb_s = 1000;
+  s[2].pcie_tx_mb_s = 3000;
+  s[1].mem_temp_c = 70;
+  s[2].mem_temp_c = 74;
+  const HwStats h = hw_stats(s, 0, 2 * kS, 0, 700);
+  EXPECT_DOUBLE_EQ(h.pcie_tx_mb_s, 2000);
+  EXPECT_DOUBLE_EQ(h.max_mem_temp_c, 74);
+  EXPECT_TRUE(std::isnan(h.pcie_rx_mb_s));  // never read: absent from the record
+  EXPECT_TRUE(std::isnan(h.mem_clock_mhz));
+}
+
 TEST(ThrottleReasons, NamesTheSetBits) {
   EXPECT_EQ(throttle_reason_names(0), std::vector<std::string>{});
   EXPECT_EQ(throttle_reason_names(kThrottleSwPowerCap | kThrottleHwThermal),

@@ -4,8 +4,10 @@
 #include <dlfcn.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -34,11 +36,60 @@ constexpr unsigned kClockSm = 1;                       // NVML_CLOCK_SM
 constexpr unsigned kMemoryErrorUncorrected = 1;        // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 constexpr unsigned kVolatileEcc = 0;                   // NVML_VOLATILE_ECC
 constexpr unsigned long long kEventXidCritical = 0x8;  // nvmlEventTypeXidCriticalError
+constexpr unsigned kClockMem = 2;                      // NVML_CLOCK_MEM
+constexpr unsigned kPcieTxBytes = 0;                   // NVML_PCIE_UTIL_TX_BYTES
+constexpr unsigned kPcieRxBytes = 1;                   // NVML_PCIE_UTIL_RX_BYTES
+constexpr unsigned kFieldMemoryTemp = 82;              // NVML_FI_DEV_MEMORY_TEMP
+constexpr unsigned kNvLinkMaxLinks = 18;               // NVML_NVLINK_MAX_LINKS
+constexpr unsigned kNvLinkErrorReplay = 0;             // NVML_NVLINK_ERROR_DL_REPLAY
+constexpr unsigned kNvLinkErrorCrcFlit = 2;            // NVML_NVLINK_ERROR_DL_CRC_FLIT
+constexpr unsigned kFeatureEnabled = 1;                // NVML_FEATURE_ENABLED
+// NVLink CRC errors "keep growing" when the sum rises in this many consecutive readings
+// at least kNvLinkGrowthGapNs apart (closer readings are skipped): one corrupted flit
+// is noise, a link that keeps corrupting is failing.
+constexpr int kNvLinkGrowthReadings = 3;
+constexpr std::int64_t kNvLinkGrowthGapNs = 1'000'000'000;
 
 struct Utilization {
   unsigned gpu;
   unsigned memory;
 };
+// nvmlFieldValue_t
+struct FieldValue {
+  unsigned field_id;
+  unsigned scope_id;
+  long long timestamp;
+  long long latency_usec;
+  unsigned value_type;  // nvmlValueType_t
+  Return nvml_return;
+  union {
+    double d;
+    unsigned ui;
+    unsigned long ul;
+    unsigned long long ull;
+    long long sll;
+    int si;
+  } value;
+};
+// the union member value_type names (NVML_VALUE_TYPE_DOUBLE .. _SIGNED_INT)
+double field_number(const FieldValue& f) {
+  switch (f.value_type) {
+    case 0:
+      return f.value.d;
+    case 1:
+      return f.value.ui;
+    case 2:
+      return static_cast<double>(f.value.ul);
+    case 3:
+      return static_cast<double>(f.value.ull);
+    case 4:
+      return static_cast<double>(f.value.sll);
+    case 5:
+      return f.value.si;
+    default:
+      return std::numeric_limits<double>::quiet_NaN();
+  }
+}
 struct EventData {
   Device device;
   unsigned long long event_type;
@@ -64,6 +115,11 @@ struct Api {
   Return (*event_set_create)(EventSet*) = nullptr;
   Return (*register_events)(Device, unsigned long long, EventSet) = nullptr;
   Return (*event_wait)(EventSet, EventData*, unsigned) = nullptr;
+  Return (*pcie_throughput)(Device, unsigned, unsigned*) = nullptr;
+  Return (*field_values)(Device, int, FieldValue*) = nullptr;
+  Return (*nvlink_state)(Device, unsigned, unsigned*) = nullptr;
+  Return (*nvlink_error)(Device, unsigned, unsigned, unsigned long long*) = nullptr;
+  Return (*remapped_rows)(Device, unsigned*, unsigned*, unsigned*, unsigned*) = nullptr;
   const char* (*error_string)(Return) = nullptr;
 
   std::string error(Return r) const {
@@ -116,6 +172,11 @@ bool load(Api& api, std::string* why) {
   resolve(api.event_set_create, "nvmlEventSetCreate", false);
   resolve(api.register_events, "nvmlDeviceRegisterEvents", false);
   resolve(api.event_wait, "nvmlEventSetWait_v2", false);
+  resolve(api.pcie_throughput, "nvmlDeviceGetPcieThroughput", false);
+  resolve(api.field_values, "nvmlDeviceGetFieldValues", false);
+  resolve(api.nvlink_state, "nvmlDeviceGetNvLinkState", false);
+  resolve(api.nvlink_error, "nvmlDeviceGetNvLinkErrorCounter", false);
+  resolve(api.remapped_rows, "nvmlDeviceGetRemappedRows", false);
   resolve(api.error_string, "nvmlErrorString", false);
   if (!ok) return false;
   if (const Return r = api.init(); r != kSuccess) {
@@ -192,6 +253,15 @@ class NvmlTelemetry final : public TelemetrySource {
         api_.register_events(dev_, kEventXidCritical, events_) != kSuccess) {
       events_ = nullptr;  // not supported (a vGPU, a MIG slice): no XID events then
     }
+    // the active links, once: NOT_SUPPORTED without NVLink, INVALID_ARGUMENT past the last
+    if (api_.nvlink_state != nullptr && api_.nvlink_error != nullptr) {
+      for (unsigned link = 0; link < kNvLinkMaxLinks; ++link) {
+        unsigned state = 0;
+        if (api_.nvlink_state(dev_, link, &state) == kSuccess && state == kFeatureEnabled) {
+          nvlinks_.push_back(link);
+        }
+      }
+    }
   }
   ~NvmlTelemetry() override { finish(); }
 
@@ -258,8 +328,9 @@ class NvmlTelemetry final : public TelemetrySource {
     if (api_.throttle != nullptr && api_.throttle(dev_, &reasons) == kSuccess) {
       s.throttle_reasons = reasons;
     }
+    read_optional(s);
     s.t_ns = now_ns();
-    check_errors(s.t_ns);
+    check_errors(s);
     std::lock_guard<std::mutex> lock(mu_);
     // Bounded: a writer that stopped taking must not grow this without end.
     if (pending_.size() < kMaxPending) pending_.push_back(s);
@@ -267,7 +338,86 @@ class NvmlTelemetry final : public TelemetrySource {
   }
 
  private:
-  void check_errors(std::int64_t t_ns) {
+  // The readings a device may lack (NaN / -1 then); each stops being asked for once NVML
+  // says the device does not support it.
+  void read_optional(TelemetrySample& s) {
+    unsigned v = 0;
+    auto pcie = [&](unsigned counter, double* out) {
+      if (api_.pcie_throughput == nullptr || pcie_unsupported_) return;
+      const Return r = api_.pcie_throughput(dev_, counter, &v);
+      if (r == kSuccess) *out = v / 1000.0;  // KB/s
+      pcie_unsupported_ = r == kNotSupported;
+    };
+    pcie(kPcieTxBytes, &s.pcie_tx_mb_s);
+    pcie(kPcieRxBytes, &s.pcie_rx_mb_s);
+    if (api_.clock_info != nullptr && api_.clock_info(dev_, kClockMem, &v) == kSuccess) {
+      s.mem_clock_mhz = v;
+    }
+    if (api_.field_values != nullptr && !mem_temp_unsupported_) {
+      FieldValue f{};
+      f.field_id = kFieldMemoryTemp;
+      const Return r = api_.field_values(dev_, 1, &f);
+      if (r == kSuccess && f.nvml_return == kSuccess) s.mem_temp_c = field_number(f);
+      mem_temp_unsupported_ = r == kNotSupported || f.nvml_return == kNotSupported;
+    }
+    if (!nvlinks_.empty()) {
+      s.nvlink_crc_errors = 0;
+      s.nvlink_replay_errors = 0;
+      for (const unsigned link : nvlinks_) {
+        unsigned long long n = 0;
+        if (api_.nvlink_error(dev_, link, kNvLinkErrorCrcFlit, &n) == kSuccess) {
+          s.nvlink_crc_errors += static_cast<std::int64_t>(n);
+        }
+        if (api_.nvlink_error(dev_, link, kNvLinkErrorReplay, &n) == kSuccess) {
+          s.nvlink_replay_errors += static_cast<std::int64_t>(n);
+        }
+      }
+    }
+    if (api_.remapped_rows != nullptr && !remap_unsupported_) {
+      unsigned corrected = 0, uncorrected = 0, pending = 0, failure = 0;
+      const Return r = api_.remapped_rows(dev_, &corrected, &uncorrected, &pending, &failure);
+      if (r == kSuccess) {
+        s.remap_corrected = corrected;
+        s.remap_uncorrected = uncorrected;
+        s.remap_pending = pending;
+        s.remap_failure = failure;
+      }
+      remap_unsupported_ = r == kNotSupported;
+    }
+  }
+
+  void check_nvlink(const TelemetrySample& s) {
+    if (s.nvlink_crc_errors < 0) return;
+    if (nvlink_t_ns_ != INT64_MIN && s.t_ns - nvlink_t_ns_ < kNvLinkGrowthGapNs) return;
+    if (nvlink_t_ns_ != INT64_MIN && s.nvlink_crc_errors > nvlink_crc_) {
+      if (++nvlink_rises_ == kNvLinkGrowthReadings) {
+        report({s.t_ns, "nvlink_crc", static_cast<std::uint64_t>(s.nvlink_crc_errors),
+                static_cast<std::uint64_t>(s.nvlink_crc_errors - nvlink_crc_base_)});
+      }
+    } else {
+      nvlink_rises_ = 0;  // one alert per growth episode
+      nvlink_crc_base_ = s.nvlink_crc_errors;
+    }
+    nvlink_t_ns_ = s.t_ns;
+    nvlink_crc_ = s.nvlink_crc_errors;
+  }
+
+  void check_remap(const TelemetrySample& s) {
+    if (s.remap_uncorrected < 0) return;
+    if (remap_uncorrected_ >= 0 && (s.remap_uncorrected > remap_uncorrected_ ||
+                                    (s.remap_failure != 0 && remap_failure_ == 0))) {
+      report({s.t_ns, "remapped_rows", static_cast<std::uint64_t>(s.remap_uncorrected),
+              static_cast<std::uint64_t>(
+                  std::max<std::int64_t>(s.remap_uncorrected - remap_uncorrected_, 0))});
+    }
+    remap_uncorrected_ = s.remap_uncorrected;
+    remap_failure_ = s.remap_failure;
+  }
+
+  void check_errors(const TelemetrySample& s) {
+    const std::int64_t t_ns = s.t_ns;
+    check_nvlink(s);
+    check_remap(s);
     if (events_ != nullptr) {
       EventData data{};
       // timeout 0: only what is pending; the sampler's own wait paces the loop
@@ -314,6 +464,16 @@ class NvmlTelemetry final : public TelemetrySource {
   bool ecc_unsupported_ = false;
   bool ecc_seen_ = false;
   unsigned long long ecc_count_ = 0;
+  bool pcie_unsupported_ = false;
+  bool mem_temp_unsupported_ = false;
+  bool remap_unsupported_ = false;
+  std::vector<unsigned> nvlinks_;         // the links active at creation
+  std::int64_t nvlink_t_ns_ = INT64_MIN;  // the last reading compared, and its CRC sum
+  std::int64_t nvlink_crc_ = 0;
+  std::int64_t nvlink_crc_base_ = 0;  // the sum before the current run of rises
+  int nvlink_rises_ = 0;
+  std::int64_t remap_uncorrected_ = -1;
+  std::int64_t remap_failure_ = 0;
   std::function<void(const HardwareError&)> on_error_;
   mutable std::mutex mu_;
   std::condition_variable wake_;

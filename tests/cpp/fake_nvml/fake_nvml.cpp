@@ -2,13 +2,19 @@
 // plays a scripted series chosen by $STEPTRACE_FAKE_NVML_SCENARIO, read at nvmlInit_v2:
 // reading i (each nvmlDeviceGetPowerUsage call after init starts the next; the others
 // report reading i) is scripted second i, so tests drive it without waiting on time.
-//   steady    650 W (+-2), 65-66 C, 1980 MHz, no throttling
+//   steady    650 W (+-2), 65-66 C, 1980 MHz, no throttling; PCIe TX 2,000,000 / RX
+//             1,000,000 KB/s, memory 2619 MHz and 70 C, NVLink links 0..3 active with
+//             flat error counters (5 CRC, 7 replay each), 3 corrected remapped rows
 //   sag       650 W for 20 s, then -5 W/s down to 350 W (below 70% of 700 W from 53 s)
 //   cooling   60 C for 20 s, then up to 85 C in 30 s (50 C/min)
 //   drop      700 W for 40 s, then 200 W
 //   xid       steady; XID 79 at reading 25; uncorrectable ECC 0 -> 2 at reading 30
 //   throttle  steady; hw_thermal_slowdown at readings 30..39, sw_power_cap at 50..59
+//   nvlink    steady; link 2's CRC count grows by one per reading from reading 30
+//   nvlink_blip steady; link 2's CRC count rises once, at reading 30
+//   remap     steady; an uncorrectable remapped row (pending) at reading 40
 //   nodevice  NVML loads, but sees no GPU
+// What a real device may lack is answered NVML_ERROR_NOT_SUPPORTED, as NVML does.
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -18,6 +24,25 @@ namespace {
 using Return = int;
 constexpr Return kSuccess = 0;
 constexpr Return kInvalidArgument = 2;
+constexpr Return kNotSupported = 3;
+constexpr unsigned kActiveLinks = 4;
+
+struct FieldValue {  // nvmlFieldValue_t
+  unsigned field_id;
+  unsigned scope_id;
+  long long timestamp;
+  long long latency_usec;
+  unsigned value_type;
+  Return nvml_return;
+  union {
+    double d;
+    unsigned ui;
+    unsigned long ul;
+    unsigned long long ull;
+    long long sll;
+    int si;
+  } value;
+};
 constexpr Return kTimeout = 10;
 
 struct EventData {
@@ -59,6 +84,12 @@ unsigned long long reasons(long i) {
   return 0;
 }
 long current() { return g_reading < 0 ? 0 : g_reading; }
+unsigned long long crc_flits(unsigned link, long i) {
+  unsigned long long n = 5;
+  if (link == 2 && g_scenario == "nvlink" && i >= 30) n += static_cast<unsigned long long>(i - 29);
+  if (link == 2 && g_scenario == "nvlink_blip" && i >= 30) n += 1;
+  return n;
+}
 
 }  // namespace
 
@@ -113,7 +144,13 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetTemperature(void*, un
 __attribute__((visibility("default"))) Return nvmlDeviceGetClockInfo(void*, unsigned type,
                                                                      unsigned* mhz) {
   const unsigned long long r = reasons(current());
-  *mhz = type == 1 ? ((r & 0x40) != 0 ? 1400 : (r & 0x4) != 0 ? 1600 : 1980) : 2619;
+  if (type == 1) {
+    *mhz = (r & 0x40) != 0 ? 1400 : (r & 0x4) != 0 ? 1600 : 1980;
+  } else if (type == 2) {  // NVML_CLOCK_MEM
+    *mhz = 2619;
+  } else {
+    *mhz = 1755;
+  }
   return kSuccess;
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetCurrentClocksEventReasons(
@@ -129,6 +166,49 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetUtilizationRates(void
 __attribute__((visibility("default"))) Return nvmlDeviceGetTotalEccErrors(
     void*, unsigned, unsigned, unsigned long long* count) {
   *count = g_scenario == "xid" && current() >= 30 ? 2 : 0;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetPcieThroughput(void*, unsigned counter,
+                                                                          unsigned* kb_s) {
+  if (counter > 1) return kInvalidArgument;  // TX_BYTES, RX_BYTES only
+  *kb_s = counter == 0 ? 2'000'000 : 1'000'000;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetFieldValues(void*, int count,
+                                                                       FieldValue* values) {
+  for (int i = 0; i < count; ++i) {
+    FieldValue& f = values[i];
+    if (f.field_id == 82) {  // NVML_FI_DEV_MEMORY_TEMP
+      f.value_type = 1;      // NVML_VALUE_TYPE_UNSIGNED_INT
+      f.value.ui = 70;
+      f.nvml_return = kSuccess;
+    } else {
+      f.nvml_return = kNotSupported;
+    }
+  }
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetNvLinkState(void*, unsigned link,
+                                                                       unsigned* active) {
+  if (link >= 18) return kInvalidArgument;  // NVML_NVLINK_MAX_LINKS
+  *active = link < kActiveLinks ? 1 : 0;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetNvLinkErrorCounter(
+    void*, unsigned link, unsigned counter, unsigned long long* value) {
+  if (link >= kActiveLinks || counter > 4) return kInvalidArgument;
+  *value = counter == 2 ? crc_flits(link, current()) : counter == 0 ? 7 : 0;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetRemappedRows(void*, unsigned* corrected,
+                                                                        unsigned* uncorrected,
+                                                                        unsigned* pending,
+                                                                        unsigned* failure) {
+  const bool remapped = g_scenario == "remap" && current() >= 40;
+  *corrected = 3;
+  *uncorrected = remapped ? 1 : 0;
+  *pending = remapped ? 1 : 0;
+  *failure = 0;
   return kSuccess;
 }
 __attribute__((visibility("default"))) Return nvmlEventSetCreate(void** set) {
