@@ -27,7 +27,9 @@ constexpr const char* kReasonNames[] = {"gpu_idle",
                                         "sw_thermal_slowdown",
                                         "hw_thermal_slowdown",
                                         "hw_power_brake_slowdown",
-                                        "display_clock_setting"};
+                                        "display_clock_setting",
+                                        "board_limit",
+                                        "reliability"};
 
 // The energy counter at t, linear between the samples around it (clamped at the ends).
 double energy_at(const std::vector<TelemetrySample>& s, std::int64_t t) {

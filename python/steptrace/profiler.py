@@ -405,12 +405,12 @@ class Profiler:
     """Profiles a training loop into ``<log_dir>/rank<N>.jsonl``.
 
     Use it as a context manager (``with steptrace.Profiler("runs/exp1") as prof:``) or
-    call :meth:`close` yourself. Options are keyword arguments (see the README); a bad
+    call :meth:`close` yourself. Options are keyword arguments (see docs/configuration.md); a bad
     value raises :class:`steptrace.errors.ConfigError`, an unknown name
     :class:`steptrace.errors.UnknownOptionError`, before any file is created.
 
     Not thread-safe: one training thread drives steps and phases; :meth:`close` and
-    :meth:`flush` may come from another thread (see the README's Lifecycle section).
+    :meth:`flush` may come from another thread (see docs/lifecycle.md).
     """
 
     def __init__(self, log_dir: "str | os.PathLike[str]", _fake_device: bool = False, **options: Any) -> None:

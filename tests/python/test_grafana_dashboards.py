@@ -20,7 +20,7 @@ import pytest
 
 GRAFANA = Path(__file__).resolve().parents[2] / "grafana"
 NAMES = ("steptrace-overview.json", "steptrace-job.json", "steptrace-profiling.json")
-# The metric names the endpoint exports (README, "Prometheus metrics") and the recording
+# The metric names the endpoint exports (docs/prometheus-grafana.md, "Prometheus metrics") and the recording
 # rules of prometheus/steptrace.rules.yml.
 STEPTRACE_METRICS = {
     "steptrace_step_duration_seconds_bucket", "steptrace_step_duration_seconds_sum",

@@ -1,6 +1,7 @@
 // NVML telemetry: libnvidia-ml.so.1 loaded at run time (nothing linked, no NVML header:
-// the few types and entry points used are declared here, as NVML's ABI defines them),
-// read on a sampler thread of its own.
+// the few types and entry points used are declared here, as NVML's ABI defines them;
+// checked against nvml.h of nvidia-nvml-dev 12.9.79 and 13.5.37), read on a sampler
+// thread of its own.
 #include <dlfcn.h>
 #include <time.h>
 
@@ -40,10 +41,12 @@ constexpr unsigned kClockMem = 2;                      // NVML_CLOCK_MEM
 constexpr unsigned kPcieTxBytes = 0;                   // NVML_PCIE_UTIL_TX_BYTES
 constexpr unsigned kPcieRxBytes = 1;                   // NVML_PCIE_UTIL_RX_BYTES
 constexpr unsigned kFieldMemoryTemp = 82;              // NVML_FI_DEV_MEMORY_TEMP
-constexpr unsigned kNvLinkMaxLinks = 18;               // NVML_NVLINK_MAX_LINKS
-constexpr unsigned kNvLinkErrorReplay = 0;             // NVML_NVLINK_ERROR_DL_REPLAY
-constexpr unsigned kNvLinkErrorCrcFlit = 2;            // NVML_NVLINK_ERROR_DL_CRC_FLIT
-constexpr unsigned kFeatureEnabled = 1;                // NVML_FEATURE_ENABLED
+// NVML_NVLINK_MAX_LINKS: 18 in CUDA 12's nvml.h, 36 in CUDA 13's; links past a device's
+// last answer INVALID_ARGUMENT, so probing the larger bound is safe with either driver.
+constexpr unsigned kNvLinkMaxLinks = 36;
+constexpr unsigned kNvLinkErrorReplay = 0;   // NVML_NVLINK_ERROR_DL_REPLAY
+constexpr unsigned kNvLinkErrorCrcFlit = 2;  // NVML_NVLINK_ERROR_DL_CRC_FLIT
+constexpr unsigned kFeatureEnabled = 1;      // NVML_FEATURE_ENABLED
 // NVLink CRC errors "keep growing" when the sum rises in this many consecutive readings
 // at least kNvLinkGrowthGapNs apart (closer readings are skipped): one corrupted flit
 // is noise, a link that keeps corrupting is failing.

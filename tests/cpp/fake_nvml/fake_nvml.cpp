@@ -190,7 +190,7 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetFieldValues(void*, in
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetNvLinkState(void*, unsigned link,
                                                                        unsigned* active) {
-  if (link >= 18) return kInvalidArgument;  // NVML_NVLINK_MAX_LINKS
+  if (link >= 18) return kInvalidArgument;  // an 18-link part (H100/H200) past its last link
   *active = link < kActiveLinks ? 1 : 0;
   return kSuccess;
 }
