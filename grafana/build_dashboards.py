@@ -9,7 +9,9 @@ each job's panels link to its per-job dashboard with the job pre-selected) -> **
 job's step-time progression, phase split, per-rank compute / communication, per-GPU tensor
 core activity, DRAM bandwidth, SM occupancy, power, temperature) -> **profiling** (one
 run's step records and links to its HTML report and Perfetto trace). Hardware panels use
-the NVIDIA DCGM exporter's metric names, so they work beside an existing DCGM exporter.
+the NVIDIA DCGM exporter's metric names, so they work beside an existing DCGM exporter, and
+show steptrace's own NVML figures (steptrace_gpu_*) beside them; steptrace never exports
+DCGM's names itself, which would double every series where the exporter also runs.
 """
 
 from __future__ import annotations
@@ -96,8 +98,10 @@ def overview() -> dict:
         ("steptrace:step_duration_seconds:p95_5m", "p95 step"),
         ("sum by (job) (increase(steptrace_alerts_total[1h]))", "alerts 1h"),
     ], w=24, links=job_link, options={"showHeader": True})
-    p.add("GPU power (DCGM)", "timeseries", [("sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)", "{{Hostname}}")],
-          unit="watt")
+    p.add("GPU power by host (DCGM / steptrace)", "timeseries",
+          [("sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)", "{{Hostname}} (DCGM)"),
+           ("sum by (host) (steptrace_gpu_power_watts)", "{{host}} (steptrace)")],
+          unit="watt", description="Where no DCGM exporter runs, steptrace's own NVML figures (one series per rank).")
     p.add("GPU utilization (DCGM; recorded, never paged)", "timeseries",
           [("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}}")], unit="percent")
     p.add("Alerts by type and job", "timeseries",
@@ -138,9 +142,30 @@ def job() -> dict:
         (f"steptrace_sm_occupancy_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
         ("DCGM_FI_PROF_SM_OCCUPANCY", "{{Hostname}} gpu {{gpu}} (DCGM)"),
     ], w=8, unit="percentunit")
-    p.add("GPU power (DCGM)", "timeseries", [("DCGM_FI_DEV_POWER_USAGE", "{{Hostname}} gpu {{gpu}}")], unit="watt")
-    p.add("GPU temperature (DCGM)", "timeseries", [("DCGM_FI_DEV_GPU_TEMP", "{{Hostname}} gpu {{gpu}}")],
-          unit="celsius")
+    p.add("GPU power (DCGM / steptrace)", "timeseries", [
+        ("DCGM_FI_DEV_POWER_USAGE", "{{Hostname}} gpu {{gpu}} (DCGM)"),
+        (f"steptrace_gpu_power_watts{{{sel}}}", "r{{rank}} (steptrace)"),
+        (f"max(steptrace_gpu_power_limit_watts{{{sel}}})", "power limit"),
+    ], unit="watt")
+    p.add("GPU temperature (DCGM / steptrace)", "timeseries", [
+        ("DCGM_FI_DEV_GPU_TEMP", "{{Hostname}} gpu {{gpu}} (DCGM)"),
+        (f"steptrace_gpu_temperature_celsius{{{sel}}}", "r{{rank}} (steptrace)"),
+    ], unit="celsius")
+    p.add("Straggler score by rank (cross-rank view)", "timeseries",
+          [('steptrace_rank_straggler_score{job="$job"}', "r{{rank}}")], unit="percentunit",
+          description="Each rank's own work (compute + data) over the other ranks' median, minus 1, per "
+                      "cluster window (exported by the aggregating rank, at most 64 ranks: the stragglers "
+                      "first). 0.1 is the straggler threshold.")
+    p.add("Per-rank split of a step (cross-rank view)", "timeseries",
+          [('steptrace_rank_split_seconds{job="$job"}', "r{{rank}} {{part}}")], unit="s",
+          options={"stacking": {"mode": "normal"}},
+          description="Median per step in the last window: compute, communication net of waiting, waiting "
+                      "on slower ranks, data loading.")
+    p.add("GPU energy and throttling (steptrace)", "timeseries", [
+        (f"sum by (rank) (rate(steptrace_gpu_energy_joules_total{{{sel}}}[5m]))", "r{{rank}} W (energy rate)"),
+        (f"sum by (rank, reason) (rate(steptrace_gpu_throttled_steps_total{{{sel}}}[5m]))",
+         "r{{rank}} throttled steps/s {{reason}}"),
+    ], unit="short")
     p.add("Memory per rank", "timeseries", [(f'steptrace_memory_bytes{{{sel}, kind=~"allocated|rss|device_used"}}',
                                               "r{{rank}} {{kind}}")], unit="bytes")
     p.add("Alerts", "table", [(f"sum by (rank, type) (increase(steptrace_alerts_total{{{sel}}}[$__range]))", "")],

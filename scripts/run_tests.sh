@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything, then runs every test: the C++ suite (GoogleTest via ctest, which
-# also builds an outside find_package consumer and the LibTorch example) and the Python
-# suite (pytest). Fails when either fails or when pytest collects no test.
+# also builds an outside find_package consumer and the LibTorch example), the same C++
+# tests under ASan+UBSan and TSan (scripts/run_sanitizers.sh), and the Python suite
+# (pytest). Fails when any of them fails or when pytest collects no test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -16,6 +17,8 @@ cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=
 cmake --build build/dev -j "$JOBS"
 echo "[tests] C++: ctest"
 (cd build/dev && ctest --output-on-failure -j "$JOBS")
+echo "[tests] C++: sanitizers (ASan+UBSan, TSan)"
+bash scripts/run_sanitizers.sh
 
 echo "[tests] Python: pytest"
 set +e

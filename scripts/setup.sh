@@ -55,6 +55,9 @@ fi
 # ---- build and test dependencies ----
 "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" numpy scikit-learn pytest \
   "jsonschema>=4" orjson "pandas>=1.5" "matplotlib>=3.6" "rich>=12" pyyaml
+# the frameworks the integrations are tested with, and the OTLP exporter (optional for users)
+"$PY" -m pip install -q lightning==2.6.6 transformers==5.25.0 accelerate==1.16.0 \
+  opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2
 
 # ---- steptrace itself (incremental: the build folder is kept under build/) ----
 log "building and installing steptrace"

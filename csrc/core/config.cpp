@@ -115,7 +115,8 @@ void Config::validate() const {
         {"matmul_dominated_pct", matmul_dominated_pct},
         {"occupancy_min_pct", occupancy_min_pct},
         {"dram_bound_pct", dram_bound_pct},
-        {"comm_bound_pct", comm_bound_pct}}) {
+        {"comm_bound_pct", comm_bound_pct},
+        {"power_low_sm_pct", power_low_sm_pct}}) {
     STEPTRACE_CHECK(value > 0.0 && value <= 100.0, ConfigError,
                     "{}={} is out of range; allowed: above 0 and at most 100 (a percentage)", name,
                     value);

@@ -233,6 +233,7 @@ class ProfilerImpl final : public SignalClosable {
     for (const auto& name : config_.phases) names_.intern(name);
     phase_start_ns_.fill(kUnset);
     slot_of_.fill(-1);
+    value_slot_.fill(-1);
 
     const int fd = open_log_file(config_, log_path_);
     start_ns_ = clock_->now_ns();
@@ -365,6 +366,7 @@ class ProfilerImpl final : public SignalClosable {
     } else {
       writer_->push_step_record(current_);
     }
+    clear_step_values();  // values set from now on belong to the next step
     // The next step's data wait starts here, after the bookkeeping above (memory reads).
     last_step_end_ns_ = clock_->now_ns();
     data_accum_ns_ = 0;
@@ -441,6 +443,18 @@ class ProfilerImpl final : public SignalClosable {
   }
 
   void set_step_memory(const MemorySample& s) { merge(external_memory_, s); }
+
+  StepValueId step_value_id(std::string_view name) { return names_.intern_value(name); }
+  void set_step_value(StepValueId id, double value) {
+    STEPTRACE_CHECK(id < names_.value_count(), UsageError, "step value id {} was never interned",
+                    id);
+    std::int8_t& slot = value_slot_[id];
+    if (slot < 0) {  // one slot per interned name: a step cannot run out of them
+      slot = static_cast<std::int8_t>(current_.value_count++);
+      current_.value_ids[static_cast<std::size_t>(slot)] = id;
+    }
+    current_.values[static_cast<std::size_t>(slot)] = value;
+  }
 
   void set_stream(std::uintptr_t stream) noexcept {
     if (device_ && !detached_ && !close_requested_.load(std::memory_order_relaxed)) {
@@ -649,6 +663,10 @@ class ProfilerImpl final : public SignalClosable {
   void check_open() const {
     STEPTRACE_CHECK(!closed_.load(std::memory_order_acquire), UsageError,
                     "the profiler is closed; create a new one");
+  }
+  void clear_step_values() noexcept {
+    for (std::uint8_t i = 0; i < current_.value_count; ++i) value_slot_[current_.value_ids[i]] = -1;
+    current_.value_count = 0;
   }
   void check_phase_id(PhaseId id) const {
     STEPTRACE_CHECK(id < names_.size(), UsageError, "phase id {} was never interned", id);
@@ -1037,6 +1055,7 @@ class ProfilerImpl final : public SignalClosable {
           {"nvml_interval_ms", config_.nvml_interval_ms},
           {"power_low_fraction", config_.power_low_fraction},
           {"power_low_min_s", config_.power_low_min_s},
+          {"power_low_sm_pct", config_.power_low_sm_pct},
           {"temp_rise_c_per_min", config_.temp_rise_c_per_min},
           {"power_drop_w", config_.power_drop_w},
           {"power_drop_fraction", config_.power_drop_fraction},
@@ -1077,6 +1096,7 @@ class ProfilerImpl final : public SignalClosable {
   MemorySample external_memory_;
   std::array<std::int64_t, kMaxPhases> phase_start_ns_{};  // kUnset: not running
   std::array<std::int8_t, kMaxPhases> slot_of_{};          // -1: not in current_
+  std::array<std::int8_t, kMaxStepValues> value_slot_{};   // -1: not set for current_
   std::int64_t step_index_ = 0;
   std::int64_t step_start_ns_ = 0;
   std::int64_t last_step_end_ns_ = kUnset;
@@ -1224,6 +1244,8 @@ void Profiler::end_phase(PhaseId id) { impl_->end_phase(id); }
 void Profiler::begin_data() { impl_->begin_data(); }
 void Profiler::end_data() { impl_->end_data(); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
+void Profiler::set_step_value(StepValueId id, double value) { impl_->set_step_value(id, value); }
+StepValueId Profiler::step_value_id(std::string_view name) { return impl_->step_value_id(name); }
 void Profiler::set_stream(std::uintptr_t stream) noexcept { impl_->set_stream(stream); }
 void Profiler::clear_stream() noexcept { impl_->clear_stream(); }
 std::size_t Profiler::steps_in_flight() const noexcept { return impl_->steps_in_flight(); }

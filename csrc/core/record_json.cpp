@@ -117,6 +117,23 @@ void append_phase_map(fmt::memory_buffer& out, const StepRecord& r, const Values
   out.push_back('}');
 }
 
+// Shortest round-trip form ("120", "0.001"); JSON has no NaN or infinity: null.
+void append_meta(fmt::memory_buffer& out, const StepRecord& r, const PhaseNames& names) {
+  out.append(std::string_view(",\"meta\":{"));
+  for (std::uint8_t i = 0; i < r.value_count; ++i) {
+    if (i != 0) out.push_back(',');
+    const std::string& key = names.value_json_key(r.value_ids[i]);
+    out.append(key.data(), key.data() + key.size());
+    out.push_back(':');
+    if (std::isfinite(r.values[i])) {
+      fmt::format_to(std::back_inserter(out), "{}", r.values[i]);
+    } else {
+      out.append(std::string_view("null"));
+    }
+  }
+  out.push_back('}');
+}
+
 }  // namespace
 
 void RunTotals::add(const StepRecord& r) noexcept {
@@ -198,6 +215,7 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   if (r.counters.present) append_counters(out, r.counters);
   if (r.comm.count > 0) append_comm(out, r, names);
   if (r.hw.present) append_hw(out, r.hw);
+  if (r.value_count > 0) append_meta(out, r, names);
   out.append(std::string_view("}\n"));
 }
 
@@ -261,29 +279,49 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
   out.append(std::string_view("}}}\n"));
 }
 
-std::uint16_t PhaseNames::intern(std::string_view name) {
-  const int found = find(name);
-  if (found >= 0) return static_cast<std::uint16_t>(found);
-  std::string owned(name);
-  validate_phase_name(owned);
-  const std::size_t n = count_.load(std::memory_order_relaxed);
-  STEPTRACE_CHECK(n < kMaxPhases, ConfigError,
-                  "phase {:?} would be distinct phase number {}; at most {} are allowed", owned,
-                  n + 1, kMaxPhases);
+template <std::size_t N>
+std::uint16_t PhaseNames::Table<N>::append(std::string owned) {
+  const std::size_t n = count.load(std::memory_order_relaxed);
   fmt::memory_buffer key;
   append_json_string(key, owned);
-  keys_[n] = fmt::to_string(key);
-  names_[n] = std::move(owned);
-  count_.store(n + 1, std::memory_order_release);
+  keys[n] = fmt::to_string(key);
+  names[n] = std::move(owned);
+  count.store(n + 1, std::memory_order_release);
   return static_cast<std::uint16_t>(n);
 }
 
-int PhaseNames::find(std::string_view name) const noexcept {
-  const std::size_t n = count_.load(std::memory_order_relaxed);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (names_[i] == name) return static_cast<int>(i);
+std::uint16_t PhaseNames::intern(std::string_view name) {
+  const int found = phases_.find(name);
+  if (found >= 0) return static_cast<std::uint16_t>(found);
+  std::string owned(name);
+  validate_phase_name(owned);
+  const std::size_t n = phases_.size();
+  STEPTRACE_CHECK(n < kMaxPhases, ConfigError,
+                  "phase {:?} would be distinct phase number {}; at most {} are allowed", owned,
+                  n + 1, kMaxPhases);
+  return phases_.append(std::move(owned));
+}
+
+std::uint16_t PhaseNames::intern_value(std::string_view name) {
+  const int found = values_.find(name);
+  if (found >= 0) return static_cast<std::uint16_t>(found);
+  std::string owned(name);
+  STEPTRACE_CHECK(!owned.empty(), ConfigError,
+                  "step value name is empty; give it a name such as \"global_step\"");
+  STEPTRACE_CHECK(owned.size() <= kMaxPhaseNameBytes, ConfigError,
+                  "step value name \"{}...\" is {} bytes long; at most {} bytes are allowed",
+                  owned.substr(0, 16), owned.size(), kMaxPhaseNameBytes);
+  for (const char c : owned) {
+    STEPTRACE_CHECK(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f, ConfigError,
+                    "step value name {:?} contains a control character; use printable characters",
+                    owned);
   }
-  return -1;
+  const std::size_t n = values_.size();
+  STEPTRACE_CHECK(n < kMaxStepValues, ConfigError,
+                  "step value {:?} would be distinct step value number {}; at most {} names are "
+                  "allowed per run",
+                  owned, n + 1, kMaxStepValues);
+  return values_.append(std::move(owned));
 }
 
 }  // namespace steptrace::detail

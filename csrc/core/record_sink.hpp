@@ -31,6 +31,9 @@ class RecordSink {
   virtual void on_step(const StepRecord& /*record*/) {}
   /// The run ended: run_end was handed to write(). Nothing is fed afterwards.
   virtual void on_close() {}
+  /// The first failure the sink handled itself and carried on after (a write that did not
+  /// reach its target); "" when none. Read on the closing thread for run_end's `sinks`.
+  virtual std::string first_error() const { return {}; }
 };
 
 /// Sees every step record on the writer thread, in step order, before it is written,

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
@@ -81,6 +82,10 @@ struct StepRecord {
   std::array<std::uint16_t, kMaxPhases> phase_ids{};
   std::array<std::int64_t, kMaxPhases> phase_ns{};
   std::array<std::int64_t, kMaxPhases> host_phase_ns{};
+  // Values attached with Profiler::set_step_value, by slot in the order first set.
+  std::uint8_t value_count = 0;
+  std::array<std::uint16_t, kMaxStepValues> value_ids{};
+  std::array<double, kMaxStepValues> values{};
   // Memory levels for attributing growth to phases (the allocator's, else the C heap's
   // in-use bytes), sampled only while the memory-growth detector asks: at the step's
   // start and at the end of each phase, with the order the phases ended in.
@@ -134,25 +139,47 @@ inline std::array<std::int64_t, kMaxPhases> retained_by_phase(const StepRecord& 
   return retained;
 }
 
-/// Interned phase names, appended by the training thread and read by the writer thread
-/// without a lock: an entry is fully written before `count` is published, and never
-/// changes afterwards.
+/// Interned phase names, and in a table of their own the names of step values
+/// (Profiler::set_step_value), appended by the training thread and read by the writer
+/// thread without a lock: an entry is fully written before its table's count is published,
+/// and never changes afterwards.
 class PhaseNames {
  public:
   /// Training thread only. Returns the id of `name`, interning it (ConfigError when full
   /// or for a bad name).
   std::uint16_t intern(std::string_view name);
   /// Training thread: id of name, or -1.
-  int find(std::string_view name) const noexcept;
-  std::size_t size() const noexcept { return count_.load(std::memory_order_acquire); }
-  const std::string& name(std::uint16_t id) const noexcept { return names_[id]; }
+  int find(std::string_view name) const noexcept { return phases_.find(name); }
+  std::size_t size() const noexcept { return phases_.size(); }
+  const std::string& name(std::uint16_t id) const noexcept { return phases_.names[id]; }
   /// The name as a quoted, escaped JSON string (for the writer).
-  const std::string& json_key(std::uint16_t id) const noexcept { return keys_[id]; }
+  const std::string& json_key(std::uint16_t id) const noexcept { return phases_.keys[id]; }
+
+  /// The same for step-value names (at most kMaxStepValues).
+  std::uint16_t intern_value(std::string_view name);
+  std::size_t value_count() const noexcept { return values_.size(); }
+  const std::string& value_name(std::uint16_t id) const noexcept { return values_.names[id]; }
+  const std::string& value_json_key(std::uint16_t id) const noexcept { return values_.keys[id]; }
 
  private:
-  std::array<std::string, kMaxPhases> names_;
-  std::array<std::string, kMaxPhases> keys_;
-  std::atomic<std::size_t> count_{0};
+  template <std::size_t N>
+  struct Table {
+    std::array<std::string, N> names;
+    std::array<std::string, N> keys;
+    std::atomic<std::size_t> count{0};
+
+    std::size_t size() const noexcept { return count.load(std::memory_order_acquire); }
+    int find(std::string_view name) const noexcept {
+      const std::size_t n = count.load(std::memory_order_relaxed);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (names[i] == name) return static_cast<int>(i);
+      }
+      return -1;
+    }
+    std::uint16_t append(std::string owned);  // the caller checked the name and the room
+  };
+  Table<kMaxPhases> phases_;
+  Table<kMaxStepValues> values_;
 };
 
 }  // namespace steptrace::detail

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,9 @@ constexpr double kNsPerS = 1e9;
 // steps alone read as several C per minute.
 constexpr std::int64_t kMinTempSpanNs = 30'000'000'000;
 constexpr std::int64_t kTempWindowNs = 60'000'000'000;
+// The counter power_low reads for SM activity.
+constexpr std::size_t kSmThroughputCounter = 3;
+static_assert(std::string_view(kCounterNames[kSmThroughputCounter]) == "sm_throughput_pct");
 
 constexpr const char* kReasonNames[] = {"gpu_idle",
                                         "applications_clocks_setting",
@@ -46,6 +50,12 @@ double energy_at(const std::vector<TelemetrySample>& s, std::int64_t t) {
 std::string watts(double w) { return fmt::format("{:.0f} W", w); }
 
 }  // namespace
+
+static_assert(std::size(kReasonNames) == kThrottleReasonBits);
+
+const char* throttle_reason_name(std::size_t bit) noexcept {
+  return bit < kThrottleReasonBits ? kReasonNames[bit] : "other";
+}
 
 std::vector<std::string> throttle_reason_names(std::uint64_t reasons) {
   std::vector<std::string> out;
@@ -231,9 +241,12 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
   const std::int64_t t = r.telemetry_end_ns;
   const double step_ms = static_cast<double>(r.step_ns) / 1e6;
 
-  // power_low: below the fraction of the limit for power_low_min_s in a row
+  // power_low: below the fraction of the limit for power_low_min_s in a row, with the SMs
+  // not busy where the step has counters (busy SMs at low power are working, not waiting)
   const double low_w = config_.power_low_fraction * limit;
-  const bool low = warm && limit > 0 && h.avg_power_w < low_w;
+  const double sm_pct = r.counters.present ? r.counters.values[kSmThroughputCounter] : kNaN;
+  const bool sm_busy = std::isfinite(sm_pct) && sm_pct >= config_.power_low_sm_pct;
+  const bool low = warm && limit > 0 && h.avg_power_w < low_w && !sm_busy;
   if (!low) low_since_ns_ = -1;
   if (low && low_since_ns_ < 0) low_since_ns_ = r.telemetry_begin_ns;
   const bool sustained =
@@ -263,6 +276,10 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
                             watts(h.avg_power_w), 100 * config_.power_low_fraction, watts(limit),
                             static_cast<double>(t - low_since_ns_) / kNsPerS, bound);
     a.details = {{"bound", bound.substr(0, bound.find(' '))}};
+    if (std::isfinite(sm_pct)) {
+      a.message += fmt::format("; SM throughput {:.0f}% of peak", sm_pct);
+      a.details["sm_throughput_pct"] = sm_pct;
+    }
     episode(power_low_, "power_low", sustained, r, out, std::move(a));
   } else if (sustained) {
     ++power_low_.repeats;

@@ -30,6 +30,10 @@ inline constexpr std::uint64_t kThermalThrottle = kThrottleSwThermal | kThrottle
 inline constexpr std::uint64_t kPowerThrottle = kThrottleSwPowerCap | kThrottleHwPowerBrake;
 /// Names of the set bits, in bit order ("sw_power_cap", "hw_thermal_slowdown", ...).
 std::vector<std::string> throttle_reason_names(std::uint64_t reasons);
+/// The reason bits with a name (0x1 .. 0x400); higher bits are not named.
+inline constexpr std::size_t kThrottleReasonBits = 11;
+/// The name of bit `bit` (< kThrottleReasonBits), as in throttle_reason_names.
+const char* throttle_reason_name(std::size_t bit) noexcept;
 
 /// The hw figures of the window [begin_ns, end_ns] from `samples` (sorted by time; a
 /// reading stands for the period since the one before). max_drop_w looks at consecutive

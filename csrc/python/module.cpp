@@ -589,6 +589,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("nvml_interval_ms", &steptrace::Config::nvml_interval_ms)
       .def_readwrite("power_low_fraction", &steptrace::Config::power_low_fraction)
       .def_readwrite("power_low_min_s", &steptrace::Config::power_low_min_s)
+      .def_readwrite("power_low_sm_pct", &steptrace::Config::power_low_sm_pct)
       .def_readwrite("temp_rise_c_per_min", &steptrace::Config::temp_rise_c_per_min)
       .def_readwrite("power_drop_w", &steptrace::Config::power_drop_w)
       .def_readwrite("power_drop_fraction", &steptrace::Config::power_drop_fraction)
@@ -651,6 +652,12 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("begin_data", [](PyProfiler& p) { p.core().begin_data(); })
       .def("end_data", [](PyProfiler& p) { p.core().end_data(); })
+      .def(
+          "set_step_value",  // string_view: the str's own UTF-8 buffer, no copy per call
+          [](PyProfiler& p, std::string_view name, double value) {
+            p.core().set_step_value(name, value);
+          },
+          py::arg("name"), py::arg("value"))
       .def(
           "set_step_memory",
           [](PyProfiler& p, std::int64_t allocated, std::int64_t reserved, std::int64_t peak,

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <iterator>
 
 #include "../core/lifecycle.hpp"
 
@@ -13,8 +14,6 @@ namespace steptrace::detail {
 namespace {
 // Write in chunks of about this size while draining a long backlog.
 constexpr std::size_t kWriteChunkBytes = 1 << 16;
-// A sink call longer than this is reported (once per sink).
-constexpr auto kSlowSinkCall = std::chrono::seconds(1);
 }  // namespace
 
 void JsonlFileSink::write(std::string_view lines) {
@@ -44,6 +43,11 @@ void JsonlFileSink::on_close() {
 
 void JsonlFileSink::abandon() noexcept { ::close(fd_); }
 
+std::string JsonlFileSink::first_error() const {
+  const int e = first_errno();
+  return e == 0 ? std::string() : fmt::format("write: {}", std::strerror(e));
+}
+
 template <typename Fn>
 void JsonlWriter::feed(Fn&& fn) noexcept {
   for (SinkState& s : sinks_) {
@@ -53,6 +57,7 @@ void JsonlWriter::feed(Fn&& fn) noexcept {
       fn(*s.sink);
     } catch (const std::exception& e) {
       s.failed = true;
+      s.failure = e.what();
       const std::string what = fmt::format("{}: {}", s.sink->name(), e.what());
       std::fprintf(stderr,
                    "steptrace: the %s sink failed (%s); it is off for the rest of the run, the "
@@ -63,6 +68,7 @@ void JsonlWriter::feed(Fn&& fn) noexcept {
       continue;
     } catch (...) {
       s.failed = true;
+      s.failure = "unknown exception";
       std::fprintf(stderr, "steptrace: the %s sink failed; it is off for the rest of the run\n",
                    std::string(s.sink->name()).c_str());
       std::lock_guard<std::mutex> lock(mu_);
@@ -70,8 +76,8 @@ void JsonlWriter::feed(Fn&& fn) noexcept {
       continue;
     }
     const auto took = std::chrono::steady_clock::now() - start;
-    if (took > kSlowSinkCall && !s.reported_slow) {
-      s.reported_slow = true;
+    s.max_call = std::max(s.max_call, took);
+    if (took > kSlowSinkCall && s.slow_calls++ == 0) {
       std::fprintf(stderr,
                    "steptrace: the %s sink took %.1f s for one batch; records reach the other "
                    "sinks that much later (the training thread does not wait for it)\n",
@@ -79,6 +85,30 @@ void JsonlWriter::feed(Fn&& fn) noexcept {
                    std::chrono::duration<double>(took).count());
     }
   }
+}
+
+std::string JsonlWriter::sinks_json() const {
+  fmt::memory_buffer out;
+  auto it = std::back_inserter(out);
+  out.append(std::string_view("\"sinks\":["));
+  for (std::size_t i = 0; i < sinks_.size(); ++i) {
+    const SinkState& s = sinks_[i];
+    const std::string error = s.failed ? s.failure : s.sink->first_error();
+    const char* status = !error.empty() ? "failing" : s.slow_calls > 0 ? "slow" : "ok";
+    if (i > 0) out.push_back(',');
+    out.append(std::string_view("{\"name\":"));
+    append_json_string(out, s.sink->name());
+    fmt::format_to(it, ",\"status\":\"{}\"", status);
+    if (!error.empty()) {
+      out.append(std::string_view(",\"error\":"));
+      append_json_string(out, error);
+      fmt::format_to(it, ",\"disabled\":{}", s.failed);
+    }
+    fmt::format_to(it, ",\"slow_calls\":{},\"max_call_ms\":{:.3f}}}", s.slow_calls,
+                   std::chrono::duration<double, std::milli>(s.max_call).count());
+  }
+  out.push_back(']');
+  return std::string(out.data(), out.size());
 }
 
 std::vector<std::string> JsonlWriter::sink_failures() const {
@@ -204,6 +234,10 @@ void JsonlWriter::close(const RunEnd& end, bool finish_device, std::chrono::mill
   drain(/*force=*/true);
   RunEnd final_end = end;
   if (completer_ != nullptr) final_end.extra_fields = completer_->run_end_fields();
+  // The sinks' status as of run_end (what a sink does at on_close, a Pushgateway push, is
+  // after it: said on stderr only).
+  if (!final_end.extra_fields.empty()) final_end.extra_fields += ',';
+  final_end.extra_fields += sinks_json();
   final_end.writer_waits = waits();
   final_end.dropped_steps = dropped();
   final_end.write_errors = write_errors();

@@ -39,6 +39,7 @@ class JsonlFileSink final : public RecordSink {
   }
   int first_errno() const noexcept { return first_errno_.load(std::memory_order_relaxed); }
   int last_errno() const noexcept { return last_errno_.load(std::memory_order_relaxed); }
+  std::string first_error() const override;
 
  private:
   int fd_;
@@ -109,6 +110,8 @@ class JsonlWriter final : public StepRecordQueue {
   /// Sinks disabled after throwing, with what they threw ("name: message"); writer thread
   /// until close, any thread after it.
   std::vector<std::string> sink_failures() const;
+  /// A sink call longer than this is slow: reported once on stderr, counted in run_end.
+  static constexpr std::chrono::seconds kSlowSinkCall{1};
 
  private:
   void run();
@@ -127,8 +130,13 @@ class JsonlWriter final : public StepRecordQueue {
   struct SinkState {
     RecordSink* sink;
     bool failed = false;
-    bool reported_slow = false;
+    std::string failure;  // what it threw
+    std::int64_t slow_calls = 0;
+    std::chrono::steady_clock::duration max_call{};
   };
+  // run_end's `"sinks":[...]`: each sink's status (ok, failing with its first error, slow
+  // with the count of slow calls). Closing thread, after the writer thread has stopped.
+  std::string sinks_json() const;
 
   const int rank_;
   const PhaseNames& names_;

@@ -136,6 +136,22 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
       if (std::isfinite(pct)) v.ratios[i] = std::clamp(pct, 0.0, 100.0) / 100.0;
     }
   }
+  if (r.hw.present) {
+    const HwStats& h = r.hw;
+    v.hw_seen = true;
+    v.power_w = h.avg_power_w;
+    v.power_limit_w = h.power_limit_w;
+    v.temp_c = h.max_temp_c;
+    v.sm_clock_hz = h.sm_clock_mhz * 1e6;
+    v.mem_temp_c = h.max_mem_temp_c;
+    v.mem_clock_hz = h.mem_clock_mhz * 1e6;
+    v.pcie_tx_bytes_s = h.pcie_tx_mb_s * 1e6;  // NaN stays NaN: not reported
+    v.pcie_rx_bytes_s = h.pcie_rx_mb_s * 1e6;
+    if (std::isfinite(h.energy_j) && h.energy_j > 0) v.energy_j += h.energy_j;
+    for (std::size_t bit = 0; bit < kThrottleReasonBits; ++bit) {
+      if ((h.throttle_reasons >> bit) & 1U) ++v.throttled[bit];
+    }
+  }
   // The same split as the record's comm object (host-timed collectives), else its kernels.
   if (r.comm.count > 0) {
     const std::int64_t exposed = std::min(r.comm.exposed_ns, r.host_ns);
@@ -152,25 +168,113 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
   }
 }
 
+namespace {
+
+// A number member of a JSON object divided by `per_unit` (1e3: ms to s), NaN when absent
+// or null. Division keeps 23.5 % -> 0.235 exact where a product by 0.01 would not.
+double member(const nlohmann::json& j, const char* key, double per_unit = 1.0) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() / per_unit : kNaN;
+}
+
+// The rows of a cluster record, at most kMaxClusterRows: the named stragglers first, then
+// the highest scores (a record of a large job already lists only its notable ranks).
+std::vector<ClusterRow> cluster_rows(const nlohmann::json& record) {
+  std::vector<ClusterRow> rows;
+  const auto ranks = record.find("ranks");
+  if (ranks == record.end() || !ranks->is_array()) return rows;
+  std::vector<std::int64_t> stragglers;
+  if (const auto s = record.find("stragglers"); s != record.end() && s->is_array()) {
+    for (const auto& r : *s) {
+      if (r.is_number_integer()) stragglers.push_back(r.get<std::int64_t>());
+    }
+  }
+  for (const auto& row : *ranks) {
+    if (!row.is_object()) continue;
+    const auto rank = row.find("rank");
+    if (rank == row.end() || !rank->is_number_integer()) continue;
+    ClusterRow out;
+    out.rank = rank->get<int>();
+    if (const auto h = row.find("host"); h != row.end() && h->is_string()) out.host = *h;
+    out.step_s = member(row, "step_ms", 1e3);
+    out.step_p95_s = member(row, "step_p95_ms", 1e3);
+    out.data_s = member(row, "data_ms", 1e3);
+    out.compute_s = member(row, "compute_ms", 1e3);
+    out.comm_s = member(row, "comm_ms", 1e3);
+    out.wait_s = member(row, "wait_ms", 1e3);
+    out.straggler_score = member(row, "straggler_pct", 1e2);
+    out.straggler = std::find(stragglers.begin(), stragglers.end(), out.rank) != stragglers.end();
+    rows.push_back(std::move(out));
+  }
+  if (rows.size() > kMaxClusterRows) {
+    const auto key = [](const ClusterRow& r) {
+      return std::isnan(r.straggler_score) ? -1e300 : r.straggler_score;
+    };
+    std::partial_sort(rows.begin(), rows.begin() + kMaxClusterRows, rows.end(),
+                      [&](const ClusterRow& a, const ClusterRow& b) {
+                        if (a.straggler != b.straggler) return a.straggler;
+                        return key(a) > key(b);
+                      });
+    rows.resize(kMaxClusterRows);
+  }
+  std::sort(rows.begin(), rows.end(),
+            [](const ClusterRow& a, const ClusterRow& b) { return a.rank < b.rank; });
+  return rows;
+}
+
+}  // namespace
+
 void MetricsRegistry::observe_lines(std::string_view lines) {
-  // Alerts are rare: only lines that look like one are parsed.
+  // Alerts and cluster records are rare: only lines that look like one are parsed.
   std::size_t pos = 0;
   while (pos < lines.size()) {
     std::size_t end = lines.find('\n', pos);
     if (end == std::string_view::npos) end = lines.size();
     const std::string_view line = lines.substr(pos, end - pos);
     pos = end + 1;
-    if (line.find("\"alert\"") == std::string_view::npos) continue;
+    const bool cluster = line.find("\"kind\":\"cluster\"") != std::string_view::npos;
+    if (!cluster && line.find("\"alert\"") == std::string_view::npos) continue;
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object()) continue;
     const auto kind = j.find("kind");
+    if (kind == j.end() || !kind->is_string()) continue;
+    if (*kind == "cluster") {
+      std::vector<ClusterRow> rows = cluster_rows(j);
+      std::lock_guard<std::mutex> lock(mu_);
+      ++values_.cluster_windows;
+      values_.world_size = member(j, "world_size");
+      values_.ranks_reporting = member(j, "ranks_reporting");
+      const auto s = j.find("stragglers");
+      values_.stragglers = s != j.end() && s->is_array() ? static_cast<double>(s->size()) : 0.0;
+      values_.cluster_rows = std::move(rows);
+      continue;
+    }
     const auto type = j.find("type");
-    if (kind == j.end() || *kind != "alert" || type == j.end() || !type->is_string()) continue;
+    if (*kind != "alert" || type == j.end() || !type->is_string()) continue;
+    std::string t = type->get<std::string>();
+    std::string hw_kind;
+    double xid = 0;
+    if (t == "hardware_error") {
+      const auto details = j.find("details");
+      if (details != j.end() && details->is_object()) {
+        const auto k = details->find("kind");
+        if (k != details->end() && k->is_string()) hw_kind = k->get<std::string>();
+        if (hw_kind == "xid") xid = member(*details, "code");
+      }
+      // The sampler's kinds; anything else is folded into one series.
+      if (hw_kind != "xid" && hw_kind != "ecc_uncorrected" && hw_kind != "nvlink_crc" &&
+          hw_kind != "remapped_rows") {
+        hw_kind = "other";
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     // Bounded: a run has a few dozen alert types; anything past 256 is folded into one.
-    std::string t = type->get<std::string>();
     if (values_.alerts.size() >= 256 && values_.alerts.count(t) == 0) t = "other";
     ++values_.alerts[t];
+    if (!hw_kind.empty()) {
+      ++values_.hardware_errors[hw_kind];
+      if (xid > 0) values_.last_xid = xid;
+    }
   }
 }
 
@@ -258,7 +362,140 @@ std::string MetricsRegistry::render() const {
            "Communication not overlapped by compute.");
     sample(out, "steptrace_comm_exposed_seconds_total", l, v.comm_exposed_s);
   }
+  render_hardware(out, v);
+  render_cluster(out, v);
   return std::string(out.data(), out.size());
+}
+
+void MetricsRegistry::render_hardware(fmt::memory_buffer& out, const Values& v) const {
+  const std::string& l = base_labels_;
+  if (v.hw_seen) {
+    // A gauge only where the device reports the figure (NaN: not reported).
+    const auto gauge = [&](const char* name, const char* help, double value) {
+      if (std::isnan(value)) return;
+      header(out, name, "gauge", help);
+      sample(out, name, l, value);
+    };
+    gauge("steptrace_gpu_power_watts", "GPU board power, time-weighted mean over the last step.",
+          v.power_w);
+    if (v.power_limit_w > 0) {
+      gauge("steptrace_gpu_power_limit_watts", "The GPU's enforced power limit.", v.power_limit_w);
+    }
+    header(out, "steptrace_gpu_energy_joules_total", "counter",
+           "GPU energy during the steps, from the device's energy counter.");
+    sample(out, "steptrace_gpu_energy_joules_total", l, v.energy_j);
+    gauge("steptrace_gpu_temperature_celsius", "Hottest GPU temperature during the last step.",
+          v.temp_c);
+    gauge("steptrace_gpu_memory_temperature_celsius",
+          "Hottest GPU memory (HBM) temperature during the last step.", v.mem_temp_c);
+    gauge("steptrace_gpu_sm_clock_hertz", "SM clock, time-weighted mean over the last step.",
+          v.sm_clock_hz);
+    gauge("steptrace_gpu_memory_clock_hertz", "Memory clock over the last step.", v.mem_clock_hz);
+    if (!std::isnan(v.pcie_tx_bytes_s) || !std::isnan(v.pcie_rx_bytes_s)) {
+      header(out, "steptrace_gpu_pcie_bytes_per_second", "gauge",
+             "PCIe throughput over the last step, by direction.");
+      if (!std::isnan(v.pcie_tx_bytes_s)) {
+        sample(out, "steptrace_gpu_pcie_bytes_per_second", fmt::format("{},direction=\"tx\"", l),
+               v.pcie_tx_bytes_s);
+      }
+      if (!std::isnan(v.pcie_rx_bytes_s)) {
+        sample(out, "steptrace_gpu_pcie_bytes_per_second", fmt::format("{},direction=\"rx\"", l),
+               v.pcie_rx_bytes_s);
+      }
+    }
+    bool throttle_header = false;
+    for (std::size_t bit = 0; bit < kThrottleReasonBits; ++bit) {
+      if (v.throttled[bit] == 0) continue;
+      if (!throttle_header) {
+        header(out, "steptrace_gpu_throttled_steps_total", "counter",
+               "Steps during which the GPU's clocks were held down, by NVML clock event reason.");
+        throttle_header = true;
+      }
+      sample(out, "steptrace_gpu_throttled_steps_total",
+             fmt::format("{},reason=\"{}\"", l, throttle_reason_name(bit)),
+             static_cast<double>(v.throttled[bit]));
+    }
+  }
+  if (!v.hardware_errors.empty()) {
+    header(out, "steptrace_gpu_hardware_errors_total", "counter",
+           "Hardware errors the sampler found, by kind (xid, ecc_uncorrected, nvlink_crc, "
+           "remapped_rows).");
+    for (const auto& [kind, count] : v.hardware_errors) {
+      sample(out, "steptrace_gpu_hardware_errors_total", fmt::format("{},kind=\"{}\"", l, kind),
+             static_cast<double>(count));
+    }
+  }
+  if (v.last_xid > 0) {
+    header(out, "steptrace_gpu_last_xid", "gauge", "The last critical XID the GPU reported.");
+    sample(out, "steptrace_gpu_last_xid", l, v.last_xid);
+  }
+}
+
+void MetricsRegistry::render_cluster(fmt::memory_buffer& out, const Values& v) const {
+  if (v.cluster_windows == 0) return;
+  const std::string& l = base_labels_;
+  header(out, "steptrace_cluster_windows_total", "counter",
+         "Cross-rank windows aggregated (this process aggregates: rank 0).");
+  sample(out, "steptrace_cluster_windows_total", l, static_cast<double>(v.cluster_windows));
+  header(out, "steptrace_cluster_ranks_reporting", "gauge",
+         "Ranks that reported in the last cross-rank window.");
+  sample(out, "steptrace_cluster_ranks_reporting", l, v.ranks_reporting);
+  if (!std::isnan(v.world_size)) {
+    header(out, "steptrace_cluster_world_size", "gauge", "World size of the job.");
+    sample(out, "steptrace_cluster_world_size", l, v.world_size);
+  }
+  header(out, "steptrace_cluster_stragglers", "gauge",
+         "Ranks over the straggler threshold in the last cross-rank window.");
+  sample(out, "steptrace_cluster_stragglers", l, v.stragglers);
+  if (v.cluster_rows.empty()) return;
+  // Per-rank series carry the rank they describe (and its host), not the aggregator's.
+  std::vector<std::string> labels;
+  labels.reserve(v.cluster_rows.size());
+  for (const ClusterRow& row : v.cluster_rows) {
+    labels.push_back(fmt::format(
+        "job=\"{}\",run_id=\"{}\",rank=\"{}\",host=\"{}\"", escape_label_value(labels_.job),
+        escape_label_value(labels_.run_id), row.rank, escape_label_value(row.host)));
+  }
+  const auto per_rank = [&](const char* name, const char* help, double ClusterRow::*field) {
+    bool any = false;
+    for (std::size_t i = 0; i < v.cluster_rows.size(); ++i) {
+      const double value = v.cluster_rows[i].*field;
+      if (std::isnan(value)) continue;
+      if (!any) header(out, name, "gauge", help);
+      any = true;
+      sample(out, name, labels[i], value);
+    }
+  };
+  per_rank("steptrace_rank_straggler_score",
+           "Own work (compute + data) over the other ranks' median, minus 1 (0.3: 30% slower), "
+           "in the last cross-rank window.",
+           &ClusterRow::straggler_score);
+  per_rank("steptrace_rank_step_median_seconds",
+           "Median step time of the rank in the last cross-rank window.", &ClusterRow::step_s);
+  per_rank("steptrace_rank_step_p95_seconds",
+           "95th percentile step time of the rank in the last cross-rank window.",
+           &ClusterRow::step_p95_s);
+  static constexpr std::pair<const char*, double ClusterRow::*> kParts[] = {
+      {"compute", &ClusterRow::compute_s},
+      {"comm", &ClusterRow::comm_s},
+      {"wait", &ClusterRow::wait_s},
+      {"data", &ClusterRow::data_s}};
+  header(out, "steptrace_rank_split_seconds", "gauge",
+         "Median time per step of the rank in the last cross-rank window, by part: compute, "
+         "comm (net of waiting), wait (blocked on slower ranks), data (loader).");
+  for (std::size_t i = 0; i < v.cluster_rows.size(); ++i) {
+    for (const auto& [part, field] : kParts) {
+      const double value = v.cluster_rows[i].*field;
+      if (std::isnan(value)) continue;
+      sample(out, "steptrace_rank_split_seconds", fmt::format("{},part=\"{}\"", labels[i], part),
+             value);
+    }
+  }
+  header(out, "steptrace_rank_straggler", "gauge",
+         "1 for a rank over the straggler threshold in the last cross-rank window, else 0.");
+  for (std::size_t i = 0; i < v.cluster_rows.size(); ++i) {
+    sample(out, "steptrace_rank_straggler", labels[i], v.cluster_rows[i].straggler ? 1.0 : 0.0);
+  }
 }
 
 #if STEPTRACE_HAVE_HTTPLIB
@@ -358,6 +595,11 @@ void PrometheusSink::on_close() {
   if (!outputs_.pushgateway.empty()) push();
 }
 
+std::string PrometheusSink::first_error() const {
+  if (!error_.empty()) return "endpoint: " + error_;
+  return textfile_error_;
+}
+
 bool PrometheusSink::write_textfile() {
   // node_exporter reads *.prom files: write a temporary name it ignores, then rename it
   // over the old one, so a scrape never sees half a file.
@@ -379,6 +621,7 @@ bool PrometheusSink::write_textfile() {
   if (error.empty()) return true;
   if (!textfile_reported_) {
     textfile_reported_ = true;
+    textfile_error_ = "textfile: " + error;
     std::fprintf(stderr, "steptrace: metrics textfile not written (%s); retrying each second\n",
                  error.c_str());
   }

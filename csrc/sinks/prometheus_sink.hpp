@@ -12,9 +12,11 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "../core/record_sink.hpp"
 #include "../core/step_record.hpp"
+#include "../core/telemetry.hpp"
 
 namespace steptrace::detail {
 
@@ -30,6 +32,19 @@ struct MetricLabels {
 inline constexpr std::array<double, 15> kDurationBuckets = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0};
 
+/// Ranks exported from a cluster record at most: the stragglers first, then by score.
+inline constexpr std::size_t kMaxClusterRows = 64;
+
+/// One rank's figures in the last cross-rank window (medians per step, in seconds; NaN
+/// where the record has null).
+struct ClusterRow {
+  int rank = 0;
+  std::string host;
+  double step_s = 0, step_p95_s = 0, data_s = 0, compute_s = 0, comm_s = 0, wait_s = 0;
+  double straggler_score = 0;  // own work over the other ranks' median, minus 1
+  bool straggler = false;
+};
+
 /// The metric values of one run. observe_*() from the writer thread; render() from any
 /// thread (it copies the values under a short lock and formats outside it).
 class MetricsRegistry {
@@ -40,7 +55,8 @@ class MetricsRegistry {
                   std::function<double()> median_s = {}, std::function<double()> in_flight_s = {});
 
   void observe_step(const StepRecord& r);
-  /// Counts the alert records among complete JSON lines.
+  /// Counts the alert records among complete JSON lines (hardware errors by kind too) and
+  /// takes the per-rank rows of cluster records.
   void observe_lines(std::string_view lines);
   /// The exposition, text format 0.0.4.
   std::string render() const;
@@ -65,9 +81,24 @@ class MetricsRegistry {
     bool split_seen = false;
     double compute_s = 0, comm_s = 0, comm_exposed_s = 0;
     std::map<std::string, std::int64_t> alerts;  // by type
+    // GPU hardware (NVML) figures of the last step that had them; NaN: not reported.
+    bool hw_seen = false;
+    double power_w = 0, power_limit_w = 0, temp_c = 0, sm_clock_hz = 0;
+    double mem_temp_c = 0, mem_clock_hz = 0, pcie_tx_bytes_s = 0, pcie_rx_bytes_s = 0;
+    double energy_j = 0;                                        // summed over the steps
+    std::array<std::int64_t, kThrottleReasonBits> throttled{};  // steps per reason bit
+    std::map<std::string, std::int64_t> hardware_errors;        // by kind (bounded)
+    double last_xid = 0;                                        // 0: none seen
+    // The cross-rank view: the last cluster record (aggregating rank only).
+    std::int64_t cluster_windows = 0;
+    double world_size = 0, ranks_reporting = 0, stragglers = 0;
+    std::vector<ClusterRow> cluster_rows;  // at most kMaxClusterRows
   };
 
  private:
+  void render_hardware(fmt::memory_buffer& out, const Values& v) const;
+  void render_cluster(fmt::memory_buffer& out, const Values& v) const;
+
   const MetricLabels labels_;
   const PhaseNames& names_;
   const std::string version_;
@@ -103,6 +134,8 @@ class PrometheusSink final : public RecordSink {
   void write(std::string_view lines) override;
   void on_step(const StepRecord& r) override { registry_.observe_step(r); }
   void on_close() override;
+  /// The bind failure, else the first textfile write that failed ("" when none).
+  std::string first_error() const override;
 
   int port() const noexcept { return port_; }
   const std::string& error() const noexcept { return error_; }
@@ -121,6 +154,7 @@ class PrometheusSink final : public RecordSink {
   const MetricLabels labels_;
   std::chrono::steady_clock::time_point textfile_written_{};
   bool textfile_reported_ = false;
+  std::string textfile_error_;  // the first failure
   MetricsRegistry registry_;
   std::unique_ptr<Server> server_;
   int port_ = -1;

@@ -107,6 +107,10 @@ struct STEPTRACE_API Config {
   /// for power_low_min_s seconds of consecutive steps (after warmup).
   double power_low_fraction = 0.7;
   double power_low_min_s = 30.0;
+  /// ... and, where a step has CUPTI counters, its SM throughput below this percentage:
+  /// a GPU whose SMs are busy at low power is doing work (memory- or latency-bound
+  /// kernels), not waiting on the input pipeline or the network.
+  double power_low_sm_pct = 50.0;
   /// temperature_rising: the hottest reading of the steps rising faster than this over
   /// the last minute (at least 30 s of history).
   double temp_rise_c_per_min = 10.0;
@@ -143,6 +147,9 @@ struct STEPTRACE_API Config {
 /// Limits on phases, shared by validation and the fixed-size step records.
 inline constexpr std::size_t kMaxPhases = 32;
 inline constexpr std::size_t kMaxPhaseNameBytes = 64;
+/// Distinct names of per-step values (Profiler::set_step_value) a run may use; a step
+/// record holds one slot per name, so a step never runs out of room for its values.
+inline constexpr std::size_t kMaxStepValues = 16;
 
 /// Throws ConfigError unless `name` can be a phase name (non-empty, at most
 /// kMaxPhaseNameBytes bytes, no control characters, not the reserved "data").

@@ -32,6 +32,8 @@ class Profiler;
 
 /// Index of an interned phase name; cheaper than a name in hot loops.
 using PhaseId = std::uint16_t;
+/// Index of an interned step-value name (Profiler::set_step_value).
+using StepValueId = std::uint16_t;
 
 /// Why a run ended, as written in run_end.
 enum class EndReason { kNormal, kException, kSignal, kExit };
@@ -154,6 +156,20 @@ class STEPTRACE_API Profiler {
   /// Memory figures for the step in progress from a source outside the core (the Python
   /// side's torch allocator statistics). Fields < 0 are ignored.
   void set_step_memory(const MemorySample& sample);
+
+  /// Attaches a number to the step in progress (a framework's global step, epoch, learning
+  /// rate, loss): the record's "meta" object gets {name: value}. Between steps the value
+  /// goes to the next step begun. Setting a name again in the same step replaces its
+  /// value; a step records only the values set for it. NaN and infinities are written as
+  /// null. Training thread only; no allocation once the name is interned.
+  void set_step_value(std::string_view name, double value) {
+    set_step_value(step_value_id(name), value);
+  }
+  /// UsageError for an id step_value_id did not return.
+  void set_step_value(StepValueId id, double value);
+  /// Interns a step-value name: ConfigError for a bad name (empty, longer than
+  /// kMaxPhaseNameBytes bytes, control characters) or more than kMaxStepValues names.
+  StepValueId step_value_id(std::string_view name);
 
   bool in_step() const noexcept;
   /// Steps begun so far (the index the next step gets).

@@ -46,6 +46,7 @@ class Config:
     nvml_interval_ms: int
     power_low_fraction: float
     power_low_min_s: float
+    power_low_sm_pct: float
     temp_rise_c_per_min: float
     power_drop_w: float
     power_drop_fraction: float
@@ -90,6 +91,7 @@ class Profiler:
     def end_phase(self, name: str) -> None: ...
     def begin_data(self) -> None: ...
     def end_data(self) -> None: ...
+    def set_step_value(self, name: str, value: float) -> None: ...
     def set_step_memory(
         self,
         *,

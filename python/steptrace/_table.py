@@ -22,7 +22,7 @@ NAN = float("nan")
 _EMPTY: dict = {}
 
 #: Nested numeric groups of a step record: (record key, column prefix).
-GROUPS = (("memory", ""), ("counters", ""), ("kernels", "kernel_"), ("telemetry", ""), ("comm", "comm_"))
+GROUPS = (("memory", ""), ("counters", ""), ("kernels", "kernel_"), ("telemetry", ""), ("comm", "comm_"), ("meta", "meta_"))
 #: Step fields with their own fixed columns (the names phases must not take).
 FIXED_COLUMNS = (
     "run_id", "rank", "step", "start_unix_ns", "clock", "status",
@@ -53,6 +53,10 @@ def _int(v: Any, default: int = -1, junk: int = -1) -> int:
 
 #: kind, rank, step, start_unix_ns, clock, status, step_ms, data_ms, host_ms, phases_ms, memory
 _PLAIN_FIELDS = 11
+#: Distinct keys a group keeps columns for; more are ignored. The profiler writes at most
+#: 32 phases; a corrupt line with a million keys would otherwise make a million columns
+#: that every later step fills (minutes and gigabytes).
+MAX_KEYS = 4096
 CHUNK = 1024  # steps buffered per column pass: big enough to amortize, small enough for the cache
 
 
@@ -103,10 +107,58 @@ class _Group:
         lens = set(map(len, dicts))
         if not (len(lens) == 1 and len(cols) in lens):  # else every dict holds exactly the known keys
             for k in dict.fromkeys(chain.from_iterable(dicts)):
-                if k not in cols and isinstance(k, str) and k:
+                if k not in cols and isinstance(k, str) and k and len(cols) < MAX_KEYS:
                     cols[k] = array("d", [NAN]) * n0
         for k, col in cols.items():
             col.extend(_floats(_take(dicts, k)))
+
+
+class HwSeries:
+    """The ``hw`` objects of the step records (NVML readings over each step), one list a
+    field, in reading order (a StepTable keeps one, ``table.hw``, so the summary, the
+    plots and the report never read the log again for them); ``tee`` collects them while
+    the records pass through."""
+
+    FIELDS = ("power_w", "min_power_w", "energy_j", "max_temp_c", "sm_clock_mhz", "power_limit_w")
+
+    def __init__(self) -> None:
+        self.rank: list[int] = []
+        self.step: list[int] = []
+        self.step_ms: list[float] = []
+        self.values: dict[str, list[float]] = {f: [] for f in self.FIELDS}
+        self.throttle: list[tuple[str, ...]] = []
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def add(self, rec: dict[str, Any]) -> None:
+        hw = rec.get("hw")
+        if not isinstance(hw, dict) or not _is_num(rec.get("step")):
+            return
+        r = rec.get("rank", 0)
+        self.rank.append(r if _is_num(r) else 0)
+        self.step.append(int(rec["step"]))
+        sm = rec.get("step_ms")
+        self.step_ms.append(float(sm) if _is_num(sm) else NAN)
+        for f in self.FIELDS:
+            v = hw.get(f)
+            self.values[f].append(float(v) if _is_num(v) else NAN)
+        reasons = hw.get("throttle_reasons")
+        self.throttle.append(tuple(str(x) for x in reasons) if isinstance(reasons, list) else ())
+
+    def tee(self, records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+        add = self.add
+        for rec in records:
+            if rec.get("kind") == "step" and "hw" in rec:
+                add(rec)
+            yield rec
+
+    @classmethod
+    def of(cls, records: Iterable[dict[str, Any]]) -> "HwSeries":
+        series = cls()
+        for _ in series.tee(records):
+            pass
+        return series
 
 
 class StepTable:
@@ -134,6 +186,7 @@ class StepTable:
         self.alert_src: list[int] = []  # the run_start each alert follows, like src for steps
         self.resolved: list[dict[str, Any]] = []
         self.clusters: list[dict[str, Any]] = []
+        self.hw = HwSeries()  # the steps' NVML readings (hw objects hold a list: not a group)
         self.other_ranks: list[Any] = []  # ranks of non-step records, in order seen
 
     # ----------------------------------------------------------------- collecting
@@ -144,10 +197,13 @@ class StepTable:
         push = buf.append
         flush = self._flush
         other = self.other_ranks.append
+        hw = self.hw.add
         for rec in records:
             kind = rec.get("kind")
             if kind == "step":
                 push(rec)
+                if "hw" in rec:
+                    hw(rec)
                 if len(buf) >= CHUNK:
                     flush(buf)
                     buf = []
@@ -190,7 +246,13 @@ class StepTable:
                 return list(map(dict.get, steps, repeat(key)))
 
         self.src.extend(array("q", [len(self.run_starts) - 1]) * m)
-        self.rank.extend(_ints(take("rank"), 0, 0))  # a missing or malformed rank counts as rank 0
+        # a missing or malformed rank (say 1e30, which orjson reads as a float) is the
+        # rank of the file's run_start, so the step stays on its own rank's timeline
+        own = _int(self.run_starts[-1].get("rank"), 0, 0) if self.run_starts else 0
+        ranks = _ints(take("rank"), own, own)
+        if ranks and min(ranks) < 0:  # not a rank either
+            ranks = array("q", [r if r >= 0 else own for r in ranks])
+        self.rank.extend(ranks)
         self.step.extend(_ints(take("step")))
         self.start_ns.extend(_ints(take("start_unix_ns")))
         self.step_ms.extend(_floats(take("step_ms")))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from steptrace._table import StepTable, collect
+from steptrace._table import StepTable, _int, collect
 from steptrace.errors import SteptraceError
 from steptrace.reader import Paths, read
 from steptrace.summary import DEFAULT_PHASES
@@ -207,7 +207,9 @@ class Run:
         for name, group, key in self.variable_columns():
             values = arr(t.column(group, key), np.float64)
             if is_int_field(group, key):
-                if len(values) and not np.isnan(values).any():
+                # int64 only when every value is a whole number it holds (a corrupt 1e300 is not)
+                if len(values) and np.isfinite(values).all() and (np.abs(values) < 2.0**63).all() \
+                        and (values == np.floor(values)).all():
                     values = values.astype(np.int64)
             cols[name] = values
         return pd.DataFrame(cols)
@@ -270,7 +272,8 @@ class Run:
         for col in ("value", "baseline", "threshold"):
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
         for col in ("rank", "step", "unix_ns", "resolved_step"):
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+            # whole numbers within int64 only: orjson reads 1e30 (or 10**30) as a float
+            df[col] = pd.array([None if (v := _int(x, None, None)) is None else v for x in df[col]], dtype="Int64")
         df["run_id"] = df["run_id"].astype("category")
         df["type"] = df["type"].astype("category")
         return df

@@ -9,6 +9,7 @@
     steptrace report RUN -o report.html                one self-contained HTML report
     steptrace metrics --chip GH100 [--json]            the CUPTI counter set for a chip (no GPU needed)
     steptrace cluster RUN [--fail-on-straggler]        per-rank table, the straggler named (exit 1)
+    steptrace run [--log-dir DIR] train.py [ARGS]      profile an unmodified script (steptrace.launcher)
 
 RUN is a ``rank<N>.jsonl`` file or a run folder (every rank). Every command takes
 ``--skip-bad`` (skip records that are not steptrace records with a warning; torn lines
@@ -493,8 +494,26 @@ def _check_output(path: str, suffixes: Optional[tuple[str, ...]]) -> None:
         raise _Usage(f"{path}: is a directory")
 
 
+def _add_run(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from steptrace.launcher import add_arguments
+
+    p = sub.add_parser(
+        "run", help="profile an unmodified training script",
+        description="Run a training script as __main__ with steptrace: steps end at optimizer steps, phases "
+                    "come from module, autograd, grad-clip and optimizer hooks (docs/auto-instrumentation.md). "
+                    "The exit status is the script's.")
+    add_arguments(p)
+    p.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from steptrace.launcher import run
+
+    return run(args)
+
+
 _COMMANDS: list[Callable[[Any], None]] = [_add_summary, _add_compare, _add_plot, _add_export, _add_report,
-                                          _add_cluster, _add_metrics]
+                                          _add_cluster, _add_metrics, _add_run]
 
 
 def build_parser() -> argparse.ArgumentParser:

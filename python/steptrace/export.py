@@ -71,6 +71,22 @@ def _num(v: Any) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+def _us(ms: Any) -> Optional[float]:
+    """A duration in ms as finite, non-negative microseconds (None for anything else: a
+    corrupt 1e308 ms would write ``inf``, which is not JSON)."""
+    v = _num(ms)
+    if v is None or v < 0:
+        return None
+    v *= 1000.0
+    return v if math.isfinite(v) else None
+
+
+def _scalar(v: Any) -> Any:
+    """``v`` when it is a JSON scalar, else None (alert arguments of a corrupt log may be
+    lists nested a thousand deep, which json.dumps cannot write)."""
+    return v if v is None or isinstance(v, (str, int, bool)) or _num(v) is not None else None
+
+
 def _headers(path: Paths, skip_bad: bool) -> list[dict[str, Any]]:
     """The run_start of each file, read before streaming (one line per file)."""
     out = []
@@ -145,9 +161,11 @@ def export_chrome(path: Paths, out: IO[str], *, steps: Optional[StepRange] = Non
             w.meta("thread_name", pid, tid, {"name": _LANES[tid]})
             w.meta("thread_sort_index", pid, tid, {"sort_index": tid})
 
+    file_rank = 0  # the rank of the file being read (its run_start's)
+
     def process(rec: dict[str, Any]) -> int:
-        pid = rec.get("rank", 0)
-        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
+        pid = rec.get("rank", file_rank)
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else file_rank
         if pid not in named:
             named.add(pid)
             host = rec.get("host")
@@ -162,18 +180,19 @@ def export_chrome(path: Paths, out: IO[str], *, steps: Optional[StepRange] = Non
         kind = rec.get("kind")
         if kind == "step":
             st = rec.get("step")
+            st = st if not isinstance(st, bool) else None  # JSON true is no step index
             if st not in rng:
                 continue
             t0 = rec.get("start_unix_ns")
-            dur_ms = _num(rec.get("step_ms"))
-            if not isinstance(t0, int) or dur_ms is None:
+            dur = _us(rec.get("step_ms"))
+            if not isinstance(t0, int) or dur is None:
                 continue
             pid = process(rec)
             lane(pid, STEP_TID)
             ts = w.us(t0)
-            dur = dur_ms * 1000.0
             status = rec.get("status", "ok")
-            args = f'{{"step":{st if isinstance(st, int) else "null"},"status":{w.q(str(status))}}}'
+            status = status if isinstance(status, str) else "?"
+            args = f'{{"step":{st if isinstance(st, int) else "null"},"status":{w.q(status)}}}'
             w.complete("step", "step", ts, dur, pid, STEP_TID, args)
             step_args = f'{{"step":{st if isinstance(st, int) else "null"}}}'
             end = ts + dur
@@ -181,26 +200,26 @@ def export_chrome(path: Paths, out: IO[str], *, steps: Optional[StepRange] = Non
             pm = rec.get("phases_ms")
             if isinstance(pm, dict):
                 for name, v in pm.items():
-                    d = _num(v)
+                    d = _us(v)
                     if d is None or cur >= end:
                         continue
-                    d_us = min(d * 1000.0, end - cur)
+                    d_us = min(d, end - cur)
                     w.complete(str(name), "phase", cur, d_us, pid, STEP_TID, step_args)
                     cur += d_us
-            data = _num(rec.get("data_ms"))
-            if data:
+            data = _us(rec.get("data_ms"))
+            if data and math.isfinite(ts - data):
                 lane(pid, DATA_TID)
-                w.complete("data", "data", ts - data * 1000.0, data * 1000.0, pid, DATA_TID, step_args)
+                w.complete("data", "data", ts - data, data, pid, DATA_TID, step_args)
             hp = rec.get("host_phases_ms")
             if isinstance(hp, dict) and hp:
                 lane(pid, HOST_TID)
                 cur = ts
                 for name, v in hp.items():
-                    d = _num(v)
-                    if d is None:
+                    d = _us(v)
+                    if d is None or not math.isfinite(cur + d):
                         continue
-                    w.complete(str(name), "host", cur, d * 1000.0, pid, HOST_TID, step_args)
-                    cur += d * 1000.0
+                    w.complete(str(name), "host", cur, d, pid, HOST_TID, step_args)
+                    cur += d
             mem = rec.get("memory")
             if isinstance(mem, dict):
                 vals = {k[:-6] + "_MiB": x / 2**20 for k, x in mem.items()
@@ -220,6 +239,8 @@ def export_chrome(path: Paths, out: IO[str], *, steps: Optional[StepRange] = Non
                         del step_start[key]
             last_ts[pid] = ts
         elif kind == "run_start":
+            r = rec.get("rank")
+            file_rank = r if isinstance(r, int) and not isinstance(r, bool) else 0
             process(rec)
         elif kind == "alert":
             st = rec.get("step")
@@ -230,8 +251,9 @@ def export_chrome(path: Paths, out: IO[str], *, steps: Optional[StepRange] = Non
             if isinstance(rec.get("unix_ns"), int):
                 ts = w.us(rec["unix_ns"])
             else:
-                ts = step_start.get((pid, st), last_ts.get(pid, 0.0))
-            args = {k: rec.get(k) for k in ("type", "step", "phase", "value", "baseline", "threshold", "message")}
+                ts = step_start.get((pid, st), last_ts.get(pid, 0.0)) if isinstance(st, int) else last_ts.get(pid, 0.0)
+            args = {k: _scalar(rec.get(k)) for k in ("type", "step", "phase", "value", "baseline", "threshold",
+                                                      "message")}
             w.instant(f"alert: {rec.get('type', '?')}", ts, pid, STEP_TID, args)
     other = {"steptrace_export": "chrome", "origin_unix_ns": origin,
              "run_ids": sorted({h.get("run_id") for h in headers if isinstance(h.get("run_id"), str)})}

@@ -221,22 +221,10 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
 
 
 def hw_of(run: Run) -> Optional[HwSeries]:
-    """The steps' NVML readings (``hw``) of ``run``, read again from its log (the step
-    table keeps no ``hw``) and kept on the Run; None for a log without any: one whose
-    run_start shows no active telemetry and whose run_end has no ``hw`` is not read again."""
-    cached = getattr(run, "_hw_series", False)
-    if cached is not False:
-        return cached
-    series: Optional[HwSeries] = None
-    active = any(isinstance(e.get("hw"), dict) for e in run.run_ends) or any(
-        isinstance((rs.get("backends") or {}).get("telemetry"), dict)
-        and (rs["backends"]["telemetry"].get("active") or []) for rs in run.run_starts)
-    reread = getattr(run, "_reread", None)
-    if active and reread is not None:
-        series = HwSeries.of(reread())
-        series = series if len(series) else None
-    run._hw_series = series  # type: ignore[attr-defined]
-    return series
+    """The steps' NVML readings (``hw``) of ``run``, from its step table; None for a log
+    without any."""
+    series = run.table.hw
+    return series if len(series) else None
 
 
 def _power_series(run: Run, rank: int, steps: Any, np: Any) -> Optional[dict[str, Any]]:
@@ -351,7 +339,8 @@ def rank_heatmap_png(run: Any, *, width: float = 12.0, dpi: int = 100, max_colum
         label = "own work ms"
     grid = df.pivot_table(index="rank", columns="step", values="own_ms" if label != "step ms" else "step_ms",
                           aggfunc="mean")
-    values = grid.to_numpy(dtype=float)
+    values = grid.to_numpy(dtype=float, copy=True)
+    values[values < 0] = np.nan  # no time is negative: a corrupt -1e308 would overflow the colour scale
     bins = max(1, -(-values.shape[1] // max_columns))
     if bins > 1:  # average runs of `bins` steps, padding the last with NaN
         pad = (-values.shape[1]) % bins

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 from steptrace import _core
 from steptrace.cluster import CLUSTER_OPTIONS, ClusterExchange, check_cluster_options, wants_exchange
 from steptrace.errors import ConfigError, UnknownOptionError
+from steptrace.otlp import OTLP_OPTIONS, check_otlp_options
 
 T = TypeVar("T")
 
@@ -31,7 +32,7 @@ logger = logging.getLogger("steptrace")
 
 # Options handled here rather than by the core (None: any callable or None).
 _PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None, "cuda_memory": True, "sigterm_grace_s": 2.0,
-                         **CLUSTER_OPTIONS}
+                         **CLUSTER_OPTIONS, **OTLP_OPTIONS}
 _CORE_OPTIONS = sorted(
     name for name in dir(_core.Config) if not name.startswith("_") and name not in ("validate", "log_dir")
 )
@@ -80,6 +81,7 @@ def build_config(log_dir: "str | os.PathLike[str]", options: dict) -> tuple[Any,
     if not 0 <= grace <= 3600:
         raise ConfigError(f"option sigterm_grace_s={grace!r} is out of range; allowed: 0..3600 (seconds)")
     check_cluster_options(python_options)
+    check_otlp_options(python_options)
     config.validate()
     return config, python_options
 
@@ -395,6 +397,38 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_
                 logger.exception("steptrace on_alert callback raised")
 
 
+def _step_value(name: str, value: Any, warned: set) -> Optional[float]:
+    """``value`` as a float for set_step_values, or None to skip it. A one-element tensor
+    is read only on the CPU: ``.item()`` on a device tensor would wait for the device
+    every step, so such a value is skipped (one UsageWarning per name)."""
+    if isinstance(value, (int, float)):  # bool and the numpy scalars that subclass float too
+        return float(value)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"set_step_values({name}=...): a tensor must have one element, got shape "
+                             f"{tuple(value.shape)}")
+        if value.device.type == "cpu":
+            return float(value.item())
+        if name not in warned:
+            import warnings
+
+            from steptrace.errors import UsageWarning
+
+            warned.add(name)
+            warnings.warn(f"steptrace: set_step_values({name}=...) got a tensor on {value.device}; reading it "
+                          f"would synchronize the device every step, so it is not recorded. Pass a Python "
+                          f"float where you already have one (e.g. on logging steps).", UsageWarning, stacklevel=3)
+        return None
+    if hasattr(value, "__float__") and not isinstance(value, (str, bytes)):  # numpy scalars, Decimal, ...
+        try:
+            return float(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    raise TypeError(f"set_step_values({name}=...): the value must be a number (int, float or a one-element "
+                    f"tensor), got {type(value).__name__}")
+
+
 @atexit.register
 def _close_at_exit() -> None:
     for prof in list(_live):
@@ -427,7 +461,9 @@ class Profiler:
         self._core = _core.Profiler(config, _versions(), _fake_device, _torch_profiler_running(torch), live)
         self._signalled = False
         self._abandoned = False  # a forked child's copy of the parent's profiler
+        self._phase_hooks: list = []  # steptrace.autophase hooks installed by watch()
         self._write_warning = [True]  # until the first write error is logged
+        self._tensor_warned: set = set()  # set_step_values names warned about a device tensor
         # Bound C++ methods: calling them runs no Python code of ours.
         self.step = self._core.step_function()
         """``with prof.step():`` times one step."""
@@ -457,23 +493,83 @@ class Profiler:
         if wants_exchange(python_options["cluster"], int(self._core.config.world_size)):
             # the cross-rank view through torch.distributed's store (see steptrace.cluster)
             self._cluster = ClusterExchange(self._core, python_options).start()
+        self._otlp: Any = None
+        if python_options["metrics_otlp"]:
+            from steptrace.otlp import OtlpExporter  # noqa: PLC0415 (the SDK loads only when asked)
 
-    def watch(self, model: Any, hook: Optional[Callable[[Any, Any], Any]] = None, state: Any = None) -> Any:
-        """Times a DistributedDataParallel model's gradient all-reduces from the host, so
-        that every step record gets a ``comm`` object (communication, time blocked on it,
-        compute) and the cross-rank view can tell a straggler from the ranks that wait
-        for it. Registers a DDP communication hook: ``hook(state, bucket)`` (default:
-        DDP's own all-reduce, the same result) timed from launch to completion. Call it
-        once, before the first step, instead of ``model.register_comm_hook``. Returns
-        ``model``."""
+            # a thread reading the log the writer wrote, exporting on the SDK's own thread
+            try:
+                self._otlp = OtlpExporter(self._core, python_options).start()
+            except Exception as exc:  # noqa: BLE001 - the run goes on without it, as without an endpoint
+                logger.warning("steptrace: no OTLP metrics export to %s: %s; the run goes on without it",
+                               python_options["metrics_otlp"], exc)
+
+    def watch(self, model: Any, optimizer: Any = None, loss_fn: Any = None, *, phases: bool = True,
+              hook: Optional[Callable[[Any, Any], Any]] = None, state: Any = None) -> Any:
+        """Hooks ``model`` (and ``optimizer``, ``loss_fn``) so that ``with prof.step():``
+        alone records the forward / loss / backward / clip / optimizer phases (see
+        :class:`steptrace.autophase.PhaseHooks` and docs/auto-instrumentation.md; phases
+        you open yourself take precedence, ``phases=False`` installs none). For a
+        DistributedDataParallel model it also times the gradient all-reduces from the
+        host, so that every step record gets a ``comm`` object (communication, time
+        blocked on it, compute) and the cross-rank view can tell a straggler from the
+        ranks that wait for it: it registers a DDP communication hook, ``hook(state,
+        bucket)`` (default: DDP's own all-reduce, the same result) timed from launch to
+        completion, instead of ``model.register_comm_hook``. Call it once per model,
+        before the first step; :meth:`close` removes the hooks. Returns ``model``."""
         from steptrace.comm import timed_comm_hook
 
+        if optimizer is not None and callable(optimizer):  # watch(ddp, hook) from before optimizer=
+            raise ConfigError(f"watch(model, optimizer): optimizer={optimizer!r} is callable; pass a DDP "
+                              f"communication hook as watch(model, hook=...)")
         register = getattr(model, "register_comm_hook", None)
-        if register is None:
-            raise ConfigError(f"watch(model): model must be a torch.nn.parallel.DistributedDataParallel "
-                              f"(it has register_comm_hook), got {type(model).__name__}")
-        register(state, timed_comm_hook(self._core, hook))
+        if register is None and (hook is not None or state is not None):
+            raise ConfigError(f"watch(model, hook=...): a communication hook needs a torch.nn.parallel."
+                              f"DistributedDataParallel model (it has register_comm_hook), got {type(model).__name__}")
+        if register is None and not phases:
+            raise ConfigError(f"watch(model, phases=False): nothing to watch on a {type(model).__name__} "
+                              f"(the communication timing needs a DistributedDataParallel model)")
+        installed = None
+        if phases:
+            from steptrace.autophase import PhaseHooks
+
+            installed = PhaseHooks(self._core, model, optimizer, loss_fn)  # checks its arguments first
+        if register is not None:
+            try:
+                register(state, timed_comm_hook(self._core, hook))
+            except BaseException:
+                if installed is not None:
+                    installed.remove()
+                raise
+        if installed is not None:
+            self._phase_hooks.append(installed)
         return model
+
+    @property
+    def phase_hooks(self) -> tuple:
+        """The :class:`steptrace.autophase.PhaseHooks` that :meth:`watch` installed (their
+        ``loss_fn`` is the timed loss callable, ``micro_steps`` the forward calls of the
+        step in progress); empty once closed."""
+        return tuple(self._phase_hooks)
+
+    # ---- per-step values ----
+    def set_step_values(self, **values: Any) -> None:
+        """Attaches numbers to the step in progress: its record gets ``"meta": {name:
+        value}``, e.g. ``prof.set_step_values(global_step=120, epoch=1, lr=1e-3,
+        loss=0.53)``. Between steps they go to the next step. A name set twice in a step
+        keeps the last value; NaN is written as null. Values are ints, floats or
+        one-element CPU tensors; a tensor on a GPU is skipped with one UsageWarning per
+        name (reading it would synchronize the device): pass ``loss=`` a float only when
+        you already have one. At most 16 distinct names per run (ConfigError for the
+        17th, when first used)."""
+        set_value, warned = self._core.set_step_value, self._tensor_warned
+        for name, value in values.items():
+            if type(value) is not float:
+                value = _step_value(name, value, warned)
+                if value is None:
+                    continue
+            set_value(name, value)
+
     # ---- the loader ----
     def data(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yields the items of ``iterable``, timing each wait for the next one as the next
@@ -525,10 +621,16 @@ class Profiler:
             return
         if self._signalled and reason in ("normal", "exit", "exception"):
             reason = "signal"
+        hooks, self._phase_hooks = self._phase_hooks, []
+        for h in hooks:
+            h.remove()  # the wrapped torch functions are restored once nobody watches
         cluster, self._cluster = self._cluster, None
         if cluster is not None:
             cluster.stop()  # its last records go in before run_end
         self._core.close(reason, error)
+        otlp, self._otlp = self._otlp, None
+        if otlp is not None:
+            otlp.stop()  # exports what the log has, run_end included (at most its timeout)
         _live.discard(self)
         _warn_write_errors(self._core, self._write_warning)
         thread = self._alert_thread
@@ -540,6 +642,7 @@ class Profiler:
         self._abandoned = True
         self._alert_thread = None
         self._cluster = None  # its thread stayed in the parent
+        self._otlp = None
         try:
             self._core.close()  # the core sees the fork: it writes nothing and joins nothing
         except Exception:

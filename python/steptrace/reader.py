@@ -38,6 +38,7 @@ _SCHEMA_RE = re.compile(r"steptrace/(\d+)")
 _RANK_RE = re.compile(r"rank(\d+)\.jsonl$")
 _RECORD_START = re.compile(rb'\{\s*"kind"\s*:')
 _TORN_LINES_NAMED = 5  # line numbers a TornLineWarning lists
+_TEAR_TRIES = 8  # record starts tried in a torn line, from its end
 
 
 class ReaderWarning(UserWarning):
@@ -84,6 +85,8 @@ except ImportError:  # pragma: no cover - depends on the environment
             obj, end = _scan(text, 0)
         except StopIteration:  # nothing parseable at index 0 (blank line, leading space, junk)
             return _decoder.decode(text)
+        except RecursionError:  # '[' nested thousands deep: junk, as orjson says (limit 1024)
+            raise ValueError("JSON nested too deeply") from None
         if end != len(text) and not text[end:].isspace():
             return _decoder.decode(text)  # raises "Extra data"
         return obj
@@ -183,9 +186,9 @@ def _same_run(a: dict[str, Any], b: dict[str, Any]) -> Optional[str]:
     one run, else why not."""
     fa, fb = a["_file"].name, b["_file"].name
     if a.get("rank") == b.get("rank"):
-        return f"{fa} and {fb} are both rank {a.get('rank')}"
+        return f"{fa} and {fb} are both rank {_brief(a.get('rank'))}"
     if a.get("world_size") != b.get("world_size"):
-        return f"{fa} has world_size {a.get('world_size')} but {fb} has {b.get('world_size')}"
+        return f"{fa} has world_size {_brief(a.get('world_size'))} but {fb} has {_brief(b.get('world_size'))}"
     ra, rb = a.get("run_id"), b.get("run_id")
     if ra == rb:
         return None
@@ -194,7 +197,7 @@ def _same_run(a: dict[str, Any], b: dict[str, Any]) -> Optional[str]:
     close = isinstance(ta, int) and isinstance(tb, int) and abs(ta - tb) <= SAME_RUN_WINDOW_S * 10**9
     if auto and close:
         return None  # generated per process (torchrun without a run id): the same job
-    return f"{fa} is run {ra!r} but {fb} is run {rb!r}"
+    return f"{fa} is run {_brief(ra)} but {fb} is run {_brief(rb)}"
 
 
 def _ticker(bar: Progress, base: int) -> Callable[[int], None]:
@@ -246,7 +249,7 @@ def _check_header(name: str, lineno: int, rec: Any) -> None:
     schema = rec.get("schema")
     m = _SCHEMA_RE.fullmatch(schema) if isinstance(schema, str) else None
     if m is None:
-        raise LogFormatError(f"{where}: not a steptrace log (run_start has no steptrace schema, got {schema!r})")
+        raise LogFormatError(f"{where}: not a steptrace log (run_start has no steptrace schema, got {_brief(schema)})")
     version = int(m.group(1))
     if version > SCHEMA_VERSION:
         raise LogFormatError(
@@ -254,7 +257,29 @@ def _check_header(name: str, lineno: int, rec: Any) -> None:
             f"understands {SCHEMA_NAME}): upgrade steptrace to read it"
         )
     if version < 1:
-        raise LogFormatError(f"{where}: unknown schema version {schema!r}")
+        raise LogFormatError(f"{where}: unknown schema version {_brief(schema)}")
+
+
+#: No steptrace record comes near this (a run_end with 1,000 top kernels is ~2 MiB); a
+#: longer line is junk, and parsing it could take 30x its size in Python objects.
+MAX_LINE_BYTES = 16 << 20
+
+
+def _lines(fh: Any) -> Iterator[bytes]:
+    """The lines of ``fh``. A line longer than MAX_LINE_BYTES is read in pieces, never held
+    whole, and comes as ``b"\\0\\n"``, which no parser takes: a torn line to the loops
+    below (``b"\\0"``, a truncated last line, when the file ends inside it)."""
+    read = functools.partial(fh.readline, MAX_LINE_BYTES + 1)
+    for line in iter(read, b""):
+        if len(line) > MAX_LINE_BYTES:
+            while not line.endswith(b"\n"):
+                line = read()
+                if not line:
+                    yield b"\0"
+                    return
+            yield b"\0\n"
+            continue
+        yield line
 
 
 def _read_file(path: Path, skip_bad: bool, validate: bool,
@@ -263,7 +288,7 @@ def _read_file(path: Path, skip_bad: bool, validate: bool,
     loads = _loads
     # 1 MiB buffer: fewer read syscalls on big logs; memory stays bounded.
     with open(path, "rb", buffering=1 << 20) as fh:
-        lines = enumerate(fh, 1)
+        lines = enumerate(_lines(fh), 1)
 
         # Header: the first non-empty line. skip_bad never applies here, so a file that
         # is not a steptrace log at all cannot pass as an empty one.
@@ -346,7 +371,9 @@ def _record_after_tear(line: bytes) -> Optional[dict[str, Any]]:
     """The complete record a torn line ends with: the write after the cut-off one (say,
     a resumed run appending to the file) starts mid-line; None when there is none."""
     starts = [m.start() for m in _RECORD_START.finditer(line, 1)]
-    for start in reversed(starts):
+    # the last few starts only: a line of junk may hold thousands, and each try parses the
+    # rest of the line (all of them: quadratic time)
+    for start in reversed(starts[-_TEAR_TRIES:]):
         try:
             rec = _loads(line[start:])
         except ValueError:
@@ -422,7 +449,10 @@ def validate_record(record: Any) -> None:
     from jsonschema.exceptions import best_match
 
     full = _validator()
-    errors = list(full.iter_errors(record))
+    try:
+        errors = list(full.iter_errors(record))
+    except RecursionError:  # jsonschema recurses per level; no steptrace record nests deeply
+        raise LogFormatError(f"record does not match schema {SCHEMA_NAME}: nested too deeply") from None
     if not errors:
         return
     kind = record.get("kind") if isinstance(record, dict) else None
@@ -432,11 +462,18 @@ def validate_record(record: Any) -> None:
         if specific:
             errors = specific
     elif isinstance(record, dict) and "kind" in record:
-        raise LogFormatError(f"unknown record kind {kind!r} (schema {SCHEMA_NAME})")
+        raise LogFormatError(f"unknown record kind {_brief(kind)} (schema {SCHEMA_NAME})")
     err = best_match(errors)
     where = "/".join(str(p) for p in err.absolute_path)
     at = f" at {where}" if where else ""
-    raise LogFormatError(f"{label} does not match schema {SCHEMA_NAME}{at}: {_shorten(err.message)}")
+    raise LogFormatError(_shorten(f"{label} does not match schema {SCHEMA_NAME}{at}: {_shorten(err.message)}", 600))
+
+
+def _brief(value: Any) -> str:
+    """A value of a log in an error message: its repr, cut short (a corrupt log may hold
+    a 24 MiB string where the schema name should be)."""
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _shorten(message: str, limit: int = 300) -> str:

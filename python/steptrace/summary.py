@@ -13,7 +13,7 @@ import math
 from array import array
 from typing import Any, Iterable, Optional, Sequence
 
-from steptrace._table import GROUPS, StepTable, collect, numpy
+from steptrace._table import GROUPS, HwSeries, StepTable, collect, numpy
 
 #: The phases the summary knows, listed first and in this order when present.
 DEFAULT_PHASES = ("forward", "loss", "backward", "clip", "optimizer")
@@ -174,11 +174,13 @@ class _NpOps:
             return None
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
-        dx = x - x.mean()
-        sxx = float(dx @ dx)
-        if sxx <= 0:
-            return None
-        return float(dx @ (y - y.mean())) / sxx
+        with np.errstate(all="ignore"):  # a corrupt 1e300 overflows: no trend, not a warning
+            dx = x - x.mean()
+            sxx = float(dx @ dx)
+            if not 0 < sxx < math.inf:
+                return None
+            slope = float(dx @ (y - y.mean())) / sxx
+        return slope if math.isfinite(slope) else None
 
 
 def _ops() -> Any:
@@ -240,16 +242,15 @@ def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None
     """
     if isinstance(records, StepTable):
         return summarize_table(records, source=source)
-    hw = HwSeries()
-    table = collect(hw.tee(records))
-    return summarize_table(table, source=source, hw=hw)
+    return summarize_table(collect(records), source=source)
 
 
 def summarize_table(table: StepTable, *, source: Optional[str] = None,
                     hw: Optional["HwSeries"] = None) -> dict[str, Any]:
     """:func:`summarize` of records already collected into a :class:`StepTable`; ``hw``
-    the steps' NVML readings (:class:`HwSeries`, which the table does not keep) for the
-    "hw" part, else only run_end.hw's figures are used."""
+    the steps' NVML readings (:class:`HwSeries`) for the "hw" part, by default the
+    table's own (``table.hw``)."""
+    hw = table.hw if hw is None else hw
     ops = _ops()
     ok = ops.col(table.ok)
     step_ms = ops.col(table.step_ms)
@@ -333,7 +334,7 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
 
     averages: dict[str, dict[str, float]] = {}
     for group, _prefix in GROUPS:
-        if group == "memory":
+        if group in ("memory", "meta"):  # meta: labels (global step, lr), not quantities to average
             continue
         for field, col in table.groups[group].cols.items():
             v = ops.nonnan(ops.take(ops.col(col), timed))
@@ -372,8 +373,9 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
 
     ends: dict[Any, str] = {}
     for e in table.run_ends:
-        reason = e.get("reason")
-        ends[e.get("rank", 0)] = reason if isinstance(reason, str) else "unknown"
+        reason, r = e.get("reason"), e.get("rank", 0)
+        if isinstance(r, int):  # a corrupt rank (an object, say) names no rank
+            ends[r] = reason if isinstance(reason, str) else "unknown"
     end_reasons = {str(r): ends.get(r, MISSING_END) for r in ranks}
     distinct = set(end_reasons.values())
     if not end_reasons:
@@ -428,52 +430,6 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
 
 
 # --------------------------------------------------------------------------- hw (NVML)
-
-
-class HwSeries:
-    """The ``hw`` objects of the step records (NVML readings over each step), one list a
-    field, in reading order; ``tee`` collects them while the records pass through."""
-
-    FIELDS = ("power_w", "min_power_w", "energy_j", "max_temp_c", "sm_clock_mhz", "power_limit_w")
-
-    def __init__(self) -> None:
-        self.rank: list[int] = []
-        self.step: list[int] = []
-        self.step_ms: list[float] = []
-        self.values: dict[str, list[float]] = {f: [] for f in self.FIELDS}
-        self.throttle: list[tuple[str, ...]] = []
-
-    def __len__(self) -> int:
-        return len(self.step)
-
-    def add(self, rec: dict[str, Any]) -> None:
-        hw = rec.get("hw")
-        if not isinstance(hw, dict) or not _is_num(rec.get("step")):
-            return
-        r = rec.get("rank", 0)
-        self.rank.append(r if _is_num(r) else 0)
-        self.step.append(int(rec["step"]))
-        sm = rec.get("step_ms")
-        self.step_ms.append(float(sm) if _is_num(sm) else math.nan)
-        for f in self.FIELDS:
-            v = hw.get(f)
-            self.values[f].append(float(v) if _is_num(v) else math.nan)
-        reasons = hw.get("throttle_reasons")
-        self.throttle.append(tuple(str(x) for x in reasons) if isinstance(reasons, list) else ())
-
-    def tee(self, records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
-        add = self.add
-        for rec in records:
-            if rec.get("kind") == "step" and "hw" in rec:
-                add(rec)
-            yield rec
-
-    @classmethod
-    def of(cls, records: Iterable[dict[str, Any]]) -> "HwSeries":
-        series = cls()
-        for _ in series.tee(records):
-            pass
-        return series
 
 
 def _present(v: Sequence[float]) -> list[float]:
@@ -588,14 +544,19 @@ def _top_kernels(run_ends: Sequence[dict[str, Any]], limit: int = 10) -> list[di
     """The kernels with the most device time over all ranks, from run_end's device_activity."""
     merged: dict[str, dict[str, Any]] = {}
     for e in run_ends:
-        kernels = (e.get("device_activity") or {}).get("kernels") or {}
-        for k in kernels.get("top") or []:
-            name = k.get("name")
+        activity = e.get("device_activity")
+        kernels = activity.get("kernels") if isinstance(activity, dict) else None
+        top = kernels.get("top") if isinstance(kernels, dict) else None
+        for k in top if isinstance(top, list) else ():
+            name = k.get("name") if isinstance(k, dict) else None
             if not isinstance(name, str) or not _is_num(k.get("total_ms")):
                 continue
-            m = merged.setdefault(name, {"name": name, "work": k.get("work", "compute"), "total_ms": 0.0, "count": 0})
+            work = k.get("work")
+            m = merged.setdefault(name, {"name": name, "work": work if isinstance(work, str) else "compute",
+                                         "total_ms": 0.0, "count": 0})
             m["total_ms"] += float(k["total_ms"])
-            m["count"] += int(k.get("count") or 0)
+            count = k.get("count")
+            m["count"] += int(count) if _is_num(count) and math.isfinite(count) else 0
     top = sorted(merged.values(), key=lambda k: -k["total_ms"])[:limit]
     total = sum(k["total_ms"] for k in merged.values())
     for k in top:
@@ -608,14 +569,18 @@ def _device_backends(run_starts: Sequence[dict[str, Any]]) -> dict[str, str]:
     from the first run_start that says."""
     out: dict[str, str] = {}
     for rs in run_starts:
-        backends = rs.get("backends") or {}
+        backends = rs.get("backends")
+        if not isinstance(backends, dict):  # an unvalidated log: nothing said
+            continue
         for key in ("kernel_activity", "counters"):
             entry = backends.get(key)
             if key in out or not isinstance(entry, dict):
                 continue
-            active = entry.get("active") or []
-            reasons = entry.get("unavailable") or {}
-            out[key] = ", ".join(map(str, active)) if active else "unavailable: " + "; ".join(map(str, reasons.values()))
+            active = entry.get("active")
+            active = [a for a in active if isinstance(a, str)] if isinstance(active, list) else []
+            reasons = entry.get("unavailable")
+            reasons = [r for r in reasons.values() if isinstance(r, str)] if isinstance(reasons, dict) else []
+            out[key] = ", ".join(active) if active else "unavailable: " + "; ".join(reasons)
     return out
 
 

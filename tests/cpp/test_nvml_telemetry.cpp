@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/telemetry.hpp"
+#include "steptrace/error.hpp"
 
 namespace steptrace::detail {
 namespace {
@@ -77,8 +79,14 @@ struct Timeline {
   TelemetryDetector detector{config};
   std::int64_t step = 0;
   Timeline() { config.warmup_steps = 2; }
-  void add(double power_w, double temp_c, double drop_w = 0, std::uint64_t reasons = 0) {
+  void add(double power_w, double temp_c, double drop_w = 0, std::uint64_t reasons = 0,
+           double sm_throughput_pct = std::numeric_limits<double>::quiet_NaN()) {
     StepRecord r;
+    if (!std::isnan(sm_throughput_pct)) {  // CUPTI counters for this step
+      r.counters.present = true;
+      for (double& v : r.counters.values) v = std::numeric_limits<double>::quiet_NaN();
+      r.counters.values[3] = sm_throughput_pct;
+    }
     r.step = step;
     r.step_ns = kS;
     r.host_ns = kS;
@@ -124,6 +132,38 @@ TEST(TelemetryDetector, PowerLowOnlyOnceSustained) {
   ASSERT_EQ(run.events.size(), 2u);
   EXPECT_TRUE(run.events[1].resolved);
   EXPECT_EQ(run.events[1].repeats, 19);
+}
+
+TEST(TelemetryDetector, PowerLowNeedsIdleSmsWhereCountersSayHowBusyTheyAre) {
+  Timeline run;
+  for (int i = 0; i < 10; ++i) run.add(650, 65);
+  // 60 s at 400 W with the SMs 85% busy (memory-bound work): not a power_low
+  for (int i = 0; i < 60; ++i) run.add(400, 65, 0, 0, 85.0);
+  EXPECT_TRUE(run.events.empty());
+  // the same power with the SMs 20% busy: the episode starts counting now, fires at 30 s
+  for (int i = 0; i < 29; ++i) run.add(400, 65, 0, 0, 20.0);
+  EXPECT_TRUE(run.events.empty());
+  for (int i = 0; i < 5; ++i) run.add(400, 65, 0, 0, 20.0);
+  ASSERT_EQ(run.alerts(), std::vector<std::string>{"power_low"});
+  EXPECT_EQ(run.events[0].step, 99);
+  EXPECT_NE(run.events[0].message.find("SM throughput 20% of peak"), std::string::npos)
+      << run.events[0].message;
+  EXPECT_EQ(run.events[0].details["sm_throughput_pct"], 20.0);
+  // the SMs busy again at the same power: resolved
+  run.add(400, 65, 0, 0, 90.0);
+  ASSERT_EQ(run.events.size(), 2u);
+  EXPECT_TRUE(run.events[1].resolved);
+}
+
+TEST(TelemetryDetector, PowerLowSmThresholdIsConfigurable) {
+  Timeline run;
+  run.config.power_low_sm_pct = 90.0;  // the detector reads the config at each step
+  for (int i = 0; i < 10; ++i) run.add(650, 65);
+  for (int i = 0; i < 40; ++i) run.add(400, 65, 0, 0, 85.0);
+  EXPECT_EQ(run.alerts(), std::vector<std::string>{"power_low"});
+  Config bad;
+  bad.power_low_sm_pct = 0;
+  EXPECT_THROW(bad.validate(), ConfigError);
 }
 
 TEST(TelemetryDetector, TemperatureRisingAtTheThreshold) {

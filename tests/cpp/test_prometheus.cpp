@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "sinks/jsonl_writer.hpp"
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"
@@ -413,6 +415,222 @@ TEST(RecordSinks, AFailingSinkIsDisabledOnceAndTheOthersCarryOn) {
   EXPECT_EQ(good.lines_, 12);  // run_start, 10 steps, run_end: what the file has
   EXPECT_TRUE(good.closed_);
   EXPECT_EQ(read_jsonl(path).size(), 12u);
+  // run_end names each sink's status: the file first, the thrower failing (switched off)
+  const auto end = read_jsonl(path).back();
+  ASSERT_TRUE(end.contains("sinks")) << end.dump();
+  const auto& sinks = end["sinks"];
+  ASSERT_EQ(sinks.size(), 3u);
+  EXPECT_EQ(sinks[0]["name"], "jsonl");
+  EXPECT_EQ(sinks[0]["status"], "ok");
+  EXPECT_FALSE(sinks[0].contains("error"));
+  EXPECT_EQ(sinks[1]["name"], "throwing");
+  EXPECT_EQ(sinks[1]["status"], "failing");
+  EXPECT_EQ(sinks[1]["error"], "disk on fire");
+  EXPECT_EQ(sinks[1]["disabled"], true);
+  EXPECT_EQ(sinks[2]["name"], "counting");
+  EXPECT_EQ(sinks[2]["status"], "ok");
+  EXPECT_EQ(sinks[2]["slow_calls"], 0);
+}
+
+// A sink whose step calls block past the slow limit (twice), and one that handles its own
+// failure and carries on.
+class SlowSink final : public RecordSink {
+ public:
+  std::string_view name() const noexcept override { return "slow"; }
+  void on_step(const StepRecord& r) override {
+    if (r.step < 2) std::this_thread::sleep_for(JsonlWriter::kSlowSinkCall + kMargin);
+  }
+  static constexpr std::chrono::milliseconds kMargin{20};
+};
+class SelfHealingSink final : public RecordSink {
+ public:
+  std::string_view name() const noexcept override { return "remote"; }
+  void write(std::string_view) override {
+    if (error_.empty()) error_ = "connect: refused";  // said once, retried later
+  }
+  std::string first_error() const override { return error_; }
+  std::string error_;
+};
+
+TEST(RecordSinks, RunEndSaysWhichSinkWasSlowOrFailing) {
+  TempDir tmp;
+  const std::string path = tmp.str("log.jsonl");
+  PhaseNames names;
+  SlowSink slow;
+  SelfHealingSink remote;
+  {
+    JsonlWriter w(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644),
+                  "{\"kind\":\"run_start\"}\n", 0, names, 64, std::chrono::milliseconds(10),
+                  nullptr, nullptr, {&slow, &remote});
+    for (int i = 0; i < 5; ++i) w.push_step_record(record(i, 1000));
+    w.close(RunEnd{"normal", {}, 1, 0.5, 0});
+    EXPECT_TRUE(w.sink_failures().empty());  // nothing threw
+  }
+  const auto records = read_jsonl(path);
+  EXPECT_EQ(of_kind(records, "step").size(), 5u);  // the slow sink delayed, lost nothing
+  const auto& sinks = records.back()["sinks"];
+  ASSERT_EQ(sinks.size(), 3u);
+  EXPECT_EQ(sinks[1]["name"], "slow");
+  EXPECT_EQ(sinks[1]["status"], "slow");
+  EXPECT_EQ(sinks[1]["slow_calls"], 2);
+  EXPECT_GE(sinks[1]["max_call_ms"].get<double>(), 1000.0);
+  EXPECT_EQ(sinks[2]["name"], "remote");
+  EXPECT_EQ(sinks[2]["status"], "failing");
+  EXPECT_EQ(sinks[2]["error"], "connect: refused");
+  EXPECT_EQ(sinks[2]["disabled"], false);
+}
+
+TEST(RecordSinks, AnUnwritableTextfileIsAFailingMetricsSink) {
+  TempDir tmp;
+  Config config = run_config(tmp);
+  config.metrics_textfile = tmp.str("no-such-dir/steptrace.prom");
+  std::string log;
+  {
+    Profiler prof(config);
+    log = prof.log_path();
+    auto s = prof.step();
+  }
+  const auto end = read_jsonl(log).back();
+  const auto& sinks = end["sinks"];
+  ASSERT_EQ(sinks.size(), 2u) << end.dump();
+  EXPECT_EQ(sinks[0]["status"], "ok");
+  EXPECT_EQ(sinks[1]["name"], "prometheus");
+  EXPECT_EQ(sinks[1]["status"], "failing");
+  EXPECT_NE(sinks[1]["error"].get<std::string>().find("no-such-dir"), std::string::npos);
+}
+
+StepRecord hw_record(std::int64_t step, double power_w, double temp_c, std::uint64_t reasons) {
+  StepRecord r = record(step, 100'000'000);
+  r.hw.present = true;
+  r.hw.samples = 2;
+  r.hw.avg_power_w = power_w;
+  r.hw.min_power_w = power_w - 10;
+  r.hw.energy_j = power_w * 0.1;
+  r.hw.max_temp_c = temp_c;
+  r.hw.sm_clock_mhz = 1980;
+  r.hw.power_limit_w = 700;
+  r.hw.throttle_reasons = reasons;
+  return r;
+}
+
+TEST(MetricsRegistry, HardwareFiguresOfTheLastStepAndErrorsByKind) {
+  PhaseNames names;
+  MetricsRegistry reg(MetricLabels{"j", "r", 1, "h"}, names, "1");
+  reg.observe_step(hw_record(0, 650, 60, kThrottleSwPowerCap));
+  StepRecord b = hw_record(1, 500, 71, kThrottleSwPowerCap | kThrottleHwThermal);
+  b.hw.mem_clock_mhz = 2619;
+  b.hw.max_mem_temp_c = 80;
+  b.hw.pcie_tx_mb_s = 12.5;
+  reg.observe_step(b);
+  reg.observe_step(record(2, 1000));  // a step without hw keeps the last figures
+  reg.observe_lines(
+      "{\"kind\":\"alert\",\"type\":\"hardware_error\",\"details\":{\"kind\":\"xid\","
+      "\"code\":79}}\n"
+      "{\"kind\":\"alert\",\"type\":\"hardware_error\",\"details\":{\"kind\":\"nvlink_crc\","
+      "\"code\":12,\"delta\":3}}\n"
+      "{\"kind\":\"alert\",\"type\":\"hardware_error\",\"details\":{\"kind\":\"made-up\"}}\n"
+      "{\"kind\":\"resolved\",\"type\":\"hardware_error\"}\n");
+  const auto all = parse(reg.render());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_power_watts"), 500);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_power_limit_watts"), 700);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_energy_joules_total"), 65 + 50);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_temperature_celsius"), 71);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_memory_temperature_celsius"), 80);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_sm_clock_hertz"), 1980e6);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_memory_clock_hertz"), 2619e6);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_pcie_bytes_per_second", {{"direction", "tx"}}),
+                   12.5e6);
+  EXPECT_TRUE(named(all, "steptrace_gpu_pcie_bytes_per_second", {{"direction", "rx"}}).empty());
+  EXPECT_EQ(value_of(all, "steptrace_gpu_throttled_steps_total", {{"reason", "sw_power_cap"}}), 2);
+  EXPECT_EQ(
+      value_of(all, "steptrace_gpu_throttled_steps_total", {{"reason", "hw_thermal_slowdown"}}), 1);
+  EXPECT_EQ(named(all, "steptrace_gpu_throttled_steps_total").size(), 2u);  // seen reasons only
+  EXPECT_EQ(value_of(all, "steptrace_gpu_hardware_errors_total", {{"kind", "xid"}}), 1);
+  EXPECT_EQ(value_of(all, "steptrace_gpu_hardware_errors_total", {{"kind", "nvlink_crc"}}), 1);
+  EXPECT_EQ(value_of(all, "steptrace_gpu_hardware_errors_total", {{"kind", "other"}}), 1);
+  EXPECT_EQ(value_of(all, "steptrace_gpu_last_xid"), 79);
+  EXPECT_EQ(value_of(all, "steptrace_alerts_total", {{"type", "hardware_error"}}), 3);
+  for (const Sample& s : all) EXPECT_EQ(s.labels.at("rank"), "1") << s.name;
+}
+
+TEST(MetricsRegistry, NoHardwareNoClusterNoSeries) {
+  PhaseNames names;
+  MetricsRegistry reg(MetricLabels{}, names, "1");
+  reg.observe_step(record(0, 1000));
+  reg.observe_lines("{\"kind\":\"step\",\"phases_ms\":{\"cluster\":1}}\n");
+  for (const Sample& s : parse(reg.render())) {
+    EXPECT_EQ(s.name.rfind("steptrace_gpu_", 0), std::string::npos) << s.name;
+    EXPECT_EQ(s.name.rfind("steptrace_rank_", 0), std::string::npos) << s.name;
+    EXPECT_EQ(s.name.rfind("steptrace_cluster_", 0), std::string::npos) << s.name;
+  }
+}
+
+// A cluster record as cluster.py writes it (through Profiler::write_record).
+std::string cluster_line(int ranks, std::vector<int> stragglers, int slow_rank) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (int r = 0; r < ranks; ++r) {
+    const double own = r == slow_rank ? 13.0 : 10.0 + 0.001 * r;
+    rows.push_back({{"rank", r},
+                    {"host", fmt::format("node{}", r / 8)},
+                    {"steps", 20},
+                    {"step_ms", 20.0},
+                    {"step_p95_ms", 22.0},
+                    {"data_ms", 1.0},
+                    {"compute_ms", own - 1.0},
+                    {"comm_ms", r == 1 ? nlohmann::json() : nlohmann::json(4.0)},
+                    {"wait_ms", r == slow_rank ? 0.0 : 3.0},
+                    {"own_ms", own},
+                    {"straggler_pct", r == slow_rank ? 30.0 : 0.01 * r}});
+  }
+  nlohmann::json j = {{"kind", "cluster"},   {"rank", 0},
+                      {"step", 39},          {"window", 1},
+                      {"world_size", ranks}, {"ranks_reporting", ranks},
+                      {"ranks", rows},       {"stragglers", stragglers}};
+  return j.dump() + "\n";
+}
+
+TEST(MetricsRegistry, ClusterRecordsGivePerRankSeriesWithBoundedRows) {
+  PhaseNames names;
+  MetricsRegistry reg(MetricLabels{"j", "run", 0, "node0"}, names, "1");
+  reg.observe_lines(cluster_line(3, {2}, 2));
+  auto all = parse(reg.render());
+  EXPECT_EQ(value_of(all, "steptrace_cluster_windows_total"), 1);
+  EXPECT_EQ(value_of(all, "steptrace_cluster_ranks_reporting"), 3);
+  EXPECT_EQ(value_of(all, "steptrace_cluster_stragglers"), 1);
+  ASSERT_EQ(named(all, "steptrace_rank_straggler_score").size(), 3u);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_rank_straggler_score", {{"rank", "2"}}), 0.30);
+  EXPECT_EQ(value_of(all, "steptrace_rank_straggler", {{"rank", "2"}}), 1);
+  EXPECT_EQ(value_of(all, "steptrace_rank_straggler", {{"rank", "0"}}), 0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_rank_step_median_seconds", {{"rank", "1"}}), 0.020);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_rank_step_p95_seconds", {{"rank", "1"}}), 0.022);
+  EXPECT_DOUBLE_EQ(
+      value_of(all, "steptrace_rank_split_seconds", {{"rank", "2"}, {"part", "compute"}}), 0.012);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_rank_split_seconds", {{"rank", "0"}, {"part", "wait"}}),
+                   0.003);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_rank_split_seconds", {{"rank", "0"}, {"part", "data"}}),
+                   0.001);
+  // comm null for rank 1: no sample, the other parts are there
+  EXPECT_TRUE(
+      named(all, "steptrace_rank_split_seconds", {{"rank", "1"}, {"part", "comm"}}).empty());
+  EXPECT_EQ(named(all, "steptrace_rank_split_seconds", {{"rank", "1"}}).size(), 3u);
+  // the per-rank series name the rank they describe and its host
+  EXPECT_EQ(named(all, "steptrace_rank_straggler_score", {{"rank", "2"}})[0].labels.at("host"),
+            "node0");
+
+  // A big job: the next window replaces the rows, capped, the straggler kept.
+  reg.observe_lines(cluster_line(300, {250}, 250));
+  all = parse(reg.render());
+  EXPECT_EQ(value_of(all, "steptrace_cluster_windows_total"), 2);
+  EXPECT_EQ(value_of(all, "steptrace_cluster_world_size"), 300);
+  const auto scores = named(all, "steptrace_rank_straggler_score");
+  EXPECT_EQ(scores.size(), kMaxClusterRows);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_rank_straggler_score", {{"rank", "250"}}), 0.30);
+  // then the 63 highest scores of the others: ranks 236..299
+  EXPECT_NEAR(value_of(all, "steptrace_rank_straggler_score", {{"rank", "299"}}), 0.0299, 1e-12);
+  EXPECT_NEAR(value_of(all, "steptrace_rank_straggler_score", {{"rank", "236"}}), 0.0236, 1e-12);
+  EXPECT_TRUE(named(all, "steptrace_rank_straggler_score", {{"rank", "235"}}).empty());
+  EXPECT_TRUE(named(all, "steptrace_rank_straggler_score", {{"rank", "0"}}).empty());
+  EXPECT_EQ(named(all, "steptrace_rank_split_seconds").size(), 4 * kMaxClusterRows);
 }
 
 }  // namespace

@@ -30,6 +30,9 @@ STEPTRACE_METRICS = {
     "steptrace_memory_bytes", "steptrace_alerts_total", "steptrace_tensor_active_ratio",
     "steptrace_dram_throughput_ratio", "steptrace_sm_occupancy_ratio", "steptrace_compute_seconds_total",
     "steptrace_comm_seconds_total", "steptrace_comm_exposed_seconds_total",
+    "steptrace_gpu_power_watts", "steptrace_gpu_power_limit_watts", "steptrace_gpu_temperature_celsius",
+    "steptrace_gpu_energy_joules_total", "steptrace_gpu_throttled_steps_total", "steptrace_rank_straggler_score",
+    "steptrace_rank_split_seconds",
 }
 
 

@@ -172,3 +172,61 @@ def test_a_short_job_pushes_to_a_real_pushgateway_at_close(tmp_path):
         assert lines[0].endswith(" 6")
     finally:
         _stop(server)
+
+
+# The stand-in NVML library of the C++ tests, compiled by test_nvml.py's fixture.
+from test_nvml import fake_nvml  # noqa: E402, F401  (a pytest fixture, used by name)
+
+
+def _samples(text: str, name: str) -> dict:
+    """{label string: value} of one metric in the text format."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1:].rsplit("} ", 1)
+            out[labels] = float(value)
+    return out
+
+
+def test_hardware_figures_and_the_cross_rank_view_on_the_endpoint(tmp_path, monkeypatch, fake_nvml):
+    monkeypatch.setenv("STEPTRACE_NVML_LIBRARY", str(fake_nvml))
+    monkeypatch.setenv("STEPTRACE_FAKE_NVML_SCENARIO", "xid")
+    host = socket.gethostname()
+    base = f'job="hw",run_id="hw-scrape",rank="0",host="{host}"'
+    xid_seen = []
+    with steptrace.Profiler(tmp_path / "run", metrics_port=0, run_id="hw-scrape", job="hw", nvml_interval_ms=2,
+                            on_alert=lambda r: xid_seen.append(r) if r["type"] == "hardware_error" else None) as prof:
+        net = train(prof, batches(30))
+        _poll("the fake's XID 79", lambda: xid_seen, timeout_s=30)
+        train(prof, batches(10), net)
+        # rank 0's cross-rank view, as the exchange writes it (steptrace.cluster -> write_record)
+        prof._core.write_record(json.dumps({
+            "kind": "cluster", "step": 39, "window": 1, "world_size": 2, "ranks_reporting": 2, "stragglers": [1],
+            "ranks": [{"rank": 0, "host": host, "steps": 20, "step_ms": 10.0, "step_p95_ms": 11.0, "compute_ms": 6.0,
+                       "comm_ms": 1.0, "wait_ms": 3.0, "data_ms": 0.5, "own_ms": 6.5, "straggler_pct": -23.5},
+                      {"rank": 1, "host": "node-b", "steps": 20, "step_ms": 10.0, "step_p95_ms": 12.0, "compute_ms": 8.0,
+                       "comm_ms": 1.0, "wait_ms": 0.0, "data_ms": 0.5, "own_ms": 8.5, "straggler_pct": 30.8}]}))
+        prof.flush()
+        text = _get(f"http://127.0.0.1:{prof.metrics_port}/metrics").decode()
+    records = list(steptrace.read(tmp_path / "run" / "rank0.jsonl", validate=True))
+    last_hw = [r["hw"] for r in records if r["kind"] == "step" and "hw" in r][-1]
+    assert _samples(text, "steptrace_gpu_power_watts") == {base: pytest.approx(last_hw["power_w"], abs=0.06)}
+    assert 640 <= last_hw["power_w"] <= 660  # the fake's steady 650 W
+    assert _samples(text, "steptrace_gpu_power_limit_watts") == {base: 700}
+    assert _samples(text, "steptrace_gpu_temperature_celsius") == {base: last_hw["max_temp_c"]}
+    assert _samples(text, "steptrace_gpu_sm_clock_hertz") == {base: pytest.approx(last_hw["sm_clock_mhz"] * 1e6, rel=1e-3)}
+    energy = sum(r["hw"]["energy_j"] for r in records if r["kind"] == "step" and "hw" in r)
+    [got] = _samples(text, "steptrace_gpu_energy_joules_total").values()
+    assert got == pytest.approx(energy, rel=1e-3, abs=1e-2) and got > 0
+    errors = _samples(text, "steptrace_gpu_hardware_errors_total")  # the fake's XID, then its ECC rise
+    assert errors[base + ',kind="xid"'] == 1 and set(errors) <= {base + ',kind="xid"', base + ',kind="ecc_uncorrected"'}
+    assert _samples(text, "steptrace_gpu_last_xid") == {base: 79}
+    assert _samples(text, "steptrace_rank_straggler_score") == {
+        f'job="hw",run_id="hw-scrape",rank="0",host="{host}"': -0.235,
+        'job="hw",run_id="hw-scrape",rank="1",host="node-b"': 0.308}
+    split = _samples(text, "steptrace_rank_split_seconds")
+    assert split['job="hw",run_id="hw-scrape",rank="1",host="node-b",part="compute"'] == 0.008
+    assert _samples(text, "steptrace_cluster_stragglers") == {base: 1}
+    assert records[-1]["sinks"] == [
+        {"name": "jsonl", "status": "ok", "slow_calls": 0, "max_call_ms": records[-1]["sinks"][0]["max_call_ms"]},
+        {"name": "prometheus", "status": "ok", "slow_calls": 0, "max_call_ms": records[-1]["sinks"][1]["max_call_ms"]}]

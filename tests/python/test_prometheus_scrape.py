@@ -1,11 +1,14 @@
 """End to end with a real Prometheus: a running training loop serves /metrics, Debian's
 prometheus scrapes it every second with the shipped rules loaded, and every expression of
 the rules and the dashboards is accepted; those that need only what a CPU run has return
-data (the GPU, DCGM and multi-rank ones are checked for validity only)."""
+data (the DCGM ones and those needing a fault are checked for validity only). The loop's
+GPU figures come from the stand-in NVML library of the C++ tests, and its cross-rank view
+from one synthetic cluster record written as rank 0's exchange writes it."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -23,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # Needs a GPU, a DCGM exporter, DDP, or an alert episode to be open: validity only.
 VALIDITY_ONLY = re.compile(r"DCGM_|tensor_active|dram_throughput|sm_occupancy|comm_|compute_seconds|error_steps|in_flight|"
-                           r"gpu_util")
+                           r"gpu_util|throttled")
 
 LOOP = textwrap.dedent("""
     import sys, time, torch
@@ -44,6 +47,13 @@ LOOP = textwrap.dedent("""
                     loss.backward()
                 with prof.phase("optimizer"):
                     opt.step(); opt.zero_grad()
+            if i == 60:  # rank 0's cross-rank view, as steptrace.cluster writes it
+                import json
+                row = dict(steps=20, step_ms=10.0, step_p95_ms=11.0, data_ms=0.5, compute_ms=6.0, comm_ms=1.0,
+                           wait_ms=1.0, own_ms=6.5)
+                prof._core.write_record(json.dumps(dict(
+                    kind="cluster", step=i, window=3, world_size=2, ranks_reporting=2, stragglers=[],
+                    ranks=[dict(row, rank=0, host="a", straggler_pct=-1.0), dict(row, rank=1, host="b", straggler_pct=1.0)])))
             i += 1
             time.sleep(0.005)
 """)
@@ -93,14 +103,19 @@ def _expressions() -> list[tuple[str, str]]:
     return out
 
 
+# The stand-in NVML library of the C++ tests, compiled by test_nvml.py's fixture.
+from test_nvml import fake_nvml  # noqa: E402, F401  (a pytest fixture, used by name)
+
+
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory):
+def scraped(tmp_path_factory, fake_nvml):
     exe = shutil.which("prometheus")
     assert exe, "prometheus is missing: scripts/setup.sh installs it (Debian package prometheus)"
     tmp = tmp_path_factory.mktemp("scrape")
     stop = tmp / "stop"
+    env = dict(os.environ, STEPTRACE_NVML_LIBRARY=str(fake_nvml), STEPTRACE_FAKE_NVML_SCENARIO="steady")
     loop = subprocess.Popen([sys.executable, "-c", LOOP, str(tmp / "run"), str(stop)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     log = tmp / "run" / "rank0.jsonl"
 
     def port():

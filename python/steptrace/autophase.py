@@ -1,0 +1,445 @@
+"""Automatic phases: hooks that open and close the forward / loss / backward / clip /
+optimizer phases of the step in progress, so that ``with prof.step():`` alone is enough.
+
+Where each phase comes from:
+
+- forward: a forward pre-hook and an always-called forward hook on the watched module
+  (:class:`PhaseHooks`), or on the outermost module call of the training thread
+  (:class:`GlobalPhaseHooks`, for ``steptrace run``).
+- loss: the same hooks on an ``nn.Module`` loss; a plain loss function is wrapped in the
+  module that defines it (see :class:`PhaseHooks`).
+- backward: ``torch.autograd.backward`` (which ``Tensor.backward`` calls) is wrapped while
+  something is watched. The call is synchronous on the calling thread, so its return is
+  the end of backward with everything the engine runs at the end included (DDP's
+  reducer finalizes, and waits for its all-reduces, in an engine callback). Engine-side
+  hooks (a pre-hook on the loss's ``grad_fn`` with ``queue_callback`` for the end) would
+  run on the autograd device threads under CUDA, miss the engine's set-up, and need a
+  re-queued callback to land after DDP's; they cost a registration per step too.
+- clip: ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` are wrapped while
+  something is watched, and restored when the last watcher is removed.
+- optimizer: ``Optimizer.register_step_pre_hook`` / ``register_step_post_hook`` (or the
+  global optimizer step hooks).
+
+Phases never nest: a hook opens its phase only inside a step, on the training thread
+(the one that created the hooks), and while no other phase is open, so the user's own
+``with prof.phase(...)`` blocks win and a loss computed inside ``forward`` (a Hugging
+Face model given labels) stays part of forward. Outside a step (evaluation between
+steps) the hooks do nothing. A phase that runs several times in one step (gradient
+accumulation: several forward / backward micro-steps before one optimizer step)
+accumulates its time in the step record, and from the second outermost forward of the
+same module on, the record's ``meta`` says how many there were (``micro_steps``).
+
+Hooks that dynamo traces (a module hooked, then compiled) check
+``torch.compiler.is_compiling()`` first and so add nothing to the graph: no graph break,
+``fullgraph=True`` still compiles, and that module's forward is not timed; hooks on the
+compiled wrapper (``watch(torch.compile(model))``) run outside the compiled frame.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable, Optional
+
+from steptrace.errors import ConfigError, UsageError
+
+PHASES = ("forward", "loss", "backward", "clip", "optimizer")
+
+
+def _not_compiling() -> bool:
+    return False
+
+
+try:  # dynamo folds it to True while tracing, so a traced hook is empty: no graph break
+    from torch.compiler import is_compiling as _compiling
+except ImportError:  # torch < 2.3: no dynamo-aware check
+    _compiling = _not_compiling
+
+
+class _Gate:
+    """Opens and closes phases of one profiler core on behalf of the hooks: at most one
+    phase of ours at a time, only on the training thread, only inside a step, only while
+    no phase is open."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        phase = core.phase_function()
+        # the C scopes' own __enter__/__exit__: no name lookup per call
+        self._enter = {name: phase(name).__enter__ for name in PHASES}
+        self._exit = {name: phase(name).__exit__ for name in PHASES}
+        self._thread = threading.get_ident()
+        self.opened: Optional[str] = None  # the phase we opened and have not closed yet
+        self.micro_steps = 0  # outermost forward calls in the step in progress
+        self._micro_step_of = -1  # step_index that micro_steps counts
+        self._counted: Any = None  # the module whose forward calls micro_steps counts
+        # the record's meta object (a core without step values: the count stays here)
+        self._set_value = getattr(core, "set_step_value", None)
+        self.closed = False
+
+    def begin(self, name: str) -> bool:
+        """Opens phase ``name`` when allowed; True when it did (then call :meth:`end`)."""
+        if _compiling():
+            return False  # traced by dynamo (a module compiled after it was hooked): add nothing to the graph
+        core = self._core
+        if threading.get_ident() != self._thread or not core.in_step or core.current_phase or self.closed:
+            return False
+        try:
+            self._enter[name]()
+        except UsageError:  # the step ended under us (closed profiler, foreign close): skip
+            return False
+        self.opened = name
+        return True
+
+    def end(self, name: str) -> None:
+        if _compiling() or self.opened != name:
+            return  # not ours, or already closed by the end of its step
+        self.opened = None
+        try:
+            self._exit[name]()
+        except UsageError:
+            pass  # the step ended while the phase was open: the core closed it there
+
+    def count_forward(self, module: Any) -> None:
+        """One more outermost forward of ``module`` in the step in progress (calls of other
+        modules, a second model under steptrace run, do not count). From the second one on
+        (gradient accumulation) the record says how many: ``meta.micro_steps``."""
+        step = self._core.step_index
+        if step != self._micro_step_of:
+            self._micro_step_of, self.micro_steps, self._counted = step, 0, module
+        elif module is not self._counted:
+            return
+        self.micro_steps += 1
+        if self.micro_steps > 1 and self._set_value is not None:
+            self._set_value("micro_steps", self.micro_steps)
+
+
+class _GlobalWrap:
+    """One function of a torch module replaced, while at least one gate listens, by a
+    wrapper that times each outermost call as a phase of every listening gate. Installed
+    at most once per function for any number of profilers."""
+
+    def __init__(self, modules: tuple[str, ...], attr: str, phase: str) -> None:
+        self.modules, self.attr, self.phase = modules, attr, phase
+        self.gates: list[_Gate] = []
+        self.original: Optional[Callable[..., Any]] = None
+        self.wrapper: Optional[Callable[..., Any]] = None
+        self.depth = 0  # calls of the wrapper in progress (reentrant backward, clip in clip)
+        self.before: list[Callable[[], None]] = []  # run first at each outermost call (step starters)
+
+    def add(self, gate: _Gate) -> None:
+        if self.original is None:
+            first = sys.modules[self.modules[0]]
+            self.original = getattr(first, self.attr)
+            self.wrapper = self._make_wrapper(self.original)
+            for name in self.modules:
+                module = sys.modules.get(name)
+                if module is not None and getattr(module, self.attr, None) is self.original:
+                    setattr(module, self.attr, self.wrapper)
+        self.gates.append(gate)
+
+    def discard(self, gate: _Gate) -> None:
+        if gate in self.gates:
+            self.gates.remove(gate)
+        if self.gates or self.original is None:
+            return
+        for name in self.modules:
+            module = sys.modules.get(name)
+            # someone who wrapped it after us keeps theirs (ours then passes through)
+            if module is not None and getattr(module, self.attr, None) is self.wrapper:
+                setattr(module, self.attr, self.original)
+        self.original = self.wrapper = None
+
+    def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        phase, gates = self.phase, self.gates  # the lists themselves: they change in place
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.depth or not gates:
+                return original(*args, **kwargs)
+            for start in self.before:
+                start()
+            opened = [g for g in gates if g.begin(phase)]
+            self.depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                for g in opened:
+                    g.end(phase)
+
+        timed.__wrapped__ = original  # type: ignore[attr-defined]
+        timed.__name__ = getattr(original, "__name__", "timed")
+        timed.__doc__ = getattr(original, "__doc__", None)
+        return timed
+
+
+_BACKWARD = _GlobalWrap(("torch.autograd",), "backward", "backward")
+_CLIPS = (_GlobalWrap(("torch.nn.utils.clip_grad", "torch.nn.utils"), "clip_grad_norm_", "clip"),
+          _GlobalWrap(("torch.nn.utils.clip_grad", "torch.nn.utils"), "clip_grad_value_", "clip"))
+_wraps_lock = threading.Lock()
+
+
+class _Hooks:
+    """What :class:`PhaseHooks` and :class:`GlobalPhaseHooks` share: the gate, the
+    wrapped backward and clip functions, the handles to remove."""
+
+    def __init__(self, core: Any, backward: bool = True, clip: bool = True) -> None:
+        import torch  # noqa: F401  (the wrapped functions live in torch's modules)
+
+        self._gate = _Gate(core)
+        self._handles: list[Any] = []
+        self._wraps: list[_GlobalWrap] = []
+        self._undo: list[Callable[[], None]] = []
+        with _wraps_lock:
+            for wrap in ((_BACKWARD,) if backward else ()) + (_CLIPS if clip else ()):
+                wrap.add(self._gate)
+                self._wraps.append(wrap)
+
+    @property
+    def micro_steps(self) -> int:
+        """Outermost forward calls in the step in progress (or the last one): the
+        micro-steps of gradient accumulation."""
+        return self._gate.micro_steps
+
+    def _optimizer_hooks(self, optimizer: Any) -> None:
+        gate = self._gate
+
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            gate.begin("optimizer")
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            gate.end("optimizer")
+
+        self._handles += [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
+
+    def remove(self) -> None:
+        """Removes every hook and restores the wrapped functions (once no other profiler
+        watches). Idempotent; a phase of ours still open ends at the end of its step."""
+        if self._gate.closed:
+            return
+        self._gate.closed = True
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        with _wraps_lock:
+            for wrap in self._wraps:
+                wrap.discard(self._gate)
+        self._wraps.clear()
+
+
+def _module_phase_hooks(gate: _Gate, module: Any, phase: str, count: bool) -> list[Any]:
+    def pre(mod: Any, args: Any) -> None:
+        if gate.begin(phase) and count:
+            gate.count_forward(mod)
+
+    def post(mod: Any, args: Any, output: Any) -> None:
+        gate.end(phase)
+
+    return [module.register_forward_pre_hook(pre),
+            module.register_forward_hook(post, always_call=True)]
+
+
+class PhaseHooks(_Hooks):
+    """Times the phases of one model's training step in the step in progress of ``core``
+    (a ``steptrace._core.Profiler``; :meth:`steptrace.Profiler.watch` makes one).
+
+    - ``model``: any ``nn.Module`` (a ``DistributedDataParallel`` or ``torch.compile``
+      wrapper included): its outermost forward calls are the forward phase.
+    - ``optimizer``: a ``torch.optim.Optimizer``; its ``step()`` is the optimizer phase.
+    - ``loss_fn``: an ``nn.Module`` loss (hooked in place), or a module-level function
+      (``torch.nn.functional.cross_entropy``, a ``def`` in the script): that name is
+      replaced in its module by a timed wrapper until :meth:`remove`, so a loop that
+      calls it by that name is timed; :attr:`loss_fn` is the timed callable either way.
+      Anything else (a lambda, a closure, a bound method) raises ConfigError.
+    - backward (``torch.autograd.backward``, hence ``loss.backward()``) and clip
+      (``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_``) are timed for every
+      caller on the training thread while the hooks exist.
+
+    Not thread-safe: create, use and remove it from the training thread.
+    """
+
+    def __init__(self, core: Any, model: Any, optimizer: Any = None, loss_fn: Any = None, *,
+                 backward: bool = True, clip: bool = True) -> None:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+        patch = None
+        if loss_fn is not None and not isinstance(loss_fn, torch.nn.Module):
+            patch = _loss_site(loss_fn)  # raises before anything is installed
+        super().__init__(core, backward=backward, clip=clip)
+        gate = self._gate
+        self._handles += _module_phase_hooks(gate, model, "forward", count=True)
+        if optimizer is not None:
+            self._optimizer_hooks(optimizer)
+        self.loss_fn = loss_fn
+        if isinstance(loss_fn, torch.nn.Module):
+            self._handles += _module_phase_hooks(gate, loss_fn, "loss", count=False)
+        elif patch is not None:
+            self.loss_fn = _timed_call(gate, "loss", loss_fn)
+            module, name = patch
+            setattr(module, name, self.loss_fn)
+            self._undo.append(lambda: getattr(module, name) is self.loss_fn and setattr(module, name, loss_fn))
+
+
+def _loss_site(fn: Any) -> tuple[Any, str]:
+    """The module and name through which a loop calls the loss function ``fn``."""
+    if not callable(fn):
+        raise ConfigError(f"loss_fn must be an nn.Module or a function, got {type(fn).__name__}")
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    name = getattr(fn, "__qualname__", "") or ""
+    if module is None or "." in name or "<" in name or getattr(module, name, None) is not fn:
+        raise ConfigError(f"loss_fn={fn!r} cannot be hooked: pass an nn.Module loss or a function defined at "
+                          f"module level (it is replaced by a timed one there), or time it with "
+                          f"`with prof.phase(\"loss\"):`")
+    return module, name
+
+
+def _timed_call(gate: _Gate, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        opened = gate.begin(phase)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if opened:
+                gate.end(phase)
+
+    timed.__wrapped__ = fn  # type: ignore[attr-defined]
+    timed.__name__ = getattr(fn, "__name__", "loss_fn")
+    timed.__qualname__ = getattr(fn, "__qualname__", timed.__name__)
+    timed.__doc__ = getattr(fn, "__doc__", None)
+    return timed
+
+
+class GlobalPhaseHooks(_Hooks):
+    """Phases for a program steptrace did not see: every outermost module call on the
+    training thread is forward (a ``torch.nn.modules.loss._Loss`` one is loss); every
+    optimizer's ``step()`` is the optimizer phase (the global optimizer step hooks);
+    backward and clip as in :class:`PhaseHooks`.
+
+    Outermost calls are found with the global module forward hooks, which run for every
+    module call (and take every module off torch's hook-free fast path). So they are used
+    only for the first ``discover_steps`` optimizer steps: then the modules seen at the
+    outermost level get hooks of their own and the global ones are removed (0: keep the
+    global hooks for the whole run, for programs that bring in new top-level modules
+    later; a module first called at the top after the discovery is not timed).
+
+    With ``steps=True`` it also draws the step boundaries: a step begins at the first
+    training activity (a forward with gradients enabled, a backward, an optimizer step)
+    when none is open, and ends when an optimizer step returns. The time between one
+    optimizer step and the next training forward (loading the batch, logging) is then the
+    next step's ``data_ms``; forward calls without gradients (evaluation) between steps
+    begin nothing. ``end_open_step()`` ends a step left open at the end of the program.
+    """
+
+    def __init__(self, core: Any, *, steps: bool = False, backward: bool = True, clip: bool = True,
+                 discover_steps: int = 2) -> None:
+        import torch
+        from torch.nn.modules import module as module_mod
+        from torch.optim import optimizer as optimizer_mod
+
+        if isinstance(discover_steps, bool) or not isinstance(discover_steps, int) or discover_steps < 0:
+            raise ConfigError(f"discover_steps={discover_steps!r} must be an int >= 0 (0: global hooks throughout)")
+        super().__init__(core, backward=backward, clip=clip)
+        gate, loss_type = self._gate, torch.nn.modules.loss._Loss
+        grad_enabled = torch.is_grad_enabled
+        depth = [0]  # module calls in progress on the training thread (global hooks)
+        thread = threading.get_ident()
+        begin_step = core.begin_step if steps else None
+        self._steps = steps
+        tops: dict[int, Any] = {}  # id -> module called at the outermost level so far
+        optimizer_steps = [0]
+        settled = [discover_steps == 0]  # True: no switch to per-module hooks (any more)
+
+        def maybe_begin_step() -> None:
+            if (begin_step is not None and threading.get_ident() == thread and not core.in_step
+                    and not gate.closed):
+                try:
+                    begin_step()
+                except UsageError:  # closed from another thread meanwhile: never into the script
+                    pass
+
+        def outer_pre(mod: Any) -> None:
+            if grad_enabled():
+                maybe_begin_step()
+            if isinstance(mod, loss_type):
+                gate.begin("loss")
+            elif gate.begin("forward"):
+                gate.count_forward(mod)
+
+        def outer_post(mod: Any) -> None:
+            gate.end("loss" if isinstance(mod, loss_type) else "forward")
+
+        def global_pre(mod: Any, args: Any) -> None:
+            if _compiling() or threading.get_ident() != thread:
+                return  # inside a compiled module (its calls are traced, not run) or another thread
+            depth[0] += 1
+            if depth[0] == 1:
+                tops.setdefault(id(mod), mod)
+                outer_pre(mod)
+
+        def global_post(mod: Any, args: Any, output: Any) -> None:
+            if _compiling() or threading.get_ident() != thread or depth[0] == 0:
+                return
+            depth[0] -= 1
+            if depth[0] == 0:
+                outer_post(mod)
+
+        def top_pre(mod: Any, args: Any) -> None:
+            if not _compiling() and threading.get_ident() == thread:
+                outer_pre(mod)
+
+        def top_post(mod: Any, args: Any, output: Any) -> None:
+            if not _compiling() and threading.get_ident() == thread:
+                outer_post(mod)
+
+        global_handles = [module_mod.register_module_forward_pre_hook(global_pre),
+                          module_mod.register_module_forward_hook(global_post, always_call=True)]
+
+        def settle() -> None:
+            """Discovery over: hooks on the top-level modules found, the global ones off."""
+            settled[0] = True
+            for handle in global_handles:
+                handle.remove()
+                self._handles.remove(handle)
+            for mod in tops.values():
+                self._handles += [mod.register_forward_pre_hook(top_pre),
+                                  mod.register_forward_hook(top_post, always_call=True)]
+            tops.clear()
+
+        def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
+            if not _compiling() and threading.get_ident() == thread:
+                maybe_begin_step()
+                gate.begin("optimizer")
+
+        def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
+            if _compiling() or threading.get_ident() != thread:
+                return
+            gate.end("optimizer")
+            if begin_step is not None and core.in_step and not gate.closed:
+                try:
+                    core.end_step()
+                except UsageError:
+                    pass
+            optimizer_steps[0] += 1
+            if not settled[0] and optimizer_steps[0] >= discover_steps and depth[0] == 0 and not gate.closed:
+                settle()
+
+        self._handles += [*global_handles,
+                          optimizer_mod.register_optimizer_step_pre_hook(opt_pre),
+                          optimizer_mod.register_optimizer_step_post_hook(opt_post)]
+        if steps and backward:
+            _BACKWARD.before.append(maybe_begin_step)
+            self._undo.append(lambda: _BACKWARD.before.remove(maybe_begin_step))
+        self._undo.append(tops.clear)
+
+    def end_open_step(self, failed: bool = False) -> None:
+        """Ends the step in progress (one begun by a forward or backward that no optimizer
+        step followed), so the log does not end in a step closed as failed."""
+        core = self._gate._core
+        if self._steps and not core.closed and core.in_step:
+            core.end_step(failed)

@@ -1,0 +1,210 @@
+"""PyTorch Lightning: ``SteptraceCallback(log_dir, **options)`` profiles ``trainer.fit``.
+
+    from steptrace.integrations.lightning import SteptraceCallback
+    trainer = lightning.pytorch.Trainer(callbacks=[SteptraceCallback("runs/exp1")])
+    trainer.fit(model, loader)
+
+It subclasses the ``Callback`` of ``lightning.pytorch`` or of ``pytorch_lightning``:
+whichever the program imported first, else whichever is installed (``lightning`` first).
+
+One step record per optimizer step. With ``accumulate_grad_batches=k`` the k batches of
+one optimizer step make one record: their forward and backward times add up, and
+``meta.micro_steps`` says how many batches it held. Phases, from Lightning's hooks (in
+the order Lightning 2.x calls them under automatic optimization, where training_step
+and backward run inside the optimizer's closure):
+
+- forward: the end of ``on_train_batch_start`` to ``on_before_zero_grad`` /
+  ``on_before_backward``: ``training_step`` with the loss (and the module's own
+  ``on_train_batch_start`` hook).
+- backward: ``on_before_backward`` to ``on_after_backward``.
+- optimizer: ``on_before_optimizer_step`` to the optimizer's step post-hook (gradient
+  clipping, which Lightning runs after that hook, included).
+- data: the time between one step's last ``on_train_batch_end`` and the next batch's
+  ``on_train_batch_start`` (fetching the batch, moving it to the device, epoch-end
+  hooks, checkpoints), less the validation loops run in between.
+
+``meta``: ``global_step`` (``trainer.global_step`` after the step), ``epoch``
+(``trainer.current_epoch``), ``lr`` (``trainer.optimizers[0].param_groups[0]["lr"]`` at
+``on_before_optimizer_step``: the rate the update used), ``loss`` (the step's training
+loss, the sum of its micro-batches' normalized losses: only when it is on the CPU, where
+reading it costs nothing; never on a GPU, where it would synchronize).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional
+
+from steptrace.integrations._common import (
+    FrameworkPhases,
+    check_options,
+    cpu_scalar,
+    first_lr,
+    open_profiler,
+    unwrap_optimizer,
+)
+
+
+def _callback_base() -> type:
+    for name in ("lightning.pytorch", "pytorch_lightning"):  # the one the program uses
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "Callback"):
+            return module.Callback
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:
+        try:
+            from pytorch_lightning import Callback
+        except ImportError:
+            raise ImportError("steptrace.integrations.lightning needs PyTorch Lightning: pip install "
+                              "'steptrace[lightning]' (or lightning / pytorch_lightning)") from None
+    return Callback
+
+
+class SteptraceCallback(_callback_base()):  # type: ignore[misc]
+    """Profiles ``trainer.fit`` into ``<log_dir>/rank<N>.jsonl``, one file per rank (rank
+    and world size from the trainer unless ``rank=`` / ``world_size=`` are given).
+    ``options`` are :class:`steptrace.Profiler`'s; a bad one raises here, before
+    anything is written. The profiler opens at ``on_fit_start`` (:attr:`profiler`) and
+    closes at ``on_fit_end`` / ``teardown``, or with reason exception (signal for Ctrl+C)
+    in ``on_exception``."""
+
+    def __init__(self, log_dir: "str | os.PathLike[str]", **profiler_options: Any) -> None:
+        super().__init__()
+        check_options(log_dir, profiler_options)
+        self.log_dir = log_dir
+        self.profiler_options = profiler_options
+        self.profiler: Optional[Any] = None  # the steptrace.Profiler while fit runs
+        self._phases: Optional[FrameworkPhases] = None
+        self._handles: list = []  # optimizer step post-hooks
+        self._global_step_at_begin = 0
+        self._micro_steps = 0
+        self._loss: Optional[float] = 0.0  # sum over the step's micro-batches; None: not on the CPU
+        self._data_open = False  # a begin_data without its end_data: the wait for the next step
+
+    # ---- lifecycle ----
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.profiler is not None and not self.profiler.closed:
+            return  # a second fit with the same callback appends to the same run
+        self.profiler = open_profiler(self.log_dir, self.profiler_options, trainer.global_rank, trainer.world_size)
+        self._phases = FrameworkPhases(self.profiler)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._remove_hooks()
+        for optimizer in trainer.optimizers:  # set up by now (strategy.setup)
+            opt = unwrap_optimizer(optimizer)
+            register = getattr(opt, "register_step_post_hook", None)
+            if register is not None:
+                self._handles.append(register(self._after_optimizer_step))
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._close("normal")
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._close("normal")
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        reason = "signal" if isinstance(exception, KeyboardInterrupt) else "exception"
+        self._close(reason, f"{type(exception).__name__}: {exception}")
+
+    # ---- steps ----
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        prof = self.profiler
+        if prof is None or prof.closed:
+            return
+        core = prof._core
+        if not core.in_step:
+            self._end_data()
+            core.begin_step()
+            self._global_step_at_begin = trainer.global_step
+            self._micro_steps, self._loss = 0, 0.0
+        self._micro_steps += 1
+        self._phases.begin("forward")
+
+    def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._phases is not None and self._phases.open == "forward":
+            self._phases.end("forward")  # the closure zeroes gradients between training_step and backward
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self._phases is not None:
+            self._phases.begin("backward")
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self._phases is not None:
+            self._phases.end("backward")
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._phases is None or self.profiler.closed:
+            return
+        lr = first_lr(unwrap_optimizer(optimizer))
+        if lr is not None:
+            self.profiler._core.set_step_value("lr", lr)
+        self._phases.begin("optimizer")
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._phases is not None and self._phases.open == "optimizer":
+            self._phases.end("optimizer")
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        prof = self.profiler
+        if prof is None or prof.closed or not prof._core.in_step:
+            return
+        self._phases.end_open()
+        if self._loss is not None:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            value = cpu_scalar(loss) if loss is not None else None
+            self._loss = None if value is None else self._loss + value
+        if trainer.global_step == self._global_step_at_begin:
+            return  # accumulating gradients: the optimizer step that ends this step is still to come
+        self._end_step(trainer)
+        core = prof._core
+        core.begin_data()  # bracketed waits, so that validation can be left out of data_ms
+        self._data_open = True
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._end_data()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        prof = self.profiler
+        if prof is not None and not prof.closed and not prof._core.in_step and prof.step_index > 0:
+            prof._core.begin_data()
+            self._data_open = True
+
+    def _end_step(self, trainer: Any, failed: bool = False) -> None:
+        core = self.profiler._core
+        set_value = core.set_step_value
+        set_value("global_step", trainer.global_step)
+        set_value("epoch", trainer.current_epoch)
+        if self._loss is not None:
+            set_value("loss", self._loss)
+        if self._micro_steps > 1:
+            set_value("micro_steps", self._micro_steps)
+        core.end_step(failed)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        prof = self.profiler
+        if prof is not None and not prof.closed and prof._core.in_step:
+            self._phases.end_open()
+            self._end_step(trainer)  # batches accumulated when training stopped: no optimizer step followed
+
+    # ---- internals ----
+    def _end_data(self) -> None:
+        if self._data_open:
+            self._data_open = False
+            self.profiler._core.end_data()
+
+    def _remove_hooks(self) -> None:
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.remove()
+
+    def _close(self, reason: str, error: str = "") -> None:
+        self._remove_hooks()
+        prof = self.profiler
+        if prof is None or prof.closed:
+            return
+        self._end_data()
+        if self._phases is not None:
+            self._phases.close()
+        prof.close(reason, error)  # an open step ends as failed

@@ -1,0 +1,297 @@
+"""OTLP metrics export: the run's metrics pushed over OTLP/HTTP (protobuf) to an
+OpenTelemetry collector, for teams whose pipeline is OpenTelemetry rather than Prometheus
+scrapes.
+
+    with steptrace.Profiler("runs/exp1", metrics_otlp="http://collector:4318/v1/metrics"):
+        ...
+
+How records reach it: a daemon thread (``steptrace-otlp``) reads what the writer thread
+already wrote to the rank's log, as the cross-rank exchange does, and feeds the
+OpenTelemetry SDK's instruments; the SDK's periodic reader exports them on its own thread.
+The training thread does nothing for it, and neither does the C++ writer: calling into
+Python from the writer thread would need the GIL, which the training thread holds, so a
+slow collector could stall steps through it. Export failures are logged once; the log
+file keeps everything. Needs the ``otlp`` extra (``pip install steptrace[otlp]``).
+
+The metrics (OpenTelemetry names; a collector's Prometheus exporter turns them into the
+``steptrace_*`` names of the Prometheus endpoint) carry the resource attributes
+``service.name`` (steptrace), ``job``, ``run_id``, ``rank``, ``host`` and
+``service.instance.id`` (``run_id/rank``); see docs/observability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.parse
+from typing import Any, Mapping, Optional
+
+from steptrace.errors import ConfigError
+
+logger = logging.getLogger("steptrace")
+
+OTLP_OPTIONS: dict = {"metrics_otlp": "", "metrics_otlp_interval_s": 10.0}
+_INTERVAL_RANGE = (0.1, 3600.0)
+# The Prometheus endpoint's histogram buckets (csrc/sinks/prometheus_sink.hpp), in seconds.
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_MAX_PHASES = 64  # the core's phase table (kMaxPhases): bounded attribute values
+_MAX_ALERT_TYPES = 256
+_MAX_CLUSTER_ROWS = 64  # as the Prometheus sink: the stragglers first, then by score
+_EXPORT_TIMEOUT_S = 5.0
+_MEMORY_KINDS = ("allocated", "reserved", "peak", "rss", "heap", "device_used")
+
+
+def check_otlp_options(options: Mapping[str, Any]) -> None:
+    """Raises ConfigError naming a bad value and what is allowed (before any file exists)."""
+    url = options["metrics_otlp"]
+    lo, hi = _INTERVAL_RANGE
+    interval = options["metrics_otlp_interval_s"]
+    if not lo <= interval <= hi:
+        raise ConfigError(f"option metrics_otlp_interval_s={interval!r} is out of range; allowed: {lo:g}..{hi:g}")
+    if not url:
+        return
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"option metrics_otlp={url!r} is not an OTLP/HTTP URL; allowed: "
+                          "'' (off) or http(s)://host:port/v1/metrics")
+    try:
+        _ = parts.port  # a port that is not a number raises
+    except ValueError as exc:
+        raise ConfigError(f"option metrics_otlp={url!r}: {exc}") from None
+    try:
+        import opentelemetry.exporter.otlp.proto.http.metric_exporter  # noqa: F401, PLC0415
+        import opentelemetry.sdk.metrics  # noqa: F401, PLC0415
+    except ImportError as exc:
+        raise ConfigError(f"option metrics_otlp={url!r} needs the OpenTelemetry SDK and its OTLP/HTTP exporter "
+                          f"({exc.name} is missing): pip install 'steptrace[otlp]'") from None
+
+
+def _cluster_rows(record: Mapping[str, Any]) -> list[dict]:
+    rows = [r for r in record.get("ranks") or [] if isinstance(r, dict) and isinstance(r.get("rank"), int)]
+    if len(rows) > _MAX_CLUSTER_ROWS:
+        stragglers = set(record.get("stragglers") or [])
+        rows.sort(key=lambda r: (r["rank"] not in stragglers, -(r.get("straggler_pct") or -1e300)))
+        rows = rows[:_MAX_CLUSTER_ROWS]
+    return rows
+
+
+class OtlpExporter:
+    """One daemon thread tailing the log of ``core`` into OpenTelemetry instruments,
+    exported every ``metrics_otlp_interval_s`` to ``metrics_otlp`` by the SDK's periodic
+    reader. :meth:`stop` (after the core closed) reads the rest, exports once more and
+    shuts the SDK down (at most the export timeout)."""
+
+    def __init__(self, core: Any, options: Mapping[str, Any], *, exporter: Any = None,
+                 poll_s: Optional[float] = None) -> None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # noqa: PLC0415
+        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader  # noqa: PLC0415
+        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View  # noqa: PLC0415
+        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+
+        self._core = core
+        self._path = core.log_path
+        config = core.config
+        start = self._run_start()
+        self.run_id = str(start.get("run_id") or config.run_id)
+        self.rank = int(start.get("rank", config.rank))
+        self.host = str(start.get("host") or "")
+        self.job = str(config.job)
+        interval_s = float(options["metrics_otlp_interval_s"])
+        self._poll_s = poll_s if poll_s is not None else min(1.0, interval_s)
+        resource = Resource.create({
+            "service.name": "steptrace", "service.instance.id": f"{self.run_id}/{self.rank}",
+            "job": self.job, "run_id": self.run_id, "rank": self.rank, "host": self.host, "host.name": self.host,
+        })
+        inner = exporter if exporter is not None else OTLPMetricExporter(
+            endpoint=options["metrics_otlp"], timeout=_EXPORT_TIMEOUT_S)
+        self.url = options["metrics_otlp"]
+        self._exporter = _reporting_exporter(inner, self.url)
+        self._reader = PeriodicExportingMetricReader(self._exporter, export_interval_millis=interval_s * 1000.0,
+                                                     export_timeout_millis=_EXPORT_TIMEOUT_S * 1000.0)
+        buckets = ExplicitBucketHistogramAggregation(DURATION_BUCKETS)
+        self._provider = MeterProvider(
+            resource=resource, metric_readers=[self._reader],
+            views=[View(instrument_name="steptrace.*.duration", aggregation=buckets)])
+        self._rows: list[dict] = []  # the last cluster record's, for the observable gauges
+        self._make_instruments(self._provider.get_meter("steptrace"))
+        self._offset = 0
+        self._partial = b""
+        self._phases: set[str] = set()
+        self._alert_types: set[str] = set()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one reader of the log at a time (the thread, then stop())
+        self._thread = threading.Thread(target=self._run, name="steptrace-otlp", daemon=True)
+
+    def _make_instruments(self, m: Any) -> None:
+        self.steps = m.create_counter("steptrace.steps", unit="{step}", description="Steps completed and written.")
+        self.error_steps = m.create_counter("steptrace.error_steps", unit="{step}",
+                                            description="Steps that ended with an exception.")
+        self.step_duration = m.create_histogram("steptrace.step.duration", unit="s",
+                                                description="Step time (without the data wait).")
+        self.phase_duration = m.create_histogram("steptrace.phase.duration", unit="s",
+                                                 description="Time of each phase within a step.")
+        self.data_wait = m.create_counter("steptrace.data_wait", unit="s",
+                                          description="Time spent waiting on the data loader.")
+        self.memory = m.create_gauge("steptrace.memory", unit="By", description="Memory at the end of the last step.")
+        self.alerts = m.create_counter("steptrace.alerts", unit="{alert}", description="Alerts written, by type.")
+        self.gpu_power = m.create_gauge("steptrace.gpu.power", unit="W",
+                                        description="GPU board power, mean over the last step.")
+        self.gpu_energy = m.create_counter("steptrace.gpu.energy", unit="J", description="GPU energy during the steps.")
+        self.gpu_temperature = m.create_gauge("steptrace.gpu.temperature", unit="Cel",
+                                              description="Hottest GPU temperature during the last step.")
+        self.gpu_sm_clock = m.create_gauge("steptrace.gpu.sm_clock", unit="Hz", description="SM clock, last step.")
+        # Observed at each export from the last cluster record only: a rank that left the
+        # listed rows stops being exported instead of repeating a stale value.
+        m.create_observable_gauge(
+            "steptrace.rank.straggler_score", callbacks=[self._observe_scores], unit="1",
+            description="Own work over the other ranks' median, minus 1, in the last cross-rank window.")
+        m.create_observable_gauge(
+            "steptrace.rank.split", callbacks=[self._observe_split], unit="s",
+            description="Median time per step in the last cross-rank window, by part (compute, comm, wait, data).")
+
+    def _observe_scores(self, options: Any) -> list:
+        from opentelemetry.metrics import Observation  # noqa: PLC0415
+
+        return [Observation(row["straggler_pct"] / 100.0, _subject(row))
+                for row in self._rows if isinstance(row.get("straggler_pct"), (int, float))]
+
+    def _observe_split(self, options: Any) -> list:
+        from opentelemetry.metrics import Observation  # noqa: PLC0415
+
+        return [Observation(row[f"{part}_ms"] / 1e3, {**_subject(row), "part": part})
+                for row in self._rows for part in ("compute", "comm", "wait", "data")
+                if isinstance(row.get(f"{part}_ms"), (int, float))]
+
+    def _run_start(self) -> dict:
+        try:
+            with open(self._core.log_path, "rb") as f:
+                return json.loads(f.readline())
+        except (OSError, ValueError):
+            return {}
+
+    def start(self) -> "OtlpExporter":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Reads what the log has left (run_end included), exports it and shuts down."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, 3 * self._poll_s))
+        self.poll_once()
+        try:
+            self._provider.shutdown(timeout_millis=_EXPORT_TIMEOUT_S * 1000.0)  # the final export
+        except Exception as exc:  # noqa: BLE001 - never fail the user's close
+            logger.warning("steptrace: OTLP export to %s: shutdown failed: %s", self.url, exc)
+
+    @property
+    def failures(self) -> int:
+        return self._exporter.failures
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            try:
+                self.poll_once()
+            except Exception as exc:  # noqa: BLE001 - the thread must survive a bad record
+                logger.warning("steptrace: OTLP exporter: %s", exc)
+
+    def poll_once(self) -> None:
+        with self._lock:
+            try:
+                with open(self._path, "rb") as f:
+                    f.seek(self._offset)
+                    chunk = f.read()
+            except OSError:
+                return
+            self._offset += len(chunk)
+            lines = (self._partial + chunk).split(b"\n")
+            self._partial = lines.pop()  # an incomplete last line waits for the next read
+            for line in lines:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    self._record(rec)
+
+    def _record(self, rec: dict) -> None:
+        kind = rec.get("kind")
+        if kind == "step":
+            self._step(rec)
+        elif kind == "alert":
+            t = str(rec.get("type", "other"))
+            if t not in self._alert_types and len(self._alert_types) >= _MAX_ALERT_TYPES:
+                t = "other"
+            self._alert_types.add(t)
+            self.alerts.add(1, {"type": t})
+        elif kind == "cluster":
+            self._cluster(rec)
+
+    def _step(self, rec: dict) -> None:
+        self.steps.add(1)
+        if rec.get("status", "ok") != "ok":
+            self.error_steps.add(1)
+        self.step_duration.record(float(rec.get("step_ms", 0.0)) / 1e3)
+        for name, ms in (rec.get("phases_ms") or {}).items():
+            if name in self._phases or len(self._phases) < _MAX_PHASES:
+                self._phases.add(name)
+                self.phase_duration.record(float(ms) / 1e3, {"phase": name})
+        self.data_wait.add(max(0.0, float(rec.get("data_ms", 0.0))) / 1e3)
+        memory = rec.get("memory") or {}
+        for k in _MEMORY_KINDS:
+            v = memory.get(f"{k}_bytes")
+            if isinstance(v, (int, float)) and v >= 0:
+                self.memory.set(v, {"kind": k})
+        hw = rec.get("hw")
+        if hw:
+            if isinstance(hw.get("power_w"), (int, float)):
+                self.gpu_power.set(hw["power_w"])
+            if isinstance(hw.get("energy_j"), (int, float)) and hw["energy_j"] > 0:
+                self.gpu_energy.add(hw["energy_j"])
+            if isinstance(hw.get("max_temp_c"), (int, float)):
+                self.gpu_temperature.set(hw["max_temp_c"])
+            if isinstance(hw.get("sm_clock_mhz"), (int, float)):
+                self.gpu_sm_clock.set(hw["sm_clock_mhz"] * 1e6)
+
+    def _cluster(self, rec: dict) -> None:
+        self._rows = _cluster_rows(rec)  # one assignment: the export thread reads either list
+
+
+def _subject(row: Mapping[str, Any]) -> dict:
+    # Not `rank` / `host`: those are the resource's (the aggregating process).
+    return {"subject_rank": row["rank"], "subject_host": str(row.get("host") or "")}
+
+
+def _reporting_exporter(inner: Any, url: str) -> Any:
+    """``inner`` (an OTLP metric exporter) that counts failed exports and says the first
+    one once, as the C++ sinks do."""
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult  # noqa: PLC0415
+
+    class ReportingExporter(MetricExporter):
+        def __init__(self) -> None:
+            super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
+                             preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
+            self.failures = 0
+
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            try:
+                result = inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+                why = "the collector did not accept it"
+            except Exception as exc:  # noqa: BLE001 - counted and said, never raised
+                result, why = MetricExportResult.FAILURE, str(exc)
+            if result != MetricExportResult.SUCCESS:
+                self.failures += 1
+                if self.failures == 1:
+                    logger.warning("steptrace: OTLP metrics export to %s failed (%s); retrying at each "
+                                   "interval, the log file has everything", url, why)
+            return result
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return inner.force_flush(timeout_millis=timeout_millis)
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    return ReportingExporter()

@@ -1,0 +1,160 @@
+"""``steptrace run``: an unmodified script (examples/train_plain.py, no steptrace in it)
+profiled with steps from its optimizer steps and phases from global hooks; its exit status
+and exceptions are its own; bad arguments fail before anything is written; torchrun."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import steptrace
+from steptrace.autophase import PHASES
+from steptrace.cli import main as cli
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_plain.py"
+
+
+def records(folder: Path, rank: int = 0) -> list[dict]:
+    return list(steptrace.read(folder / f"rank{rank}.jsonl", validate=True))
+
+
+def steps(recs: list[dict]) -> list[dict]:
+    return [r for r in recs if r["kind"] == "step"]
+
+
+def test_an_unmodified_script_gets_steps_and_phases(tmp_path, capsys):
+    backward = torch.autograd.backward
+    assert "import steptrace" not in EXAMPLE.read_text()
+    assert cli(["run", "--log-dir", str(tmp_path), str(EXAMPLE), "--steps", "30"]) == 0
+    assert "30 steps" in capsys.readouterr().out  # the script's own arguments reached it
+    recs = records(tmp_path)
+    found = steps(recs)
+    # one step per optimizer step; the evaluation pass after training (no_grad) adds none
+    assert [r["step"] for r in found] == list(range(30))
+    for r in found:
+        assert r["status"] == "ok"
+        assert list(r["phases_ms"]) == list(PHASES)  # nn.CrossEntropyLoss is a loss module: "loss"
+        assert sum(r["phases_ms"].values()) <= r["step_ms"] * 1.0001
+    assert recs[-1]["kind"] == "run_end" and recs[-1]["reason"] == "normal"
+    assert torch.autograd.backward is backward  # the hooks are gone after the run
+
+
+def test_micro_steps_fall_into_the_optimizer_step(tmp_path):
+    assert cli(["run", "--log-dir", str(tmp_path), str(EXAMPLE), "--steps", "6", "--accumulate", "3"]) == 0
+    found = steps(records(tmp_path))
+    assert len(found) == 6
+    assert all(list(r["phases_ms"]) == list(PHASES) for r in found)
+    assert all(r["meta"]["micro_steps"] == 3 for r in found)
+
+
+def test_a_failing_script_propagates_its_exception_and_exit_status(tmp_path, capsys):
+    assert cli(["run", "--log-dir", str(tmp_path / "a"), str(EXAMPLE), "--steps", "20", "--fail-at", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError: failing at step 5 as asked" in err and "train_plain.py" in err
+    assert "runpy" not in err  # the traceback starts in the script
+    recs = records(tmp_path / "a")
+    assert [r["status"] for r in steps(recs)] == ["ok"] * 5
+    assert recs[-1]["reason"] == "exception" and "failing at step 5" in recs[-1]["error"]
+
+    assert cli(["run", "--log-dir", str(tmp_path / "b"), str(EXAMPLE), "--steps", "3", "--exit-code", "3"]) == 3
+    recs = records(tmp_path / "b")
+    assert len(steps(recs)) == 3 and recs[-1]["reason"] == "exit"
+
+
+def test_the_exit_status_of_the_command_is_the_scripts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp_path), str(EXAMPLE),
+                           "--steps", "2", "--fail-at", "1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "RuntimeError: failing at step 1 as asked"
+    assert records(tmp_path)[-1]["reason"] == "exception"
+
+
+@pytest.mark.parametrize("case", ["missing script", "log dir is a file", "bad option", "script is a folder"])
+def test_bad_inputs_give_one_line_and_exit_2_before_anything_is_written(tmp_path, capsys, case):
+    log_dir, script, extra = tmp_path / "logs", str(EXAMPLE), []
+    if case == "missing script":
+        script = str(tmp_path / "nope.py")
+    elif case == "log dir is a file":
+        (tmp_path / "file").write_text("x")
+        log_dir = tmp_path / "file" / "logs"
+    elif case == "bad option":
+        extra = ["--option", "no_such_option=1"]
+    else:
+        script = str(tmp_path)
+    assert cli(["run", "--log-dir", str(log_dir), *extra, script]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("steptrace: error: "), err
+    assert not (tmp_path / "logs").exists()
+
+
+DDP_SCRIPT = """
+    import torch, torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.CrossEntropyLoss()
+    for i in range(8):
+        x = torch.randn(8, 16)
+        loss_fn(model(x), x[:, :4].argmax(dim=1)).backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+"""
+
+
+def test_nproc_per_node_runs_every_rank_under_the_launcher(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp_path / "logs"),
+                           "--nproc-per-node", "2", "--torchrun=--standalone", str(script)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    starts = []
+    for rank in (0, 1):
+        recs = records(tmp_path / "logs", rank)
+        starts.append(recs[0])
+        assert len(steps(recs)) == 8
+        assert all(list(r["phases_ms"]) == list(PHASES[:3]) + ["optimizer"] for r in steps(recs))
+        assert recs[-1]["reason"] == "normal"
+    assert sorted((s["rank"], s["world_size"]) for s in starts) == [(0, 2), (1, 2)]
+
+
+HOOKS_SCRIPT = """
+    import sys
+    import torch
+    from torch import nn
+    from torch.nn.modules import module
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    for i in range(5):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        # global hooks while discovering, then hooks on the top-level module only
+        seen.append((len(module._global_forward_pre_hooks), len(model._forward_pre_hooks),
+                     len(model[0]._forward_pre_hooks)))
+    print(seen)
+"""
+
+
+@pytest.mark.parametrize("discover, expected", [
+    ("2", [(1, 0, 0), (0, 1, 0), (0, 1, 0), (0, 1, 0), (0, 1, 0)]),
+    ("0", [(1, 0, 0)] * 5),
+])
+def test_global_hooks_only_while_discovering_the_top_level_modules(tmp_path, capsys, discover, expected):
+    script = tmp_path / "hooks.py"
+    script.write_text(textwrap.dedent(HOOKS_SCRIPT))
+    assert cli(["run", "--log-dir", str(tmp_path / "logs"), "--discover-steps", discover, str(script)]) == 0
+    assert capsys.readouterr().out.strip() == str(expected)
+    found = steps(records(tmp_path / "logs"))
+    assert [list(r["phases_ms"]) for r in found] == [["forward", "backward", "optimizer"]] * 5
+    assert not torch.nn.modules.module._global_forward_pre_hooks  # all gone after the run
