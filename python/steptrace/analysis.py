@@ -235,11 +235,19 @@ class Run:
         t = self.table
         # an episode (first_step .. step) closes every alert of its type and rank in it
         episodes: dict[tuple[Any, Any], list[tuple[int, int]]] = {}
+
+        def text(v: Any) -> Optional[str]:  # a corrupt log may hold a list where a name goes
+            return v if isinstance(v, str) else None
+
+        def key(rec: dict[str, Any]) -> tuple[Any, Any]:
+            rank = rec.get("rank", 0)
+            return (rank if isinstance(rank, int) else None, text(rec.get("type")))
+
         for r in t.resolved:
             end, first = r.get("step"), r.get("first_step")
             if isinstance(end, int):
                 start = first if isinstance(first, int) else -1
-                episodes.setdefault((r.get("rank", 0), r.get("type")), []).append((start, end))
+                episodes.setdefault(key(r), []).append((start, end))
         for spans in episodes.values():
             spans.sort(key=lambda se: se[1])
 
@@ -247,7 +255,7 @@ class Run:
             st = a.get("step")
             if not isinstance(st, int):
                 return None
-            for start, end in episodes.get((a.get("rank", 0), a.get("type")), ()):
+            for start, end in episodes.get(key(a), ()):
                 if end >= st and start <= st:
                     return end
             return None
@@ -259,12 +267,12 @@ class Run:
                 "run_id": rid,
                 "rank": a.get("rank", 0),
                 "step": a.get("step"),
-                "type": a.get("type"),
-                "phase": a.get("phase"),
+                "type": text(a.get("type")),
+                "phase": text(a.get("phase")),
                 "value": a.get("value"),
                 "baseline": a.get("baseline"),
                 "threshold": a.get("threshold"),
-                "message": a.get("message"),
+                "message": text(a.get("message")),
                 "unix_ns": a.get("unix_ns"),
                 "resolved_step": resolved_step(a),
             })

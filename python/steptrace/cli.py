@@ -447,6 +447,10 @@ def _cupti_dirs() -> list[str]:
 def _cmd_metrics(args: argparse.Namespace) -> int:
     from steptrace import _core
 
+    if not (0 < len(args.chip) <= 32 and args.chip.isascii() and args.chip.isalnum()):
+        shown = args.chip if len(args.chip) <= 40 else args.chip[:40] + "..."
+        raise _Usage(f"--chip {shown!r} is not a chip name: allowed are up to 32 letters and digits "
+                     f"(the silicon name, e.g. GH100, GA100, AD102)")
     try:
         report = _core.check_metric_set(args.chip, args.mode, _cupti_dirs())
     except ValueError as exc:  # unknown chip or mode

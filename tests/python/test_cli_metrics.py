@@ -70,6 +70,15 @@ def test_bad_chip_is_one_line_error_naming_it_and_the_supported_ones(chip: str) 
         assert c in lines[0]
 
 
+@pytest.mark.parametrize("chip", ["x" * 10_000, "GH100; rm", ""])
+def test_a_chip_that_is_not_a_name_is_refused_in_one_short_line(chip: str) -> None:
+    proc = run_metrics("--chip", chip)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("steptrace: error: --chip ") and len(lines[0]) < 200
+    assert "letters and digits" in lines[0]
+
+
 def test_old_chip_says_why() -> None:
     proc = run_metrics("--chip", "TU102")
     assert proc.returncode == 2 and "older than" in proc.stderr
