@@ -174,7 +174,12 @@ class _GlobalWrap:
 
 _BACKWARD = _GlobalWrap(("torch.autograd",), "backward", "backward")
 _CLIPS = (_GlobalWrap(("torch.nn.utils.clip_grad", "torch.nn.utils"), "clip_grad_norm_", "clip"),
-          _GlobalWrap(("torch.nn.utils.clip_grad", "torch.nn.utils"), "clip_grad_value_", "clip"))
+          _GlobalWrap(("torch.nn.utils.clip_grad", "torch.nn.utils"), "clip_grad_value_", "clip"),
+          # the two halves of clip_grad_norm_ (torch >= 2.6), which accelerate (and so the
+          # Hugging Face Trainer) calls instead of it; inside clip_grad_norm_ they are nested
+          # and so add nothing (a phase never opens inside another)
+          _GlobalWrap(("torch.nn.utils",), "get_total_norm", "clip"),
+          _GlobalWrap(("torch.nn.utils",), "clip_grads_with_norm_", "clip"))
 _wraps_lock = threading.Lock()
 
 
@@ -191,6 +196,8 @@ class _Hooks:
         self._undo: list[Callable[[], None]] = []
         with _wraps_lock:
             for wrap in ((_BACKWARD,) if backward else ()) + (_CLIPS if clip else ()):
+                if not hasattr(sys.modules[wrap.modules[0]], wrap.attr):
+                    continue  # an older torch without it
                 wrap.add(self._gate)
                 self._wraps.append(wrap)
 
