@@ -616,6 +616,28 @@ def _default_store() -> Any:
 _PROBES = 64  # most existence checks of not-yet-seen ranks per poll
 
 
+class LogTail:
+    """The whole lines a log file gained since the last call, for the background threads
+    that follow what this rank's writer wrote (the cross-rank exchange, the OTLP export)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def new_lines(self) -> list[bytes]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()  # an incomplete last line waits for the next read
+        return lines
+
+
 class ClusterExchange:
     """Publishes this rank's window summaries and heartbeats through a c10d Store and, on
     the aggregating rank, writes the cross-rank view into this rank's log. One daemon
@@ -639,8 +661,7 @@ class ClusterExchange:
         self._aggregator = self.rank == int(self.options["cluster_rank"])
         self._analyzer = ClusterAnalyzer(self.options, rank=self.rank)
         self._stop = threading.Event()
-        self._log_offset = 0
-        self._partial = b""
+        self._log = LogTail(core.log_path)
         self._window_steps: list[dict] = []
         self._window_index: Optional[int] = None
         self._published_window = -1
@@ -701,18 +722,7 @@ class ClusterExchange:
 
     # ---- this rank ----
     def _read_own_log(self) -> None:
-        path = self._core.log_path
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._log_offset)
-                chunk = f.read()
-        except OSError:
-            return
-        self._log_offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()  # an incomplete last line waits for the next read
-        for line in lines:
+        for line in self._log.new_lines():
             if not line.startswith(b'{"kind":"step"'):
                 continue
             try:

@@ -27,6 +27,7 @@ import threading
 import urllib.parse
 from typing import Any, Mapping, Optional
 
+from steptrace.cluster import LogTail
 from steptrace.errors import ConfigError
 
 logger = logging.getLogger("steptrace")
@@ -116,8 +117,7 @@ class OtlpExporter:
             views=[View(instrument_name="steptrace.*.duration", aggregation=buckets)])
         self._rows: list[dict] = []  # the last cluster record's, for the observable gauges
         self._make_instruments(self._provider.get_meter("steptrace"))
-        self._offset = 0
-        self._partial = b""
+        self._log = LogTail(self._path)
         self._phases: set[str] = set()
         self._alert_types: set[str] = set()
         self._stop = threading.Event()
@@ -199,16 +199,7 @@ class OtlpExporter:
 
     def poll_once(self) -> None:
         with self._lock:
-            try:
-                with open(self._path, "rb") as f:
-                    f.seek(self._offset)
-                    chunk = f.read()
-            except OSError:
-                return
-            self._offset += len(chunk)
-            lines = (self._partial + chunk).split(b"\n")
-            self._partial = lines.pop()  # an incomplete last line waits for the next read
-            for line in lines:
+            for line in self._log.new_lines():
                 try:
                     rec = json.loads(line)
                 except ValueError:
