@@ -666,7 +666,7 @@ class ClusterExchange:
         self._window_index: Optional[int] = None
         self._published_window = -1
         self._step_seen = -1
-        self._begun_seen = -1
+        self._activity_seen: tuple = ()
         self._progress_t = clock()
         self._step_ms: list[float] = []
         # aggregator state
@@ -759,12 +759,18 @@ class ClusterExchange:
         core = self._core
         in_step = bool(core.in_step)
         begun = int(core.step_index)
+        phase = core.current_phase if in_step else ""
+        in_collective = int(core.collectives_in_flight > 0)
         now = self._clock()
-        if begun != self._begun_seen:  # a step began or ended since the last poll: progress
-            self._begun_seen, self._progress_t = begun, now
+        # Progress is any change of step, phase or collective state since the last poll, not
+        # only a step boundary: a rank whose all-reduce just completed (now in its optimizer)
+        # is not stuck, even while the peer it waited for is still in that collective.
+        activity = (begun, in_step, phase, in_collective)
+        if activity != self._activity_seen:
+            self._activity_seen, self._progress_t = activity, now
         # Short keys: the aggregator reads every rank's heartbeat at each poll.
         hb = {"t": round(now, 3), "p": round(self._progress_t, 3), "s": max(begun - 1, 0),
-              "ph": core.current_phase if in_step else "", "c": int(core.collectives_in_flight > 0),
+              "ph": phase, "c": in_collective,
               "w": self._published_window,
               "m": round(statistics.median(self._step_ms) / 1000.0, 4) if self._step_ms else 0.0}
         self._store.set(self._prefix + f"h{self.rank}", json.dumps(hb, separators=(",", ":")))

@@ -8,13 +8,14 @@ import json
 import random
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 import steptrace
 from steptrace.cli import main as cli
-from steptrace.cluster import CLUSTER_OPTIONS, ClusterAnalyzer, analyze_records, window_summary
+from steptrace.cluster import CLUSTER_OPTIONS, ClusterAnalyzer, ClusterExchange, analyze_records, window_summary
 from steptrace.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
@@ -137,6 +138,56 @@ def test_rank_silent_names_the_rank_that_others_wait_for():
            1: {"t": 150.0, "progress_t": 150.0, "step": 70, "in_collective": False}}
     alerts = analyzer.silence(hb2, now=200.0, median_step_s=0.03, expected=[0, 1])
     assert [(a["subject_rank"], a["details"]["reason"]) for a in alerts] == [(1, "stopped publishing")]
+
+
+class _RankCore:
+    """What the exchange reads of a rank's core (a few atomics and its log), set by the test."""
+
+    def __init__(self, rank: int, log_path: Path) -> None:
+        self.config = types.SimpleNamespace(rank=rank, world_size=2, run_id="race")
+        self.log_path = str(log_path)
+        log_path.write_text("")
+        self.in_step, self.step_index, self.current_phase, self.collectives_in_flight = False, 0, "", 0
+        self.written: list[dict] = []
+
+    def at(self, step: int, phase: str, collectives: int = 0) -> None:
+        self.in_step, self.step_index, self.current_phase, self.collectives_in_flight = True, step + 1, phase, collectives
+
+    def write_record(self, text: str) -> None:
+        self.written.append(json.loads(text))
+
+
+def test_rank_past_its_collective_is_not_silent_while_the_late_peer_is_in_it(tmp_path):
+    # The race a loaded CI host hit: rank 1 hung in forward at step 40 (rank 0 waits in the
+    # all-reduce); rank 1 resumes and reaches the all-reduce, rank 0's completes and it moves
+    # on to its optimizer, both before either ends the step. Only rank 1 was ever silent.
+    from torch.distributed import HashStore
+
+    now = [100.0]
+    store = HashStore()
+    options = {**CLUSTER_OPTIONS, "cluster_silent_s": 1.0, "cluster_poll_s": 0.1}
+    cores = [_RankCore(r, tmp_path / f"rank{r}.jsonl") for r in (0, 1)]
+    exchanges = [ClusterExchange(c, options, store=store, clock=lambda: now[0]) for c in cores]
+
+    def poll(t: float) -> list[tuple[str, str, int]]:
+        now[0] = t
+        for ex in reversed(exchanges):  # rank 1 publishes, then rank 0 publishes and aggregates
+            ex.poll_once()
+        out = [(r["kind"], r["type"], r["subject_rank"]) for r in cores[0].written if r["kind"] != "cluster"]
+        cores[0].written.clear()
+        return out
+
+    cores[0].at(40, "backward", collectives=1)
+    cores[1].at(40, "forward")
+    assert poll(100.0) == []
+    assert poll(101.5) == [("alert", "rank_silent", 1)]  # rank 1 blocked outside communication
+    cores[1].at(40, "backward", collectives=1)  # resumed, now in the all-reduce
+    cores[0].at(40, "optimizer")  # its all-reduce completed
+    assert poll(101.6) == [("resolved", "rank_silent", 1)]
+    assert poll(101.7) == [] and poll(102.0) == []
+    cores[0].at(41, "forward")
+    cores[1].at(41, "forward")
+    assert poll(102.1) == []
 
 
 @pytest.mark.parametrize("option,value", [("cluster", "maybe"), ("cluster_interval", 1),
