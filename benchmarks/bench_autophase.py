@@ -101,7 +101,7 @@ def micro(repeat: int) -> Dict[str, float]:
     import sys
     import types
 
-    from steptrace.autophase import _Gate, _GlobalWrap
+    from steptrace.autophase import PhaseGate, _GlobalWrap
 
     dummy = types.ModuleType("bench_autophase_dummy")
     dummy.f = lambda: None  # type: ignore[attr-defined]
@@ -109,7 +109,7 @@ def micro(repeat: int) -> Dict[str, float]:
     env["dummy"] = dummy
 
     def wrap_dummy() -> Callable[[], None]:
-        wrap, gate = _GlobalWrap((dummy.__name__,), "f", "backward"), _Gate(prof._core)
+        wrap, gate = _GlobalWrap((dummy.__name__,), "f", "backward"), PhaseGate(prof._core)
         wrap.add(gate)
         return lambda: wrap.discard(gate)
 

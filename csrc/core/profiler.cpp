@@ -586,6 +586,7 @@ class ProfilerImpl final : public SignalClosable {
 
   AlertLog& alerts() noexcept { return alerts_; }
   bool in_step() const noexcept { return in_step_; }
+  bool in_phase() const noexcept { return active_depth_ > 0; }
   std::int64_t step_index() const noexcept { return step_index_; }
   bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
   std::int64_t write_errors() const noexcept { return writer_->write_errors(); }
@@ -1251,6 +1252,7 @@ void Profiler::clear_stream() noexcept { impl_->clear_stream(); }
 std::size_t Profiler::steps_in_flight() const noexcept { return impl_->steps_in_flight(); }
 void Profiler::set_external_profiler(bool active) noexcept { impl_->set_external_profiler(active); }
 bool Profiler::in_step() const noexcept { return impl_->in_step(); }
+bool Profiler::in_phase() const noexcept { return impl_->in_phase(); }
 std::int64_t Profiler::step_index() const noexcept { return impl_->step_index(); }
 void Profiler::flush() { impl_->flush(); }
 void Profiler::close(EndReason reason, std::string_view error) { impl_->close(reason, error); }

@@ -174,10 +174,14 @@ PyObject* phase_scope_exit(PyObject* self, PyObject* const* args, Py_ssize_t nar
   Py_RETURN_FALSE;
 }
 
+PyObject* phase_name_str(const steptrace::Profiler& profiler, PhaseId id) {
+  const std::string& name = profiler.phase_name(id);
+  return PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+}
+
 PyObject* phase_scope_name(PyObject* self, void* /*unused*/) {
   auto* s = reinterpret_cast<RawPhaseScope*>(self);
-  const std::string& name = (*s->profiler)->phase_name(s->id);
-  return PyUnicode_FromStringAndSize(name.data(), static_cast<Py_ssize_t>(name.size()));
+  return phase_name_str(**s->profiler, s->id);
 }
 
 PyMethodDef g_phase_scope_methods[] = {
@@ -202,6 +206,168 @@ py::object make_phase_scope(const ProfilerPtr& profiler, PhaseId id) {
   s->profiler = new ProfilerPtr(profiler);
   s->id = id;
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
+}
+
+// ---- the gates of automatic phases (steptrace.autophase), as a plain C-API type ----
+// A hook (module forward hook, optimizer step hook, the wrapped backward) opens its phase
+// only on the training thread, inside a step, while no phase is open; it closes only the
+// phase it opened. Each test is a call into the core, so the whole gate is one C call per
+// boundary: attribute reads through pybind11 cost microseconds each after a training
+// step has flushed the caches.
+constexpr std::size_t kMaxGatedPhases = 8;
+
+struct RawPhaseGates {
+  PyObject_HEAD ProfilerPtr* profiler;  // owned
+  unsigned long thread;                 // PyThread_get_thread_ident() of the training thread
+  std::array<PhaseId, kMaxGatedPhases> ids;
+  Py_ssize_t count;
+  Py_ssize_t opened;  // index of the phase we opened and have not closed yet, or -1
+  bool closed;
+  // Outermost forward calls of one module in the step in progress (gradient accumulation).
+  std::int64_t micro_step_of;
+  std::int64_t micro_steps;
+  const void* counted;  // identity only: never dereferenced, so no reference is held
+  steptrace::StepValueId micro_steps_value;
+};
+
+void phase_gates_dealloc(PyObject* self) {
+  delete reinterpret_cast<RawPhaseGates*>(self)->profiler;
+  Py_TYPE(self)->tp_free(self);
+}
+
+// The gated phase index of a Python int, or -1 with an exception set.
+Py_ssize_t gate_index(const RawPhaseGates& g, PyObject* arg) {
+  const Py_ssize_t i = PyLong_AsSsize_t(arg);
+  if (i == -1 && PyErr_Occurred()) return -1;
+  if (i < 0 || i >= g.count) {
+    PyErr_Format(PyExc_IndexError, "gated phase index %zd out of range [0, %zd)", i, g.count);
+    return -1;
+  }
+  return i;
+}
+
+void count_forward(RawPhaseGates& g, const void* module) {
+  steptrace::Profiler& core = **g.profiler;
+  const std::int64_t step = core.step_index();
+  if (step != g.micro_step_of) {
+    g.micro_step_of = step;
+    g.micro_steps = 0;
+    g.counted = module;
+  } else if (module != g.counted) {
+    return;  // another module's outermost call (a second model under steptrace run)
+  }
+  if (++g.micro_steps > 1) {
+    core.set_step_value(g.micro_steps_value, static_cast<double>(g.micro_steps));
+  }
+}
+
+// begin(index[, module]) -> bool: opens the phase when allowed; with `module`, counts it
+// as one more outermost forward of that module in this step (meta.micro_steps from 2 on).
+PyObject* phase_gates_begin(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  auto& g = *reinterpret_cast<RawPhaseGates*>(self);
+  if (nargs < 1 || nargs > 2) {
+    PyErr_SetString(PyExc_TypeError, "begin(index[, module]) takes 1 or 2 arguments");
+    return nullptr;
+  }
+  const Py_ssize_t i = gate_index(g, args[0]);
+  if (i < 0) return nullptr;
+  steptrace::Profiler& core = **g.profiler;
+  if (g.closed || PyThread_get_thread_ident() != g.thread || !core.in_step() || core.in_phase()) {
+    Py_RETURN_FALSE;
+  }
+  try {
+    core.begin_phase(g.ids[static_cast<std::size_t>(i)]);
+  } catch (const steptrace::UsageError&) {
+    Py_RETURN_FALSE;  // the step ended under us (a close from another thread): skip
+  } catch (const std::exception& e) {
+    return raise_python(e);
+  }
+  g.opened = i;
+  if (nargs == 2 && args[1] != Py_None) count_forward(g, args[1]);
+  Py_RETURN_TRUE;
+}
+
+// end(index): closes the phase if we opened it (else nothing: not ours, or already closed
+// by the end of its step).
+PyObject* phase_gates_end(PyObject* self, PyObject* arg) {
+  auto& g = *reinterpret_cast<RawPhaseGates*>(self);
+  const Py_ssize_t i = gate_index(g, arg);
+  if (i < 0) return nullptr;
+  if (g.opened != i) Py_RETURN_NONE;
+  g.opened = -1;
+  try {
+    (*g.profiler)->end_phase(g.ids[static_cast<std::size_t>(i)]);
+  } catch (const steptrace::UsageError&) {
+    // the step ended while the phase was open: the core closed it there
+  } catch (const std::exception& e) {
+    return raise_python(e);
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* phase_gates_close(PyObject* self, PyObject* /*unused*/) {
+  reinterpret_cast<RawPhaseGates*>(self)->closed = true;
+  Py_RETURN_NONE;
+}
+
+PyObject* phase_gates_closed(PyObject* self, void* /*unused*/) {
+  return PyBool_FromLong(reinterpret_cast<RawPhaseGates*>(self)->closed ? 1 : 0);
+}
+
+PyObject* phase_gates_opened(PyObject* self, void* /*unused*/) {
+  const auto& g = *reinterpret_cast<RawPhaseGates*>(self);
+  if (g.opened < 0) Py_RETURN_NONE;
+  return phase_name_str(**g.profiler, g.ids[static_cast<std::size_t>(g.opened)]);
+}
+
+PyObject* phase_gates_micro_steps(PyObject* self, void* /*unused*/) {
+  return PyLong_FromLongLong(reinterpret_cast<RawPhaseGates*>(self)->micro_steps);
+}
+
+PyMethodDef g_phase_gates_methods[] = {
+    {"begin", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(phase_gates_begin)),
+     METH_FASTCALL,
+     "begin(index[, module]) -> bool: opens the phase when on the training thread, inside a "
+     "step and outside any phase; `module` counts an outermost forward (micro-steps)."},
+    {"end", phase_gates_end, METH_O, "end(index): closes the phase if begin opened it."},
+    {"close", phase_gates_close, METH_NOARGS, "From now on begin opens nothing."},
+    {nullptr, nullptr, 0, nullptr}};
+PyGetSetDef g_phase_gates_getset[] = {
+    {"closed", phase_gates_closed, nullptr, "Whether close() was called.", nullptr},
+    {"opened", phase_gates_opened, nullptr, "The phase begin opened and end did not close.",
+     nullptr},
+    {"micro_steps", phase_gates_micro_steps, nullptr,
+     "Outermost forward calls counted in the step in progress (or the last one).", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+PyTypeObject g_phase_gates_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+void init_phase_gates_type(py::module_& m) {
+  ready_type(g_phase_gates_type, "steptrace._core.PhaseGates", sizeof(RawPhaseGates),
+             "The gates of automatic phases, bound to the thread that made them.",
+             phase_gates_dealloc, g_phase_gates_methods, g_phase_gates_getset, &m);
+}
+
+py::object make_phase_gates(const ProfilerPtr& profiler, const std::vector<std::string>& names) {
+  if (names.empty() || names.size() > kMaxGatedPhases) {
+    throw steptrace::ConfigError("phase gates take 1 to " + std::to_string(kMaxGatedPhases) +
+                                 " phase names, got " + std::to_string(names.size()));
+  }
+  std::array<PhaseId, kMaxGatedPhases> ids{};
+  for (std::size_t i = 0; i < names.size(); ++i) ids[i] = profiler->phase_id(names[i]);
+  const steptrace::StepValueId micro = profiler->step_value_id("micro_steps");
+  RawPhaseGates* g = PyObject_New(RawPhaseGates, &g_phase_gates_type);
+  if (g == nullptr) throw py::error_already_set();
+  g->profiler = new ProfilerPtr(profiler);
+  g->thread = PyThread_get_thread_ident();
+  g->ids = ids;
+  g->count = static_cast<Py_ssize_t>(names.size());
+  g->opened = -1;
+  g->closed = false;
+  g->micro_step_of = -1;
+  g->micro_steps = 0;
+  g->counted = nullptr;
+  g->micro_steps_value = micro;
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(g));
 }
 
 py::object make_step_scope(const StepScope& scope);
@@ -602,6 +768,7 @@ PYBIND11_MODULE(_core, m) {
 
   init_step_scope_type(m);
   init_phase_scope_type(m);
+  init_phase_gates_type(m);
   init_phase_table_type();
   init_data_iterator_type();
 
@@ -625,6 +792,12 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "step_function", [](PyProfiler& p) { return make_step_function(p.step()); },
           "prof.step as a builtin function (cheaper to call than the method)")
+      .def(
+          "phase_gates",
+          [](PyProfiler& p, const std::vector<std::string>& names) {
+            return make_phase_gates(p.profiler(), names);
+          },
+          py::arg("names"), "The gates of automatic phases, bound to the calling thread")
       .def("phase_function", &make_phase_function,
            "prof.phase as a builtin function (cheaper to call than the method)")
       .def("begin_step", [](PyProfiler& p) { p.step_scope().enter(); })

@@ -172,6 +172,8 @@ class STEPTRACE_API Profiler {
   StepValueId step_value_id(std::string_view name);
 
   bool in_step() const noexcept;
+  /// Whether a phase of the step in progress is open. Training thread only.
+  bool in_phase() const noexcept;
   /// Steps begun so far (the index the next step gets).
   std::int64_t step_index() const noexcept;
   /// Blocks until every record handed over so far is written to the file.

@@ -56,61 +56,60 @@ except ImportError:  # torch < 2.3: no dynamo-aware check
     _compiling = _not_compiling
 
 
-class _Gate:
-    """Opens and closes phases of one profiler core on behalf of the hooks: at most one
-    phase of ours at a time, only on the training thread, only inside a step, only while
-    no phase is open."""
+_INDEX = {name: i for i, name in enumerate(PHASES)}
+
+
+class PhaseGate:
+    """Opens and closes the phases of one profiler core on behalf of hooks: at most one
+    phase of ours at a time, only on the thread that made the gate (the training thread),
+    only inside a step, only while no phase is open; :meth:`end` closes only the phase
+    :meth:`begin` opened. Every test is in the C core (:attr:`gates`, one call per
+    boundary); this class adds the dynamo check and the names. Phases are those of
+    :data:`PHASES`; any other name raises KeyError.
+
+    The framework integrations and :class:`PhaseHooks` use it; it is public for hooks of
+    your own (a framework callback that brackets a phase)."""
 
     def __init__(self, core: Any) -> None:
         self._core = core
-        phase = core.phase_function()
-        # the C scopes' own __enter__/__exit__: no name lookup per call
-        self._enter = {name: phase(name).__enter__ for name in PHASES}
-        self._exit = {name: phase(name).__exit__ for name in PHASES}
-        self._thread = threading.get_ident()
-        self.opened: Optional[str] = None  # the phase we opened and have not closed yet
-        self.micro_steps = 0  # outermost forward calls in the step in progress
-        self._micro_step_of = -1  # step_index that micro_steps counts
-        self._counted: Any = None  # the module whose forward calls micro_steps counts
-        # the record's meta object (a core without step values: the count stays here)
-        self._set_value = getattr(core, "set_step_value", None)
-        self.closed = False
+        self.gates = core.phase_gates(list(PHASES))  # steptrace._core.PhaseGates
 
-    def begin(self, name: str) -> bool:
-        """Opens phase ``name`` when allowed; True when it did (then call :meth:`end`)."""
+    def begin(self, name: str, module: Any = None) -> bool:
+        """Opens phase ``name`` when allowed; True when it did (then call :meth:`end`).
+        ``module``: count this as one more outermost forward of that module in the step
+        (``meta.micro_steps`` from the second on)."""
         if _compiling():
             return False  # traced by dynamo (a module compiled after it was hooked): add nothing to the graph
-        core = self._core
-        if threading.get_ident() != self._thread or not core.in_step or core.current_phase or self.closed:
-            return False
-        try:
-            self._enter[name]()
-        except UsageError:  # the step ended under us (closed profiler, foreign close): skip
-            return False
-        self.opened = name
-        return True
+        return self.gates.begin(_INDEX[name], module)
 
     def end(self, name: str) -> None:
-        if _compiling() or self.opened != name:
-            return  # not ours, or already closed by the end of its step
-        self.opened = None
-        try:
-            self._exit[name]()
-        except UsageError:
-            pass  # the step ended while the phase was open: the core closed it there
+        """Closes phase ``name`` if :meth:`begin` opened it (else nothing)."""
+        if not _compiling():
+            self.gates.end(_INDEX[name])
 
-    def count_forward(self, module: Any) -> None:
-        """One more outermost forward of ``module`` in the step in progress (calls of other
-        modules, a second model under steptrace run, do not count). From the second one on
-        (gradient accumulation) the record says how many: ``meta.micro_steps``."""
-        step = self._core.step_index
-        if step != self._micro_step_of:
-            self._micro_step_of, self.micro_steps, self._counted = step, 0, module
-        elif module is not self._counted:
-            return
-        self.micro_steps += 1
-        if self.micro_steps > 1 and self._set_value is not None:
-            self._set_value("micro_steps", self.micro_steps)
+    def end_open(self) -> None:
+        """Closes the phase of ours that is open, if any."""
+        opened = self.gates.opened
+        if opened is not None:
+            self.gates.end(_INDEX[opened])
+
+    @property
+    def opened(self) -> Optional[str]:
+        """The phase :meth:`begin` opened and :meth:`end` did not close yet, or None."""
+        return self.gates.opened
+
+    @property
+    def micro_steps(self) -> int:
+        """Outermost forward calls counted in the step in progress (or the last one)."""
+        return self.gates.micro_steps
+
+    @property
+    def closed(self) -> bool:
+        return self.gates.closed
+
+    def close(self) -> None:
+        """From now on :meth:`begin` opens nothing (a phase still open ends with its step)."""
+        self.gates.close()
 
 
 class _GlobalWrap:
@@ -120,13 +119,13 @@ class _GlobalWrap:
 
     def __init__(self, modules: tuple[str, ...], attr: str, phase: str) -> None:
         self.modules, self.attr, self.phase = modules, attr, phase
-        self.gates: list[_Gate] = []
+        self.gates: list[Any] = []  # steptrace._core.PhaseGates of the listening PhaseGates
         self.original: Optional[Callable[..., Any]] = None
         self.wrapper: Optional[Callable[..., Any]] = None
         self.depth = 0  # calls of the wrapper in progress (reentrant backward, clip in clip)
         self.before: list[Callable[[], None]] = []  # run first at each outermost call (step starters)
 
-    def add(self, gate: _Gate) -> None:
+    def add(self, gate: PhaseGate) -> None:
         if self.original is None:
             first = sys.modules[self.modules[0]]
             self.original = getattr(first, self.attr)
@@ -135,11 +134,11 @@ class _GlobalWrap:
                 module = sys.modules.get(name)
                 if module is not None and getattr(module, self.attr, None) is self.original:
                     setattr(module, self.attr, self.wrapper)
-        self.gates.append(gate)
+        self.gates.append(gate.gates)
 
-    def discard(self, gate: _Gate) -> None:
-        if gate in self.gates:
-            self.gates.remove(gate)
+    def discard(self, gate: PhaseGate) -> None:
+        if gate.gates in self.gates:
+            self.gates.remove(gate.gates)
         if self.gates or self.original is None:
             return
         for name in self.modules:
@@ -150,21 +149,22 @@ class _GlobalWrap:
         self.original = self.wrapper = None
 
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        phase, gates = self.phase, self.gates  # the lists themselves: they change in place
+        index, gates = _INDEX[self.phase], self.gates  # the lists themselves: they change in place
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if self.depth or not gates:
+            if self.depth or not gates or _compiling():
                 return original(*args, **kwargs)
             for start in self.before:
                 start()
-            opened = [g for g in gates if g.begin(phase)]
+            for g in gates:
+                g.begin(index)
             self.depth += 1
             try:
                 return original(*args, **kwargs)
             finally:
                 self.depth -= 1
-                for g in opened:
-                    g.end(phase)
+                for g in gates:
+                    g.end(index)  # closes only what its begin opened
 
         timed.__wrapped__ = original  # type: ignore[attr-defined]
         timed.__name__ = getattr(original, "__name__", "timed")
@@ -190,7 +190,7 @@ class _Hooks:
     def __init__(self, core: Any, backward: bool = True, clip: bool = True) -> None:
         import torch  # noqa: F401  (the wrapped functions live in torch's modules)
 
-        self._gate = _Gate(core)
+        self._gate = PhaseGate(core)
         self._handles: list[Any] = []
         self._wraps: list[_GlobalWrap] = []
         self._undo: list[Callable[[], None]] = []
@@ -208,13 +208,15 @@ class _Hooks:
         return self._gate.micro_steps
 
     def _optimizer_hooks(self, optimizer: Any) -> None:
-        gate = self._gate
+        gates, index = self._gate.gates, _INDEX["optimizer"]
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
-            gate.begin("optimizer")
+            if not _compiling():
+                gates.begin(index)
 
         def post(opt: Any, args: Any, kwargs: Any) -> None:
-            gate.end("optimizer")
+            if not _compiling():
+                gates.end(index)
 
         self._handles += [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
 
@@ -223,7 +225,7 @@ class _Hooks:
         watches). Idempotent; a phase of ours still open ends at the end of its step."""
         if self._gate.closed:
             return
-        self._gate.closed = True
+        self._gate.close()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -236,13 +238,22 @@ class _Hooks:
         self._wraps.clear()
 
 
-def _module_phase_hooks(gate: _Gate, module: Any, phase: str, count: bool) -> list[Any]:
-    def pre(mod: Any, args: Any) -> None:
-        if gate.begin(phase) and count:
-            gate.count_forward(mod)
+def _module_phase_hooks(gate: PhaseGate, module: Any, phase: str, count: bool) -> list[Any]:
+    # the C gates called directly: these run at every call of the module
+    begin, end, index = gate.gates.begin, gate.gates.end, _INDEX[phase]
+
+    if count:
+        def pre(mod: Any, args: Any) -> None:
+            if not _compiling():
+                begin(index, mod)
+    else:
+        def pre(mod: Any, args: Any) -> None:
+            if not _compiling():
+                begin(index)
 
     def post(mod: Any, args: Any, output: Any) -> None:
-        gate.end(phase)
+        if not _compiling():
+            end(index)
 
     return [module.register_forward_pre_hook(pre),
             module.register_forward_hook(post, always_call=True)]
@@ -306,7 +317,7 @@ def _loss_site(fn: Any) -> tuple[Any, str]:
     return module, name
 
 
-def _timed_call(gate: _Gate, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _timed_call(gate: PhaseGate, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def timed(*args: Any, **kwargs: Any) -> Any:
         opened = gate.begin(phase)
         try:
@@ -375,8 +386,8 @@ class GlobalPhaseHooks(_Hooks):
                 maybe_begin_step()
             if isinstance(mod, loss_type):
                 gate.begin("loss")
-            elif gate.begin("forward"):
-                gate.count_forward(mod)
+            else:
+                gate.begin("forward", mod)
 
         def outer_post(mod: Any) -> None:
             gate.end("loss" if isinstance(mod, loss_type) else "forward")

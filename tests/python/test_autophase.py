@@ -181,6 +181,40 @@ def test_hooks_outside_a_step_do_nothing_and_close_removes_them(tmp_path):
     model(x).sum().backward()  # after close: plain torch again
 
 
+def test_the_gate_opens_only_on_its_thread_inside_a_step_and_closes_only_its_own(tmp_path):
+    import threading
+
+    from steptrace.autophase import PhaseGate
+
+    with steptrace.Profiler(tmp_path, detect=False) as prof:
+        gate = PhaseGate(prof._core)
+        assert not gate.begin("forward")  # outside a step
+        with pytest.raises(KeyError):
+            gate.begin("not_a_phase")
+        with prof.step():
+            elsewhere = []
+            t = threading.Thread(target=lambda: elsewhere.append(gate.begin("forward")))
+            t.start()
+            t.join()
+            assert elsewhere == [False]  # another thread: nothing opened
+            with prof.phase("data_prep"):
+                assert not gate.begin("forward")  # inside the user's phase: phases never nest
+            assert gate.begin("forward") and gate.opened == "forward"
+            assert not gate.begin("loss")  # one of ours at a time
+            gate.end("loss")  # not the one it opened: nothing
+            assert gate.opened == "forward" and prof._core.current_phase == "forward"
+            gate.end("forward")
+            assert gate.opened is None and prof._core.current_phase == ""
+            assert gate.begin("optimizer")
+        assert gate.opened == "optimizer"  # the end of the step closed it in the core
+        gate.end("optimizer")  # and a late end is harmless
+        with prof.step():
+            gate.close()
+            assert gate.closed and not gate.begin("forward")
+    phases = [list(r["phases_ms"]) for r in steps_of(prof.log_path)]
+    assert phases == [["data_prep", "forward", "optimizer"], []]
+
+
 def test_two_profilers_share_the_wrapped_functions(tmp_path):
     a, b = Work(), Work()
     backward = torch.autograd.backward

@@ -71,9 +71,10 @@ class FrameworkPhases:
     user's own ``prof.phase`` blocks and watch()'s hooks do not collide with ours)."""
 
     def __init__(self, prof: Any) -> None:
-        from steptrace.autophase import _Gate
+        from steptrace.autophase import PhaseGate
 
-        self._gate = _Gate(prof._core)
+        self._gate = gate = PhaseGate(prof._core)
+        self.end, self.end_open, self.close = gate.end, gate.end_open, gate.close
 
     @property
     def open(self) -> Optional[str]:
@@ -81,15 +82,7 @@ class FrameworkPhases:
         return self._gate.opened
 
     def begin(self, name: str) -> None:
-        self.end_open()
+        """Opens ``name`` after closing ours that is open (a framework hook whose end
+        never came, such as a step skipped by the framework)."""
+        self._gate.end_open()
         self._gate.begin(name)
-
-    def end(self, name: str) -> None:
-        self._gate.end(name)
-
-    def end_open(self) -> None:
-        if self._gate.opened is not None:
-            self._gate.end(self._gate.opened)
-
-    def close(self) -> None:
-        self._gate.closed = True
