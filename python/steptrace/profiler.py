@@ -429,10 +429,26 @@ def _step_value(name: str, value: Any, warned: set) -> Optional[float]:
                     f"tensor), got {type(value).__name__}")
 
 
+def _exit_reason() -> tuple[str, str]:
+    """Why the interpreter is ending, for the profilers nobody closed: an uncaught
+    exception leaves ``sys.last_exc`` (3.12+) / ``sys.last_value`` set before atexit runs
+    (a framework without an exception hook, such as the Hugging Face Trainer, then still
+    ends its run with reason ``exception``)."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if isinstance(exc, KeyboardInterrupt):
+        return "signal", "KeyboardInterrupt"
+    if isinstance(exc, BaseException) and not isinstance(exc, SystemExit):
+        return "exception", f"{type(exc).__name__}: {exc}"
+    return "exit", ""
+
+
 @atexit.register
 def _close_at_exit() -> None:
+    if not _live:
+        return
+    reason, error = _exit_reason()
     for prof in list(_live):
-        prof.close(reason="exit")
+        prof.close(reason=reason, error=error)
 
 
 class Profiler:

@@ -95,6 +95,19 @@ def test_interpreter_exit_without_close_writes_run_end(tmp_path):
     assert recs[-1]["kind"] == "run_end" and recs[-1]["reason"] == "exit"
 
 
+def test_an_uncaught_exception_without_close_ends_the_run_as_exception(tmp_path):
+    proc = spawn(f"""
+        prof = steptrace.Profiler({str(tmp_path)!r})
+        train(prof, batches(4))
+        raise ValueError("loss went to nan")  # no close(), no with: what a framework without an exception hook leaves
+    """)
+    assert proc.wait(timeout=60) == 1
+    recs = records(tmp_path / "rank0.jsonl")
+    assert sum(r["kind"] == "step" for r in recs) == 4
+    assert recs[-1]["kind"] == "run_end" and recs[-1]["reason"] == "exception"
+    assert recs[-1]["error"] == "ValueError: loss went to nan"
+
+
 def test_kill_9_loses_at_most_the_unflushed_batch(tmp_path):
     proc = spawn(f"""
         prof = steptrace.Profiler({str(tmp_path)!r}, flush_interval_ms=10)

@@ -232,6 +232,8 @@ def test_transformers_trainer_records_phases_and_meta(tmp_path, records_of):
         lrs.append(meta["lr"])
         # the loss logged after step 2, 4, ... (logging_steps=2) is in the record of the step after it
         assert ("loss" in meta) == (i in (2, 4, 6, 8)), (i, meta)
+        if "loss" in meta:  # and says which step it was logged at: the one before
+            assert meta["loss_global_step"] == meta["global_step"] - 1
     assert lrs[0] == pytest.approx(1e-3) and all(a > b for a, b in zip(lrs, lrs[1:]))  # linear decay
     assert all(0 < s["meta"]["loss"] < 10 for s in steps if "loss" in s["meta"])
     assert records[-1]["reason"] == "normal"

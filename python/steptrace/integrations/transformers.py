@@ -11,11 +11,11 @@ One step record per optimizer step (``on_step_begin`` to ``on_step_end``); with
 backward times add up and ``meta.micro_steps`` says how many forward passes it held.
 Phases:
 
-- forward, backward: HF callbacks do not expose them; :meth:`steptrace.Profiler.watch`
-  hooks the model (forward, with the loss a model given labels computes inside it) and
-  ``torch.autograd.backward`` (``accelerator.backward``), see :mod:`steptrace.autophase`.
-  Gradient clipping is in no phase with accelerate 1.x (it clips through
-  ``get_total_norm`` / ``clip_grads_with_norm_``, which watch() does not wrap).
+- forward, backward, clip: HF callbacks do not expose them; :meth:`steptrace.Profiler.watch`
+  hooks the model (forward, with the loss a model given labels computes inside it),
+  ``torch.autograd.backward`` (``accelerator.backward``) and the clip functions
+  (``clip_grad_norm_``, and the ``get_total_norm`` / ``clip_grads_with_norm_`` halves
+  accelerate calls), see :mod:`steptrace.autophase`.
 - optimizer: ``on_pre_optimizer_step`` to ``on_optimizer_step``.
 - data: the time before ``on_step_begin`` since the last step ended (the Trainer fetches
   a step's micro-batches before it), logging, evaluation and checkpoints included.
@@ -23,10 +23,16 @@ Phases:
 ``meta``: ``global_step`` and ``epoch`` (``state.global_step`` / ``state.epoch`` at
 ``on_step_end``, after the update; epoch is fractional), ``lr`` (the first parameter
 group's at ``on_pre_optimizer_step``), and ``loss``: the mean training loss the Trainer
-logs every ``logging_steps`` (``on_log``). The Trainer computes it after ``on_step_end``,
-so it lands in the record of the step after the logged one (the last log of a run has
-no such step). steptrace never reads the loss tensor itself: on a GPU that would
-synchronize every step.
+logs every ``logging_steps`` (``on_log``), with ``loss_global_step``: the global step it
+was logged at. The Trainer computes it after ``on_step_end`` (ending the step later
+would add the logging's device sync to the step time), so it lands in the record of the
+step after the logged one, and ``loss_global_step`` says which step it belongs to (the
+last log of a run has no next step). steptrace never reads the loss tensor itself: on
+a GPU that would synchronize every step.
+
+An exception out of ``train()`` (HF has no callback for it) ends the run when the
+interpreter exits, with ``run_end.reason`` ``exception`` and its text when it was not
+caught; call :meth:`SteptraceCallback.close` in your ``except`` to end it at once.
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ class SteptraceCallback(TrainerCallback):
     ``watch=False`` leaves the model unhooked (then only the optimizer phase is
     recorded). The profiler opens at ``on_train_begin`` (:attr:`profiler`) and closes at
     ``on_train_end``; HF has no hook for an exception inside ``train()``: call
-    :meth:`close` in your ``except`` (else it closes at exit, reason ``exit``)."""
+    :meth:`close` in your ``except`` (else it closes at exit: reason ``exception`` for
+    an uncaught one, ``exit`` otherwise)."""
 
     def __init__(self, log_dir: "str | os.PathLike[str]", *, watch: bool = True, **profiler_options: Any) -> None:
         check_options(log_dir, profiler_options)
@@ -109,7 +116,9 @@ class SteptraceCallback(TrainerCallback):
         prof = self.profiler
         loss = (logs or {}).get("loss")
         if prof is not None and not prof.closed and isinstance(loss, (int, float)):
-            prof._core.set_step_value("loss", float(loss))  # between steps: the next step's record
+            core = prof._core  # between steps: the next step's record, saying which step it is from
+            core.set_step_value("loss", float(loss))
+            core.set_step_value("loss_global_step", state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
