@@ -98,6 +98,53 @@ def test_lightning_gradient_accumulation_makes_one_step_per_optimizer_step(tmp_p
         _assert_phases_do_not_nest(s)
 
 
+def test_lightning_manual_optimization_with_two_optimizers(tmp_path, records_of):
+    import time
+
+    from steptrace.integrations.lightning import SteptraceCallback
+
+    class TwoOptimizers(L.LightningModule):
+        """A GAN-shaped manual loop: two losses, two backwards, two optimizer steps a batch."""
+
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            torch.manual_seed(0)
+            self.a, self.b = nn.Linear(8, 2), nn.Linear(8, 2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            opt_a, opt_b = self.optimizers()
+            for net, opt in ((self.a, opt_a), (self.b, opt_b)):
+                opt.zero_grad()
+                if net is self.b:
+                    time.sleep(0.03)  # stands for the second model's compute, of a length the test knows
+                self.manual_backward(nn.functional.cross_entropy(net(x), y))
+                opt.step()
+
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.a.parameters(), lr=0.1), torch.optim.SGD(self.b.parameters(), lr=0.2)]
+
+    cb = SteptraceCallback(tmp_path / "run", detect=False)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                        default_root_dir=str(tmp_path), max_epochs=1, limit_train_batches=5)
+    trainer.fit(TwoOptimizers(), torch.utils.data.DataLoader(_dataset(), batch_size=8))
+    records = records_of(tmp_path / "run" / "rank0.jsonl")
+    steps = _steps(records)
+    assert len(steps) == 5  # one record per batch
+    for i, s in enumerate(steps):
+        assert s["status"] == "ok"
+        # the second model's forward (after the first opt.step()) is forward too
+        assert list(s["phases_ms"]) == ["forward", "backward", "optimizer"], s["phases_ms"]
+        assert s["phases_ms"]["forward"] >= 30, s["phases_ms"]
+        assert all(ms > 0 for ms in s["phases_ms"].values())
+        _assert_phases_do_not_nest(s)
+        assert s["meta"]["global_step"] == 2 * (i + 1)  # Lightning counts both optimizers' steps
+        assert s["meta"]["lr"] == pytest.approx(0.1)
+    assert records[-1]["reason"] == "normal"
+
+
 def test_lightning_validation_is_not_data_wait(tmp_path, records_of):
     import time
 

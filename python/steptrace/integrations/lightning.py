@@ -23,6 +23,12 @@ and backward run inside the optimizer's closure):
   ``on_train_batch_start`` (fetching the batch, moving it to the device, epoch-end
   hooks, checkpoints), less the validation loops run in between.
 
+Under manual optimization (``automatic_optimization = False``; one step record per
+batch) the same hooks fire from inside ``training_step``: forward from the batch start
+to the first ``manual_backward``, backward, optimizer from ``on_before_optimizer_step``
+to the optimizer's step post-hook, and forward again after each optimizer step (the next
+optimizer's loss, a discriminator's) until the next ``manual_backward`` or the batch end.
+
 ``meta``: ``global_step`` (``trainer.global_step`` after the step), ``epoch``
 (``trainer.current_epoch``), ``lr`` (``trainer.optimizers[0].param_groups[0]["lr"]`` at
 ``on_before_optimizer_step``: the rate the update used), ``loss`` (the step's training
@@ -82,6 +88,7 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self._micro_steps = 0
         self._loss: Optional[float] = 0.0  # sum over the step's micro-batches; None: not on the CPU
         self._data_open = False  # a begin_data without its end_data: the wait for the next step
+        self._manual = False  # the module uses manual optimization
 
     # ---- lifecycle ----
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -89,6 +96,7 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
             return  # a second fit with the same callback appends to the same run
         self.profiler = open_profiler(self.log_dir, self.profiler_options, trainer.global_rank, trainer.world_size)
         self._phases = FrameworkPhases(self.profiler)
+        self._manual = not getattr(pl_module, "automatic_optimization", True)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._remove_hooks()
@@ -137,7 +145,9 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self._phases is None or self.profiler.closed:
             return
-        lr = first_lr(unwrap_optimizer(optimizer))
+        opt = unwrap_optimizer(optimizer)
+        first = trainer.optimizers[0] if trainer.optimizers else optimizer
+        lr = first_lr(opt) if opt is unwrap_optimizer(first) else None  # several optimizers: the first one's
         if lr is not None:
             self.profiler._core.set_step_value("lr", lr)
         self._phases.begin("optimizer")
@@ -145,6 +155,10 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._phases is not None and self._phases.open == "optimizer":
             self._phases.end("optimizer")
+            if self._manual:
+                # training_step goes on after opt.step() (a second model's loss, a GAN's
+                # discriminator): forward again, until the next backward or the batch end
+                self._phases.begin("forward")
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         prof = self.profiler
