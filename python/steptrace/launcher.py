@@ -144,7 +144,7 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
     from steptrace.profiler import Profiler
 
     prof = Profiler(log_dir, **options)
-    hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps)
+    hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps, ddp_comm=True)
     saved_argv = sys.argv
     sys.argv = [script, *argv]
     script_dir = os.path.dirname(os.path.abspath(script))

@@ -123,6 +123,8 @@ def test_nproc_per_node_runs_every_rank_under_the_launcher(tmp_path):
         starts.append(recs[0])
         assert len(steps(recs)) == 8
         assert all(list(r["phases_ms"]) == list(PHASES[:3]) + ["optimizer"] for r in steps(recs))
+        # the DDP model's all-reduces are timed from its first backward on: one bucket a step
+        assert all(r["comm"]["collectives"] == 1 and r["comm"]["comm_ms"] > 0 for r in steps(recs)), steps(recs)
         assert recs[-1]["reason"] == "normal"
     assert sorted((s["rank"], s["world_size"]) for s in starts) == [(0, 2), (1, 2)]
 
@@ -158,3 +160,43 @@ def test_global_hooks_only_while_discovering_the_top_level_modules(tmp_path, cap
     found = steps(records(tmp_path / "logs"))
     assert [list(r["phases_ms"]) for r in found] == [["forward", "backward", "optimizer"]] * 5
     assert not torch.nn.modules.module._global_forward_pre_hooks  # all gone after the run
+
+
+def test_global_hooks_time_ddp_all_reduces_and_wrap_the_programs_own_comm_hook(tmp_path):
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from steptrace.autophase import GlobalPhaseHooks
+
+    init, register = DDP.__init__, DDP.register_comm_hook
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        prof = steptrace.Profiler(tmp_path, detect=False)
+        hooks = GlobalPhaseHooks(prof._core, steps=True, ddp_comm=True)
+        own_calls = []
+
+        def own_hook(state, bucket):
+            own_calls.append(1)
+            return allreduce_hook(state, bucket)
+
+        torch.manual_seed(0)
+        plain = DDP(nn.Linear(8, 2))  # gets DDP's own all-reduce, timed, at its first backward
+        custom = DDP(nn.Linear(8, 2))
+        custom.register_comm_hook(None, own_hook)  # the program's own hook: wrapped, still called
+        for model in (plain, custom):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        hooks.remove()
+        prof.close()
+        assert len(own_calls) == 3
+        assert DDP.__init__ is init and DDP.register_comm_hook is register
+        recs = steps(steptrace.read(prof.log_path))
+        assert len(recs) == 6
+        assert all(r["comm"]["collectives"] == 1 for r in recs), recs
+    finally:
+        dist.destroy_process_group()
