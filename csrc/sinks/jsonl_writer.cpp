@@ -128,9 +128,9 @@ JsonlWriter::JsonlWriter(int fd, std::string first_line, int rank, const PhaseNa
       completer_(completer),
       ring_(capacity),
       fork_generation_(fork_generation()) {
-  sinks_.push_back(SinkState{&file_});
+  sinks_.emplace_back(&file_);
   for (RecordSink* sink : sinks) {
-    if (sink != nullptr) sinks_.push_back(SinkState{sink});
+    if (sink != nullptr) sinks_.emplace_back(sink);
   }
   buf_.append(first_line.data(), first_line.data() + first_line.size());
   write_buffer();  // run_start reaches the file before the constructor returns

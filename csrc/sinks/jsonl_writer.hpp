@@ -128,6 +128,7 @@ class JsonlWriter final : public StepRecordQueue {
   void feed(Fn&& fn) noexcept;
 
   struct SinkState {
+    explicit SinkState(RecordSink* s) : sink(s) {}
     RecordSink* sink;
     bool failed = false;
     std::string failure;  // what it threw
