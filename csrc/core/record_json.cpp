@@ -90,6 +90,10 @@ void append_hw(fmt::memory_buffer& out, const HwStats& h) {
   if (h.power_limit_w > 0) fmt::format_to(it, ",\"power_limit_w\":{:.0f}", h.power_limit_w);
   if (std::isfinite(h.pcie_tx_mb_s)) fmt::format_to(it, ",\"pcie_tx_mb_s\":{:.1f}", h.pcie_tx_mb_s);
   if (std::isfinite(h.pcie_rx_mb_s)) fmt::format_to(it, ",\"pcie_rx_mb_s\":{:.1f}", h.pcie_rx_mb_s);
+  if (std::isfinite(h.nvlink_tx_mb_s))
+    fmt::format_to(it, ",\"nvlink_tx_mb_s\":{:.1f}", h.nvlink_tx_mb_s);
+  if (std::isfinite(h.nvlink_rx_mb_s))
+    fmt::format_to(it, ",\"nvlink_rx_mb_s\":{:.1f}", h.nvlink_rx_mb_s);
   if (std::isfinite(h.mem_clock_mhz))
     fmt::format_to(it, ",\"mem_clock_mhz\":{:.0f}", h.mem_clock_mhz);
   if (std::isfinite(h.max_mem_temp_c))

@@ -63,6 +63,8 @@ struct HwStats {
   // Optional (NaN where the device does not report them): time-weighted means, hottest.
   double pcie_tx_mb_s = std::numeric_limits<double>::quiet_NaN();
   double pcie_rx_mb_s = std::numeric_limits<double>::quiet_NaN();
+  double nvlink_tx_mb_s = std::numeric_limits<double>::quiet_NaN();
+  double nvlink_rx_mb_s = std::numeric_limits<double>::quiet_NaN();
   double mem_clock_mhz = std::numeric_limits<double>::quiet_NaN();
   double max_mem_temp_c = std::numeric_limits<double>::quiet_NaN();
 };

@@ -147,6 +147,8 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
     v.mem_clock_hz = h.mem_clock_mhz * 1e6;
     v.pcie_tx_bytes_s = h.pcie_tx_mb_s * 1e6;  // NaN stays NaN: not reported
     v.pcie_rx_bytes_s = h.pcie_rx_mb_s * 1e6;
+    v.nvlink_tx_bytes_s = h.nvlink_tx_mb_s * 1e6;
+    v.nvlink_rx_bytes_s = h.nvlink_rx_mb_s * 1e6;
     if (std::isfinite(h.energy_j) && h.energy_j > 0) v.energy_j += h.energy_j;
     for (std::size_t bit = 0; bit < kThrottleReasonBits; ++bit) {
       if ((h.throttle_reasons >> bit) & 1U) ++v.throttled[bit];
@@ -391,18 +393,19 @@ void MetricsRegistry::render_hardware(fmt::memory_buffer& out, const Values& v) 
     gauge("steptrace_gpu_sm_clock_hertz", "SM clock, time-weighted mean over the last step.",
           v.sm_clock_hz);
     gauge("steptrace_gpu_memory_clock_hertz", "Memory clock over the last step.", v.mem_clock_hz);
-    if (!std::isnan(v.pcie_tx_bytes_s) || !std::isnan(v.pcie_rx_bytes_s)) {
-      header(out, "steptrace_gpu_pcie_bytes_per_second", "gauge",
-             "PCIe throughput over the last step, by direction.");
-      if (!std::isnan(v.pcie_tx_bytes_s)) {
-        sample(out, "steptrace_gpu_pcie_bytes_per_second", fmt::format("{},direction=\"tx\"", l),
-               v.pcie_tx_bytes_s);
-      }
-      if (!std::isnan(v.pcie_rx_bytes_s)) {
-        sample(out, "steptrace_gpu_pcie_bytes_per_second", fmt::format("{},direction=\"rx\"", l),
-               v.pcie_rx_bytes_s);
-      }
-    }
+    // a gauge by direction, the series of a direction the device does not report left out
+    auto by_direction = [&](const char* name, const char* help, double tx, double rx) {
+      if (std::isnan(tx) && std::isnan(rx)) return;
+      header(out, name, "gauge", help);
+      if (!std::isnan(tx)) sample(out, name, fmt::format("{},direction=\"tx\"", l), tx);
+      if (!std::isnan(rx)) sample(out, name, fmt::format("{},direction=\"rx\"", l), rx);
+    };
+    by_direction("steptrace_gpu_pcie_bytes_per_second",
+                 "PCIe throughput over the last step, by direction.", v.pcie_tx_bytes_s,
+                 v.pcie_rx_bytes_s);
+    by_direction("steptrace_gpu_nvlink_bytes_per_second",
+                 "NVLink data throughput over the last step, all links, by direction.",
+                 v.nvlink_tx_bytes_s, v.nvlink_rx_bytes_s);
     bool throttle_header = false;
     for (std::size_t bit = 0; bit < kThrottleReasonBits; ++bit) {
       if (v.throttled[bit] == 0) continue;

@@ -217,8 +217,12 @@ struct TelemetrySample {
   double util_pct = 0;                 // GPU utilization (share of time a kernel ran)
   std::uint64_t throttle_reasons = 0;  // NVML clock event reason bits
   // Optional readings: NaN, or -1 for counters, where the device does not report them.
-  double pcie_tx_mb_s = std::numeric_limits<double>::quiet_NaN();   // PCIe TX, MB/s
-  double pcie_rx_mb_s = std::numeric_limits<double>::quiet_NaN();   // PCIe RX, MB/s
+  double pcie_tx_mb_s = std::numeric_limits<double>::quiet_NaN();  // PCIe TX, MB/s
+  double pcie_rx_mb_s = std::numeric_limits<double>::quiet_NaN();  // PCIe RX, MB/s
+  // NVLink data TX / RX, MB/s, summed over the active links: the growth of their
+  // throughput counters since the reading before (NaN on the first reading)
+  double nvlink_tx_mb_s = std::numeric_limits<double>::quiet_NaN();
+  double nvlink_rx_mb_s = std::numeric_limits<double>::quiet_NaN();
   double mem_clock_mhz = std::numeric_limits<double>::quiet_NaN();  // memory clock
   double mem_temp_c = std::numeric_limits<double>::quiet_NaN();     // HBM temperature
   std::int64_t nvlink_crc_errors = -1;     // CRC flit errors summed over active links

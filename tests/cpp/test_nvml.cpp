@@ -131,6 +131,9 @@ TEST(Nvml, SteadyRunHasHwInEveryStepAndRaisesNothing) {
     // the optional readings the fake device has: 2,000,000 / 1,000,000 KB/s
     EXPECT_EQ(hw.at("pcie_tx_mb_s"), 2000);
     EXPECT_EQ(hw.at("pcie_rx_mb_s"), 1000);
+    // 4 links x 1,000,000 / 500,000 KiB a one-second reading: 4096 / 2048 MB/s
+    EXPECT_EQ(hw.at("nvlink_tx_mb_s"), 4096);
+    EXPECT_EQ(hw.at("nvlink_rx_mb_s"), 2048);
     EXPECT_EQ(hw.at("mem_clock_mhz"), 2619);
     EXPECT_EQ(hw.at("max_mem_temp_c"), 70);
   }

@@ -521,6 +521,8 @@ TEST(MetricsRegistry, HardwareFiguresOfTheLastStepAndErrorsByKind) {
   b.hw.mem_clock_mhz = 2619;
   b.hw.max_mem_temp_c = 80;
   b.hw.pcie_tx_mb_s = 12.5;
+  b.hw.nvlink_tx_mb_s = 4096;
+  b.hw.nvlink_rx_mb_s = 2048;
   reg.observe_step(b);
   reg.observe_step(record(2, 1000));  // a step without hw keeps the last figures
   reg.observe_lines(
@@ -541,6 +543,10 @@ TEST(MetricsRegistry, HardwareFiguresOfTheLastStepAndErrorsByKind) {
   EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_pcie_bytes_per_second", {{"direction", "tx"}}),
                    12.5e6);
   EXPECT_TRUE(named(all, "steptrace_gpu_pcie_bytes_per_second", {{"direction", "rx"}}).empty());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_nvlink_bytes_per_second", {{"direction", "tx"}}),
+                   4096e6);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_nvlink_bytes_per_second", {{"direction", "rx"}}),
+                   2048e6);
   EXPECT_EQ(value_of(all, "steptrace_gpu_throttled_steps_total", {{"reason", "sw_power_cap"}}), 2);
   EXPECT_EQ(
       value_of(all, "steptrace_gpu_throttled_steps_total", {{"reason", "hw_thermal_slowdown"}}), 1);

@@ -83,6 +83,12 @@ def main() -> int:
             checks("energy per step adds up", f"steps {steps_j:.0f} J, counter {end.get('energy_j', 0):.0f} J",
                    abs(steps_j - end.get("energy_j", 0)) <= 0.05 * max(steps_j, 1))
             checks("energy per 1000 steps", f"{end.get('energy_j_per_1000_steps', 0):.0f} J", steps_j > 0)
+            # a single-GPU run moves next to nothing over NVLink: the check is that the
+            # figure is read (where the device has links) and is a rate, not its size
+            link = [r["hw"]["nvlink_tx_mb_s"] for r in with_hw if "nvlink_tx_mb_s" in r["hw"]]
+            checks("nvlink throughput read", f"{len(link)}/{len(with_hw)} steps, mean "
+                   f"{statistics.fmean(link) if link else float('nan'):.1f} MB/s TX",
+                   not link or all(v >= 0 for v in link))
         on = statistics.median(loop(f"{tmp}/on{i}", 5) for i in range(3))
         off = statistics.median(loop(f"{tmp}/off{i}", 5, nvml="off") for i in range(3))
         checks("sampler cost per step", f"on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms",

@@ -41,6 +41,8 @@ constexpr unsigned kClockMem = 2;                      // NVML_CLOCK_MEM
 constexpr unsigned kPcieTxBytes = 0;                   // NVML_PCIE_UTIL_TX_BYTES
 constexpr unsigned kPcieRxBytes = 1;                   // NVML_PCIE_UTIL_RX_BYTES
 constexpr unsigned kFieldMemoryTemp = 82;              // NVML_FI_DEV_MEMORY_TEMP
+constexpr unsigned kFieldNvLinkTxKib = 138;            // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB
+constexpr unsigned kFieldNvLinkRxKib = 139;            // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, KiB
 // NVML_NVLINK_MAX_LINKS: 18 in CUDA 12's nvml.h, 36 in CUDA 13's; links past a device's
 // last answer INVALID_ARGUMENT, so probing the larger bound is safe with either driver.
 constexpr unsigned kNvLinkMaxLinks = 36;
@@ -265,6 +267,16 @@ class NvmlTelemetry final : public TelemetrySource {
         }
       }
     }
+    // one field-value request for both throughput counters of every active link (scopeId:
+    // the link), made once
+    for (const unsigned link : nvlinks_) {
+      for (const unsigned field : {kFieldNvLinkTxKib, kFieldNvLinkRxKib}) {
+        FieldValue f{};
+        f.field_id = field;
+        f.scope_id = link;
+        nvlink_fields_.push_back(f);
+      }
+    }
   }
   ~NvmlTelemetry() override { finish(); }
 
@@ -333,6 +345,7 @@ class NvmlTelemetry final : public TelemetrySource {
     }
     read_optional(s);
     s.t_ns = now_ns();
+    read_nvlink_throughput(s);
     check_errors(s);
     std::lock_guard<std::mutex> lock(mu_);
     // Bounded: a writer that stopped taking must not grow this without end.
@@ -387,6 +400,37 @@ class NvmlTelemetry final : public TelemetrySource {
       }
       remap_unsupported_ = r == kNotSupported;
     }
+  }
+
+  // NVLink data throughput: the growth of the links' KiB counters since the reading
+  // before, over the time between them (NaN on the first reading and after a counter
+  // went back, a driver reload). Stops being asked for once NVML says not supported.
+  void read_nvlink_throughput(TelemetrySample& s) {
+    if (nvlink_fields_.empty() || api_.field_values == nullptr || nvlink_rate_unsupported_) {
+      return;
+    }
+    for (FieldValue& f : nvlink_fields_) f.nvml_return = -1;
+    const Return r =
+        api_.field_values(dev_, static_cast<int>(nvlink_fields_.size()), nvlink_fields_.data());
+    double kib[2] = {0, 0};  // tx, rx
+    for (const FieldValue& f : nvlink_fields_) {
+      if (r != kSuccess || f.nvml_return != kSuccess) {
+        nvlink_rate_unsupported_ = r == kNotSupported || f.nvml_return == kNotSupported;
+        nvlink_kib_t_ns_ = INT64_MIN;  // no rate across a failed reading
+        return;
+      }
+      kib[f.field_id == kFieldNvLinkTxKib ? 0 : 1] += field_number(f);
+    }
+    if (nvlink_kib_t_ns_ != INT64_MIN && s.t_ns > nvlink_kib_t_ns_ && kib[0] >= nvlink_kib_[0] &&
+        kib[1] >= nvlink_kib_[1]) {
+      const double mb_per_kib_s =
+          1024.0 / 1e6 / (static_cast<double>(s.t_ns - nvlink_kib_t_ns_) / 1e9);
+      s.nvlink_tx_mb_s = (kib[0] - nvlink_kib_[0]) * mb_per_kib_s;
+      s.nvlink_rx_mb_s = (kib[1] - nvlink_kib_[1]) * mb_per_kib_s;
+    }
+    nvlink_kib_[0] = kib[0];
+    nvlink_kib_[1] = kib[1];
+    nvlink_kib_t_ns_ = s.t_ns;
   }
 
   void check_nvlink(const TelemetrySample& s) {
@@ -470,8 +514,12 @@ class NvmlTelemetry final : public TelemetrySource {
   bool pcie_unsupported_ = false;
   bool mem_temp_unsupported_ = false;
   bool remap_unsupported_ = false;
-  std::vector<unsigned> nvlinks_;         // the links active at creation
-  std::int64_t nvlink_t_ns_ = INT64_MIN;  // the last reading compared, and its CRC sum
+  std::vector<unsigned> nvlinks_;          // the links active at creation
+  std::vector<FieldValue> nvlink_fields_;  // their TX and RX throughput counters
+  bool nvlink_rate_unsupported_ = false;
+  double nvlink_kib_[2] = {0, 0};             // the last reading's sums: tx, rx
+  std::int64_t nvlink_kib_t_ns_ = INT64_MIN;  // and its time; INT64_MIN: none
+  std::int64_t nvlink_t_ns_ = INT64_MIN;      // the last reading compared, and its CRC sum
   std::int64_t nvlink_crc_ = 0;
   std::int64_t nvlink_crc_base_ = 0;  // the sum before the current run of rises
   int nvlink_rises_ = 0;

@@ -4,7 +4,9 @@
 // report reading i) is scripted second i, so tests drive it without waiting on time.
 //   steady    650 W (+-2), 65-66 C, 1980 MHz, no throttling; PCIe TX 2,000,000 / RX
 //             1,000,000 KB/s, memory 2619 MHz and 70 C, NVLink links 0..3 active with
-//             flat error counters (5 CRC, 7 replay each), 3 corrected remapped rows
+//             flat error counters (5 CRC, 7 replay each) and data counters growing by
+//             1,000,000 KiB TX / 500,000 KiB RX per link per reading, 3 corrected
+//             remapped rows
 //   sag       650 W for 20 s, then -5 W/s down to 350 W (below 70% of 700 W from 53 s)
 //   cooling   60 C for 20 s, then up to 85 C in 30 s (50 C/min)
 //   drop      700 W for 40 s, then 200 W
@@ -181,6 +183,12 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetFieldValues(void*, in
     if (f.field_id == 82) {  // NVML_FI_DEV_MEMORY_TEMP
       f.value_type = 1;      // NVML_VALUE_TYPE_UNSIGNED_INT
       f.value.ui = 70;
+      f.nvml_return = kSuccess;
+    } else if ((f.field_id == 138 || f.field_id == 139) && f.scope_id < kActiveLinks) {
+      // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX of link scope_id: KiB since driver load
+      f.value_type = 3;  // NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+      const unsigned long long per_reading = f.field_id == 138 ? 1'000'000 : 500'000;
+      f.value.ull = 7'000'000'000ULL + per_reading * static_cast<unsigned long long>(current());
       f.nvml_return = kSuccess;
     } else {
       f.nvml_return = kNotSupported;
