@@ -310,8 +310,9 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
     episode(temp_rising_, "temperature_rising", rising, r, out, std::move(a));
   }
 
-  // power_drop: a fall between two readings while steps continue
-  const double drop_w = std::max(config_.power_drop_w, config_.power_drop_fraction * limit);
+  // power_drop: a fall between two readings while steps continue; the smaller threshold
+  // wins, so a 300 W card (120 W) and a 1,000 W one (300 W) are both covered
+  const double drop_w = std::min(config_.power_drop_w, config_.power_drop_fraction * limit);
   {
     AlertEvent a;
     a.value = h.max_drop_w;

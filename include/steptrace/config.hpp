@@ -115,7 +115,8 @@ struct STEPTRACE_API Config {
   /// the last minute (at least 30 s of history).
   double temp_rise_c_per_min = 10.0;
   /// power_drop: power falling between two readings by more than
-  /// max(power_drop_w, power_drop_fraction x the power limit).
+  /// min(power_drop_w, power_drop_fraction x the power limit): whichever comes first, so
+  /// it fires on a 300 W card (120 W) as on a 700 W one (280 W).
   double power_drop_w = 300.0;
   double power_drop_fraction = 0.4;
 

@@ -872,6 +872,10 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
                  f"{table['method'] or 'nothing (call prof.watch(ddp_model))'}")
     head = ["rank", "host", "steps", "p50 ms", "p95 ms", "compute", "comm", "wait", "data",
             "straggler", "memory"]
+    # the GPU's power and temperature (NVML), where any rank has them: hot_gpu compares these
+    with_hw = any(row.get("hw") for row in table["ranks"])
+    if with_hw:
+        head += ["power", "temp"]
     rows = [head]
     for row in table["ranks"]:
         mem = row.get("memory_bytes")
@@ -880,8 +884,9 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
                      _share(row["comm_ms"], row["step_ms"]), _share(row["wait_ms"], row["step_ms"]),
                      _share(row["data_ms"], row["step_ms"]), _fmt(row["straggler_pct"], "+.1f", "%"),
                      "-" if not mem else f"{mem / 2**20:.0f} MiB"])
-        if "hw" in row:
-            rows[-1][-1] += " " + " ".join(f"{k}={v:g}" for k, v in row["hw"].items() if v is not None)
+        if with_hw:
+            hw = row.get("hw") or {}
+            rows[-1] += [_fmt(hw.get(HW_POWER_KEY), ".0f", " W"), _fmt(hw.get(HW_TEMP_KEY), ".0f", " C")]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
         lines.append("  ".join(c.rjust(w) if i not in (1,) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))

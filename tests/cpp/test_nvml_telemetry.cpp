@@ -78,6 +78,7 @@ struct Timeline {
   std::vector<AlertEvent> events;
   TelemetryDetector detector{config};
   std::int64_t step = 0;
+  double limit_w = 700;
   Timeline() { config.warmup_steps = 2; }
   void add(double power_w, double temp_c, double drop_w = 0, std::uint64_t reasons = 0,
            double sm_throughput_pct = std::numeric_limits<double>::quiet_NaN()) {
@@ -97,7 +98,7 @@ struct Timeline {
     r.hw.min_power_w = power_w;
     r.hw.max_temp_c = temp_c;
     r.hw.max_drop_w = drop_w;
-    r.hw.power_limit_w = 700;
+    r.hw.power_limit_w = limit_w;
     r.hw.throttle_reasons = reasons;
     r.hw.sm_clock_mhz = 1980;
     ++step;
@@ -177,15 +178,28 @@ TEST(TelemetryDetector, TemperatureRisingAtTheThreshold) {
   EXPECT_EQ(run.alerts(), std::vector<std::string>{"temperature_rising"});
 }
 
-TEST(TelemetryDetector, PowerDropUsesTheLargerOf300WAnd40PercentOfTheLimit) {
-  Timeline run;
+TEST(TelemetryDetector, PowerDropUsesTheSmallerOf300WAnd40PercentOfTheLimit) {
+  Timeline run;  // a 700 W limit: min(300, 280) = 280 W
   for (int i = 0; i < 10; ++i) run.add(650, 65);
-  run.add(650, 65, 290);  // max(300, 280) = 300: not a drop
+  run.add(650, 65, 270);
   EXPECT_TRUE(run.events.empty());
   run.add(200, 65, 500);
   EXPECT_EQ(run.alerts(), std::vector<std::string>{"power_drop"});
-  Timeline strict;  // configurable
+  Timeline small;  // a 300 W card: min(300, 120) = 120 W, which 300 W alone never reaches
+  small.limit_w = 300;
+  for (int i = 0; i < 10; ++i) small.add(280, 65);
+  small.add(270, 65, 100);
+  EXPECT_TRUE(small.events.empty());
+  small.add(120, 65, 150);
+  EXPECT_EQ(small.alerts(), std::vector<std::string>{"power_drop"});
+  Timeline big;  // a 1,000 W card: min(300, 400) = 300 W
+  big.limit_w = 1000;
+  for (int i = 0; i < 10; ++i) big.add(950, 65);
+  big.add(650, 65, 310);
+  EXPECT_EQ(big.alerts(), std::vector<std::string>{"power_drop"});
+  Timeline strict;  // configurable: both bounds raised
   strict.config.power_drop_w = 600;
+  strict.config.power_drop_fraction = 0.9;
   for (int i = 0; i < 10; ++i) strict.add(650, 65);
   strict.add(200, 65, 500);
   EXPECT_TRUE(strict.events.empty());

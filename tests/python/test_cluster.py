@@ -300,3 +300,29 @@ def test_hot_gpu_against_gpus_at_similar_power():
     assert [(a["type"], a["subject_rank"]) for a in found] == [("hot_gpu", 2)]
     assert found[0]["details"]["delta_c"] == pytest.approx(9.0)
     assert record["temp_delta_c"]["2"] == pytest.approx(9.0)
+
+
+def test_live_hot_gpu_named_on_rank0_and_shown_by_the_cli(tmp_path, monkeypatch, fake_nvml, capsys):
+    # rank 1's (stand-in) GPU runs 10 C hotter than rank 0's at the same power
+    monkeypatch.setenv("STEPTRACE_NVML_LIBRARY", str(fake_nvml))
+    monkeypatch.setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady,hot")
+    torchrun(tmp_path)
+    rank0 = tmp_path / "rank0.jsonl"
+    hot = [a for a in records_of(rank0, "alert") if a["type"] == "hot_gpu"]
+    assert [a["subject_rank"] for a in hot] == [1], rank0.read_text()[-2000:]
+    assert hot[0]["details"]["delta_c"] == pytest.approx(10.0, abs=1.0)
+    assert [a for a in records_of(rank0, "alert") if a["type"] == "straggler"] == []
+    assert cli(["cluster", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    head, row0, row1 = out.splitlines()[1:4]
+    assert head.split()[-2:] == ["power", "temp"]
+    assert row0.split()[-4:] == ["650", "W", "66", "C"] and row1.split()[-2:] == ["76", "C"]
+    assert "HOT_GPU at step" in out and "rank 1's GPU" in out
+
+
+def test_live_gpus_at_one_temperature_raise_no_hot_gpu(tmp_path, monkeypatch, fake_nvml):
+    monkeypatch.setenv("STEPTRACE_NVML_LIBRARY", str(fake_nvml))
+    monkeypatch.setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady")
+    torchrun(tmp_path)
+    alerts = records_of(tmp_path / "rank0.jsonl", "alert")
+    assert alerts == [] and len(records_of(tmp_path / "rank0.jsonl", "cluster")) >= 3

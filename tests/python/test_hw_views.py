@@ -169,21 +169,6 @@ def test_report_hardware_section(tmp_path: Path) -> None:
     assert "GPU hardware" not in plain and "energy" not in plain
 
 
-@pytest.fixture(scope="module")
-def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import os
-    import shutil
-    import subprocess
-
-    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no C++ compiler to build the stand-in NVML library")
-    lib = tmp_path_factory.mktemp("fake_nvml") / "libnvidia-ml.so.1"
-    src = Path(__file__).parent.parent / "cpp" / "fake_nvml" / "fake_nvml.cpp"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-o", str(lib), str(src)], check=True)
-    return lib
-
-
 def test_real_run_on_the_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_nvml: Path) -> None:
     """A profiler run on the stand-in library (steady: 640..660 W) summarized and plotted."""
     monkeypatch.setenv("STEPTRACE_NVML_LIBRARY", str(fake_nvml))

@@ -175,7 +175,6 @@ def test_a_short_job_pushes_to_a_real_pushgateway_at_close(tmp_path):
 
 
 # The stand-in NVML library of the C++ tests, compiled by test_nvml.py's fixture.
-from test_nvml import fake_nvml  # noqa: E402, F401  (a pytest fixture, used by name)
 
 
 def _samples(text: str, name: str) -> dict:

@@ -5,9 +5,6 @@ against the schema."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import threading
 from pathlib import Path
 
@@ -15,8 +12,6 @@ import pytest
 
 import steptrace
 from steptrace import ConfigError
-
-FAKE_NVML = Path(__file__).parent.parent / "cpp" / "fake_nvml" / "fake_nvml.cpp"
 
 
 def _run(path, steps=5, **options):
@@ -59,17 +54,6 @@ def test_nvml_off_and_thresholds_as_keywords(tmp_path):
 def test_bad_nvml_options_raise(tmp_path, options, needle):
     with pytest.raises(ConfigError, match=needle):
         steptrace.Profiler(tmp_path / "run", **options)
-
-
-@pytest.fixture(scope="module")
-def fake_nvml(tmp_path_factory):
-    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no C++ compiler to build the stand-in NVML library")
-    lib = tmp_path_factory.mktemp("fake_nvml") / "libnvidia-ml.so.1"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-o", str(lib),
-                    str(FAKE_NVML)], check=True)
-    return lib
 
 
 def test_sampler_thread_fills_hw_and_reports_an_xid_at_once(tmp_path, monkeypatch, fake_nvml):

@@ -104,7 +104,6 @@ def _expressions() -> list[tuple[str, str]]:
 
 
 # The stand-in NVML library of the C++ tests, compiled by test_nvml.py's fixture.
-from test_nvml import fake_nvml  # noqa: E402, F401  (a pytest fixture, used by name)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
 // A stand-in libnvidia-ml.so.1 for tests (loaded through STEPTRACE_NVML_LIBRARY). It
-// plays a scripted series chosen by $STEPTRACE_FAKE_NVML_SCENARIO, read at nvmlInit_v2:
+// plays a scripted series chosen by $STEPTRACE_FAKE_NVML_SCENARIO, read at nvmlInit_v2
+// (a comma-separated list is one GPU per entry, the handle opened picks its series, so that
+// each of torchrun's ranks plays its own: "steady,hot"):
 // reading i (each nvmlDeviceGetPowerUsage call after init starts the next; the others
 // report reading i) is scripted second i, so tests drive it without waiting on time.
 //   steady    650 W (+-2), 65-66 C, 1980 MHz, no throttling; PCIe TX 2,000,000 / RX
@@ -15,6 +17,7 @@
 //   nvlink    steady; link 2's CRC count grows by one per reading from reading 30
 //   nvlink_blip steady; link 2's CRC count rises once, at reading 30
 //   remap     steady; an uncorrectable remapped row (pending) at reading 40
+//   hot       steady, but 10 C hotter (75-76 C) at the same power: a GPU with poor cooling
 //   nodevice  NVML loads, but sees no GPU
 // What a real device may lack is answered NVML_ERROR_NOT_SUPPORTED, as NVML does.
 #include <cstdlib>
@@ -55,11 +58,19 @@ struct EventData {
   unsigned compute_instance_id;
 };
 
-std::string g_scenario = "steady";
-long g_reading = -1;  // the current reading; -1: none yet
+std::string g_list = "steady";      // $STEPTRACE_FAKE_NVML_SCENARIO
+std::string g_scenario = "steady";  // the series played: the opened GPU's entry
+long g_reading = -1;                // the current reading; -1: none yet
 double g_energy_mj = 0;
 bool g_xid_delivered = false;
-int g_device = 0;  // the handle's target
+int g_device = 0;        // the handle's target
+unsigned g_devices = 1;  // entries in the scenario list
+
+std::string series_of(unsigned index) {
+  std::size_t begin = 0;
+  for (unsigned i = 0; i < index; ++i) begin = g_list.find(',', begin) + 1;
+  return g_list.substr(begin, g_list.find(',', begin) - begin);
+}
 
 double power_w(long i) {
   if (g_scenario == "sag") {
@@ -76,7 +87,7 @@ double temp_c(long i) {
     const double t = 60 + 25.0 * static_cast<double>(i - 20) / 30.0;
     return t > 85 ? 85 : t;
   }
-  return 65 + static_cast<double>(i % 2);
+  return (g_scenario == "hot" ? 75 : 65) + static_cast<double>(i % 2);
 }
 unsigned long long reasons(long i) {
   if (g_scenario == "throttle") {
@@ -99,7 +110,10 @@ extern "C" {
 
 __attribute__((visibility("default"))) Return nvmlInit_v2() {
   const char* s = std::getenv("STEPTRACE_FAKE_NVML_SCENARIO");
-  g_scenario = s != nullptr && *s != '\0' ? s : "steady";
+  g_list = s != nullptr && *s != '\0' ? s : "steady";
+  g_devices = 1;
+  for (char c : g_list) g_devices += c == ',' ? 1 : 0;
+  g_scenario = series_of(0);
   g_reading = -1;
   g_energy_mj = 1e9;  // the counter runs since driver load, not since the run started
   g_xid_delivered = false;
@@ -110,12 +124,13 @@ __attribute__((visibility("default"))) const char* nvmlErrorString(Return r) {
   return r == kTimeout ? "Timeout" : "Fake error";
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetCount_v2(unsigned* count) {
-  *count = g_scenario == "nodevice" ? 0 : 1;
+  *count = g_scenario == "nodevice" ? 0 : g_devices;
   return kSuccess;
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetHandleByIndex_v2(unsigned index,
                                                                             void** device) {
-  if (index != 0) return kInvalidArgument;
+  if (index >= g_devices) return kInvalidArgument;
+  g_scenario = series_of(index);  // this process plays the series of the GPU it opened
   *device = &g_device;
   return kSuccess;
 }
