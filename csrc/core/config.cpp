@@ -116,7 +116,8 @@ void Config::validate() const {
         {"occupancy_min_pct", occupancy_min_pct},
         {"dram_bound_pct", dram_bound_pct},
         {"comm_bound_pct", comm_bound_pct},
-        {"power_low_sm_pct", power_low_sm_pct}}) {
+        {"power_low_sm_pct", power_low_sm_pct},
+        {"power_low_data_pct", power_low_data_pct}}) {
     STEPTRACE_CHECK(value > 0.0 && value <= 100.0, ConfigError,
                     "{}={} is out of range; allowed: above 0 and at most 100 (a percentage)", name,
                     value);

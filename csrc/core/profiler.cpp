@@ -1057,6 +1057,7 @@ class ProfilerImpl final : public SignalClosable {
           {"power_low_fraction", config_.power_low_fraction},
           {"power_low_min_s", config_.power_low_min_s},
           {"power_low_sm_pct", config_.power_low_sm_pct},
+          {"power_low_data_pct", config_.power_low_data_pct},
           {"temp_rise_c_per_min", config_.temp_rise_c_per_min},
           {"power_drop_w", config_.power_drop_w},
           {"power_drop_fraction", config_.power_drop_fraction},

@@ -269,7 +269,7 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
     std::string bound =
         "batch-size bound (kernels too small to load the GPU: a larger batch "
         "or fused kernels)";
-    if (data_share > 0.2) {
+    if (data_share > config_.power_low_data_pct / 100.0) {
       bound = fmt::format("data-pipeline bound ({:.0f}% of the iteration waits on the loader)",
                           100 * data_share);
     } else if (comm_share > config_.comm_bound_pct / 100.0) {

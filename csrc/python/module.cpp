@@ -756,6 +756,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("power_low_fraction", &steptrace::Config::power_low_fraction)
       .def_readwrite("power_low_min_s", &steptrace::Config::power_low_min_s)
       .def_readwrite("power_low_sm_pct", &steptrace::Config::power_low_sm_pct)
+      .def_readwrite("power_low_data_pct", &steptrace::Config::power_low_data_pct)
       .def_readwrite("temp_rise_c_per_min", &steptrace::Config::temp_rise_c_per_min)
       .def_readwrite("power_drop_w", &steptrace::Config::power_drop_w)
       .def_readwrite("power_drop_fraction", &steptrace::Config::power_drop_fraction)

@@ -111,6 +111,9 @@ struct STEPTRACE_API Config {
   /// a GPU whose SMs are busy at low power is doing work (memory- or latency-bound
   /// kernels), not waiting on the input pipeline or the network.
   double power_low_sm_pct = 50.0;
+  /// power_low is named data-pipeline bound when the loader's wait is more than this
+  /// percentage of the iteration (else communication bound above comm_bound_pct).
+  double power_low_data_pct = 20.0;
   /// temperature_rising: the hottest reading of the steps rising faster than this over
   /// the last minute (at least 30 s of history).
   double temp_rise_c_per_min = 10.0;

@@ -47,6 +47,7 @@ class Config:
     power_low_fraction: float
     power_low_min_s: float
     power_low_sm_pct: float
+    power_low_data_pct: float
     temp_rise_c_per_min: float
     power_drop_w: float
     power_drop_fraction: float

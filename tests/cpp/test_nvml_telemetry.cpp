@@ -79,6 +79,8 @@ struct Timeline {
   TelemetryDetector detector{config};
   std::int64_t step = 0;
   double limit_w = 700;
+  std::int64_t data_ns = 0;          // the loader's wait before each step
+  std::int64_t comm_exposed_ns = 0;  // each step's exposed communication (host-timed)
   Timeline() { config.warmup_steps = 2; }
   void add(double power_w, double temp_c, double drop_w = 0, std::uint64_t reasons = 0,
            double sm_throughput_pct = std::numeric_limits<double>::quiet_NaN()) {
@@ -91,6 +93,8 @@ struct Timeline {
     r.step = step;
     r.step_ns = kS;
     r.host_ns = kS;
+    r.data_ns = data_ns;
+    r.comm.exposed_ns = comm_exposed_ns;
     r.telemetry_begin_ns = step * kS;
     r.telemetry_end_ns = (step + 1) * kS;
     r.hw.present = true;
@@ -133,6 +137,30 @@ TEST(TelemetryDetector, PowerLowOnlyOnceSustained) {
   ASSERT_EQ(run.events.size(), 2u);
   EXPECT_TRUE(run.events[1].resolved);
   EXPECT_EQ(run.events[1].repeats, 19);
+}
+
+// The cause comes from the step's own split: data wait over 20% of the iteration, else
+// exposed communication over comm_bound_pct (25%) of the step, else the batch size.
+TEST(TelemetryDetector, PowerLowNamesTheDataPipelineOrCommunicationFromThePhaseSplit) {
+  const auto bound_of = [](std::int64_t data_ns, std::int64_t comm_ns, double data_pct = 20) {
+    Timeline run;
+    run.config.power_low_data_pct = data_pct;
+    run.data_ns = data_ns;
+    run.comm_exposed_ns = comm_ns;
+    for (int i = 0; i < 10; ++i) run.add(650, 65);
+    for (int i = 0; i < 40; ++i) run.add(400, 65);
+    EXPECT_EQ(run.alerts(), std::vector<std::string>{"power_low"});
+    return run.events.empty() ? std::string() : run.events[0].details.value("bound", "");
+  };
+  EXPECT_EQ(bound_of(kS / 2, 0), "data-pipeline");      // 1/3 of the iteration waits on data
+  EXPECT_EQ(bound_of(kS / 5, 0), "batch-size");         // 1/6: below 20%
+  EXPECT_EQ(bound_of(kS / 5, 0, 10), "data-pipeline");  // configurable
+  EXPECT_EQ(bound_of(0, kS * 3 / 10), "communication");
+  EXPECT_EQ(bound_of(0, kS / 5), "batch-size");               // 20% < comm_bound_pct
+  EXPECT_EQ(bound_of(kS / 2, kS * 3 / 10), "data-pipeline");  // the loader is named first
+  Config bad;
+  bad.power_low_data_pct = 0;
+  EXPECT_THROW(bad.validate(), ConfigError);
 }
 
 TEST(TelemetryDetector, PowerLowNeedsIdleSmsWhereCountersSayHowBusyTheyAre) {
