@@ -348,7 +348,7 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
           throttle_alert("are thermally throttled: the GPU is too hot"));
   episode(power_cap_, "power_throttle", warm && power, r, out,
           throttle_alert("are held down by the power cap"));
-  if (!thermal && !power) {
+  if (warm && !thermal && !power) {  // warmup steps (compiling, allocating) are no baseline
     ++unthrottled_steps_;
     unthrottled_step_ms_ +=
         (step_ms - unthrottled_step_ms_) / static_cast<double>(unthrottled_steps_);

@@ -81,6 +81,7 @@ struct Timeline {
   double limit_w = 700;
   std::int64_t data_ns = 0;          // the loader's wait before each step
   std::int64_t comm_exposed_ns = 0;  // each step's exposed communication (host-timed)
+  std::int64_t step_ns = kS;
   Timeline() { config.warmup_steps = 2; }
   void add(double power_w, double temp_c, double drop_w = 0, std::uint64_t reasons = 0,
            double sm_throughput_pct = std::numeric_limits<double>::quiet_NaN()) {
@@ -91,7 +92,7 @@ struct Timeline {
       r.counters.values[3] = sm_throughput_pct;
     }
     r.step = step;
-    r.step_ns = kS;
+    r.step_ns = step_ns;
     r.host_ns = kS;
     r.data_ns = data_ns;
     r.comm.exposed_ns = comm_exposed_ns;
@@ -244,6 +245,20 @@ TEST(TelemetryDetector, ThrottlesNamedWithTheStepTimeTheyCost) {
   EXPECT_EQ(thermal.details["reasons"][0], "hw_thermal_slowdown");
   ASSERT_TRUE(thermal.baseline.has_value());
   EXPECT_NE(thermal.message.find("+0%"), std::string::npos);
+}
+
+TEST(TelemetryDetector, ThrottleCostIsMeasuredAgainstStepsAfterWarmup) {
+  Timeline run;           // warmup: 2 steps
+  run.step_ns = 10 * kS;  // the first steps compile and allocate: slow, not the baseline
+  run.add(650, 65);
+  run.add(650, 65);
+  run.step_ns = kS;
+  for (int i = 0; i < 8; ++i) run.add(650, 65);
+  run.step_ns = kS * 3 / 2;  // the throttled step runs 50% longer
+  run.add(650, 80, 0, kThrottleHwThermal);
+  ASSERT_EQ(run.alerts(), std::vector<std::string>{"thermal_throttle"});
+  EXPECT_DOUBLE_EQ(*run.events[0].baseline, 1000.0);
+  EXPECT_NE(run.events[0].message.find("+50%"), std::string::npos) << run.events[0].message;
 }
 
 TEST(ChainedCompleter, CompletesEachStageOnceAndJoinsRunEndFields) {
