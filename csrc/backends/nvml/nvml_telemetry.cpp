@@ -377,17 +377,17 @@ class NvmlTelemetry final : public TelemetrySource {
       mem_temp_unsupported_ = r == kNotSupported || f.nvml_return == kNotSupported;
     }
     if (!nvlinks_.empty()) {
-      s.nvlink_crc_errors = 0;
-      s.nvlink_replay_errors = 0;
-      for (const unsigned link : nvlinks_) {
-        unsigned long long n = 0;
-        if (api_.nvlink_error(dev_, link, kNvLinkErrorCrcFlit, &n) == kSuccess) {
-          s.nvlink_crc_errors += static_cast<std::int64_t>(n);
+      // summed over the links that answered; none answering leaves the count unknown (-1),
+      // not a 0 that a later answer would read as a rise
+      auto link_errors = [&](unsigned counter, std::int64_t* out) {
+        for (const unsigned link : nvlinks_) {
+          unsigned long long n = 0;
+          if (api_.nvlink_error(dev_, link, counter, &n) != kSuccess) continue;
+          *out = std::max<std::int64_t>(*out, 0) + static_cast<std::int64_t>(n);
         }
-        if (api_.nvlink_error(dev_, link, kNvLinkErrorReplay, &n) == kSuccess) {
-          s.nvlink_replay_errors += static_cast<std::int64_t>(n);
-        }
-      }
+      };
+      link_errors(kNvLinkErrorCrcFlit, &s.nvlink_crc_errors);
+      link_errors(kNvLinkErrorReplay, &s.nvlink_replay_errors);
     }
     if (api_.remapped_rows != nullptr && !remap_unsupported_) {
       unsigned corrected = 0, uncorrected = 0, pending = 0, failure = 0;

@@ -17,6 +17,7 @@
 //   nvlink    steady; link 2's CRC count grows by one per reading from reading 30
 //   nvlink_blip steady; link 2's CRC count rises once, at reading 30
 //   remap     steady; an uncorrectable remapped row (pending) at reading 40
+//   nolinkerrors steady, but the NVLink error counters answer NVML_ERROR_NOT_SUPPORTED
 //   hot       steady, but 10 C hotter (75-76 C) at the same power: a GPU with poor cooling
 //   nodevice  NVML loads, but sees no GPU
 // What a real device may lack is answered NVML_ERROR_NOT_SUPPORTED, as NVML does.
@@ -220,6 +221,7 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetNvLinkState(void*, un
 __attribute__((visibility("default"))) Return nvmlDeviceGetNvLinkErrorCounter(
     void*, unsigned link, unsigned counter, unsigned long long* value) {
   if (link >= kActiveLinks || counter > 4) return kInvalidArgument;
+  if (g_scenario == "nolinkerrors") return kNotSupported;
   *value = counter == 2 ? crc_flits(link, current()) : counter == 0 ? 7 : 0;
   return kSuccess;
 }
