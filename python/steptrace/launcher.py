@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         return subprocess.call(_torchrun_command(args))
     try:
         return run_script(args.script, list(args.args), args.log_dir, options, discover_steps=args.discover_steps)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, LaunchError):
         raise
     except Exception as exc:
         _print_script_traceback(exc, args.script)
@@ -143,7 +143,10 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
     from steptrace.autophase import GlobalPhaseHooks
     from steptrace.profiler import Profiler
 
-    prof = Profiler(log_dir, **options)
+    try:
+        prof = Profiler(log_dir, **options)
+    except SteptraceError as exc:  # e.g. a log_dir that cannot be created: nothing ran yet
+        raise LaunchError(f"--log-dir {log_dir}: {exc}") from None
     hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps, ddp_comm=True)
     saved_argv = sys.argv
     sys.argv = [script, *argv]

@@ -27,7 +27,9 @@ import logfactory as lf
 CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"
 REAL_SEED = CORPUS / "seed_real.jsonl"  # a real CPU training run (tests/python/fuzz_corpus/README.md)
 ERROR_LINE_MAX = 2000  # a clean error is one line a person can read, not a dump of the log
-_STDERR_OK = re.compile(r"(steptrace: (error|warning): |wrote )")
+# argparse's usage errors: the usage block, then "steptrace[ COMMAND]: error: ..."
+_ERROR_LINE = re.compile(r"steptrace( [a-z]+)?: error: ")
+_STDERR_OK = re.compile(r"(steptrace( [a-z]+)?: (error|warning): |wrote |usage: |  +\S)")
 
 
 # --------------------------------------------------------------------------- seeds
@@ -510,16 +512,16 @@ class Oracle:
         for line in lines:
             if not _STDERR_OK.match(line):
                 self._fail(where, f"stderr line that is not a steptrace message: {line[:300]!r}")
-            if len(line) > ERROR_LINE_MAX and line.startswith("steptrace: error"):
+            if len(line) > ERROR_LINE_MAX and _ERROR_LINE.match(line):
                 self._fail(where, f"error line of {len(line)} chars: {line[:300]!r}")
         if rc not in (0, 1, 2):
             self._fail(where, f"exit status {rc}")
         if rc == 2:
-            if not lines or not lines[-1].startswith("steptrace: error: "):
+            if not lines or not _ERROR_LINE.match(lines[-1]):
                 self._fail(where, f"exit 2 without an error line: {text[-300:]!r}")
-            if sum(line.startswith("steptrace: error") for line in lines) != 1:
+            if sum(bool(_ERROR_LINE.match(line)) for line in lines) != 1:
                 self._fail(where, f"more than one error line: {text[-600:]!r}")
-        elif any(line.startswith("steptrace: error") for line in lines):
+        elif any(_ERROR_LINE.match(line) for line in lines):
             self._fail(where, f"exit {rc} with an error line")
         return rc, out.getvalue(), text
 

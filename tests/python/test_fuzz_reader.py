@@ -178,10 +178,64 @@ def test_json_fallback_reader_without_orjson(tmp_path, seeds):
 def test_cli_commands_without_a_log(tmp_path):
     """The subcommands that take no log: junk arguments are clean usage errors."""
     oracle = fz.Oracle(tmp_path, tmp_path)
-    for chip in ("", "x" * 200, "GH100\n", "\u202e"):
-        rc, _, _ = oracle.cli(["metrics", "--chip", chip])
+    rng = random.Random(5)
+    chips = ["", "x" * 200, "GH100\n", "\u202e", "GH100", "GA100", "gh100", "GH1000", "../GH100", "\x00", "nan"]
+    for _ in range(40):  # junk chips, modes and flags: a report, or one clean error
+        argv = ["metrics", "--chip", rng.choice(chips)]
+        if rng.random() < 0.5:
+            argv += ["--mode", rng.choice(["auto", "pm_sampling", "range_profiler", "", "PM", "x" * 50])]
+        if rng.random() < 0.5:
+            argv += ["--json"]
+        rc, out, _ = oracle.cli(argv)
         assert rc in (0, 2)
+        if rc == 0 and "--json" in argv:
+            assert isinstance(fz.strict_json(out), dict)
     rc, _, _ = oracle.cli(["summary", str(tmp_path / "nope")])
     assert rc == 2
     rc, _, _ = oracle.cli(["export", str(tmp_path), "--format", "chrome", "-o", str(tmp_path / "no" / "x.json")])
     assert rc == 2
+
+
+def test_run_with_fuzzed_arguments_refuses_cleanly_before_the_script_runs(tmp_path, monkeypatch):
+    """``steptrace run`` with seeded junk arguments: a bad one is exit 2 with one error line,
+    raised before the script ran or a log was written; good ones run the script."""
+    script = tmp_path / "train.py"
+    marker = tmp_path / "ran"
+    script.write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('1')\n")
+    monkeypatch.chdir(tmp_path)
+    oracle = fz.Oracle(tmp_path, tmp_path)
+    good = {"--log-dir": [str(tmp_path / "logs")], "--discover-steps": ["0", "3"],
+            "-o": ["window=30", "warmup_steps=2", 'clock="host"']}
+    bad = {"--log-dir": ["/proc/steptrace/x", str(script), ""],
+           "--nproc-per-node": ["0", "-3", "x", "1e9", ""],
+           "--discover-steps": ["-1", "two", "1.5", ""],
+           "-o": ["window", "=3", "window=abc", "nosuch=1", "window=-5", "window=1e400", "warmup_steps=[1]",
+                  "clock=\"gpu\"", "detect=NaN", "window=" + "9" * 400, "\u202e=1", "window=1=2"]}
+    scripts = [str(script), str(tmp_path / "nope.py"), str(tmp_path), "", "\x7f.py"]
+    rng = random.Random(11)
+    ran = refused = 0
+    for i in range(120):
+        argv, ok = ["run"], True
+        for flag in rng.sample(sorted(good), rng.randrange(len(good) + 1)):
+            if rng.random() < 0.4:
+                argv += [flag, rng.choice(bad[flag])] if flag in bad else [flag, rng.choice(good[flag])]
+                ok = ok and flag not in bad
+            else:
+                argv += [flag, rng.choice(good[flag])]
+        if rng.random() < 0.3:
+            argv += ["--nproc-per-node", rng.choice(bad["--nproc-per-node"])]
+            ok = False
+        target = scripts[0] if rng.random() < 0.6 else rng.choice(scripts)
+        ok = ok and target == str(script)
+        argv += [target] if target else []
+        ok = ok and bool(target)
+        argv += ["--lr", "0.1"] if rng.random() < 0.3 else []
+        marker.unlink(missing_ok=True)
+        rc, _, err = oracle.cli(argv)
+        if ok:
+            assert rc == 0 and marker.exists(), f"argv {argv}: exit {rc} {err[-500:]}"
+            ran += 1
+        else:
+            assert rc == 2 and not marker.exists(), f"argv {argv}: exit {rc} {err[-500:]}"
+            refused += 1
+    assert ran >= 10 and refused >= 40, (ran, refused)
