@@ -34,6 +34,12 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def as_object(v: Any) -> dict:
+    """``v`` when it is a JSON object, else ``{}``: a record field that a corrupt or edited
+    log made a list, a string or a number reads as absent."""
+    return v if isinstance(v, dict) else {}
+
+
 def _num(v: Any) -> float:
     return float(v) if _is_num(v) else NAN
 

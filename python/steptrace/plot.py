@@ -29,6 +29,7 @@ import os
 import warnings
 from typing import Any, Optional
 
+from steptrace._table import as_object
 from steptrace.analysis import Run, load, require
 from steptrace.summary import HwSeries
 
@@ -244,7 +245,7 @@ def _power_series(run: Run, rank: int, steps: Any, np: Any) -> Optional[dict[str
     limits = [v for v in col("power_limit_w") if v == v]
     if not limits:
         for rs in run.run_starts:
-            t = (rs.get("backends") or {}).get("telemetry")
+            t = as_object(rs.get("backends")).get("telemetry")
             if isinstance(t, dict) and isinstance(t.get("power_limit_w"), (int, float)) and rs.get("rank", 0) == rank:
                 limits.append(float(t["power_limit_w"]))
     return {"power_w": col("power_w"), "min_power_w": col("min_power_w"), "max_temp_c": col("max_temp_c"),

@@ -18,6 +18,7 @@ import json
 import os
 from typing import Any, Optional
 
+from steptrace._table import as_object
 from steptrace.analysis import Run, load, require
 from steptrace.errors import SteptraceError
 from steptrace.summary import (
@@ -122,16 +123,17 @@ def _card(value: str, key: str, bad: bool = False) -> str:
 def _run_details(run: Run) -> str:
     parts = []
     for rs in run.run_starts[:16]:
-        dev = rs.get("device")
+        dev = as_object(rs.get("device"))
         dev_text = "none (CPU)" if not dev else f"{dev.get('name')}" + (
             f", {dev['memory_total_bytes'] / 2**30:.1f} GiB" if isinstance(dev.get("memory_total_bytes"), int) else "")
-        versions = ", ".join(f"{k} {v}" for k, v in (rs.get("versions") or {}).items() if v)
+        versions = ", ".join(f"{k} {v}" for k, v in as_object(rs.get("versions")).items() if v)
         backends = []
-        for kind, b in (rs.get("backends") or {}).items():
+        for kind, b in as_object(rs.get("backends")).items():
             if not isinstance(b, dict):
                 continue
-            active = ", ".join(b.get("active") or []) or "none"
-            off = "; ".join(f"{k}: {v}" for k, v in (b.get("unavailable") or {}).items())
+            active = b.get("active")
+            active = ", ".join(map(str, active)) if isinstance(active, list) and active else "none"
+            off = "; ".join(f"{k}: {v}" for k, v in as_object(b.get("unavailable")).items())
             backends.append(f"<b>{_e(kind)}</b>: {_e(active)}" + (f" <span class='sub'>(not used: {_e(off)})</span>"
                                                                     if off else ""))
         started = rs.get("start_unix_ns")

@@ -13,7 +13,7 @@ import math
 from array import array
 from typing import Any, Iterable, Optional, Sequence
 
-from steptrace._table import GROUPS, HwSeries, StepTable, collect, numpy
+from steptrace._table import GROUPS, HwSeries, StepTable, as_object, collect, numpy
 
 #: The phases the summary knows, listed first and in this order when present.
 DEFAULT_PHASES = ("forward", "loss", "backward", "clip", "optimizer")
@@ -478,7 +478,7 @@ def hw_summary(hw: Optional[HwSeries], run_ends: Sequence[dict[str, Any]] = (),
 
     limits = vals["power_limit_w"] + [float(e["power_limit_w"]) for e in ends if _is_num(e.get("power_limit_w"))]
     for rs in run_starts:
-        t = (rs.get("backends") or {}).get("telemetry")
+        t = as_object(rs.get("backends")).get("telemetry")
         if isinstance(t, dict) and _is_num(t.get("power_limit_w")):
             limits.append(float(t["power_limit_w"]))
     limit = max(limits) if limits else None
@@ -486,7 +486,9 @@ def hw_summary(hw: Optional[HwSeries], run_ends: Sequence[dict[str, Any]] = (),
     sources = sorted({str(e["source"]) for e in ends if isinstance(e.get("source"), str)})
     return {
         "source": ", ".join(sources) if sources else "nvml",
-        "steps_with_hw": len(hw) if len(hw) else sum(int(e.get("steps_with_hw") or 0) for e in ends),
+        "steps_with_hw": len(hw) if len(hw) else sum(int(e["steps_with_hw"]) for e in ends
+                                                     if _is_num(e.get("steps_with_hw"))
+                                                     and math.isfinite(e["steps_with_hw"])),
         "mean_power_w": mean_power,
         "min_power_w": min(low) if low else (min(power) if power else None),
         "max_power_w": max(power) if power else None,
