@@ -98,6 +98,7 @@ void append_hw(fmt::memory_buffer& out, const HwStats& h) {
     fmt::format_to(it, ",\"mem_clock_mhz\":{:.0f}", h.mem_clock_mhz);
   if (std::isfinite(h.max_mem_temp_c))
     fmt::format_to(it, ",\"max_mem_temp_c\":{:.0f}", h.max_mem_temp_c);
+  if (std::isfinite(h.util_pct)) fmt::format_to(it, ",\"util_pct\":{:.1f}", h.util_pct);
   out.append(std::string_view(",\"throttle_reasons\":["));
   const char* sep = "";
   for (const std::string& name : throttle_reason_names(h.throttle_reasons)) {

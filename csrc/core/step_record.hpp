@@ -67,6 +67,7 @@ struct HwStats {
   double nvlink_rx_mb_s = std::numeric_limits<double>::quiet_NaN();
   double mem_clock_mhz = std::numeric_limits<double>::quiet_NaN();
   double max_mem_temp_c = std::numeric_limits<double>::quiet_NaN();
+  double util_pct = std::numeric_limits<double>::quiet_NaN();  // share of time a kernel ran
 };
 
 struct StepRecord {

@@ -98,7 +98,7 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
     periods.push_back({from,
                        s.t_ns,
                        {s.power_w, s.sm_clock_mhz, s.pcie_tx_mb_s, s.pcie_rx_mb_s, s.mem_clock_mhz,
-                        s.nvlink_tx_mb_s, s.nvlink_rx_mb_s}});
+                        s.nvlink_tx_mb_s, s.nvlink_rx_mb_s, s.util_pct}});
     h.min_power_w = std::min(h.min_power_w, s.power_w);
     if (std::isfinite(s.temp_c)) h.max_temp_c = std::max(h.max_temp_c, s.temp_c);
     if (std::isfinite(s.mem_temp_c)) max_mem_temp_c = std::max(max_mem_temp_c, s.mem_temp_c);
@@ -110,7 +110,7 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
   }
   if (!std::isfinite(h.max_temp_c)) h.max_temp_c = kNaN;
   if (std::isfinite(max_mem_temp_c)) h.max_mem_temp_c = max_mem_temp_c;
-  const AggregationResult agg = aggregate_samples(periods, {{0, begin_ns, end_ns}}, 7);
+  const AggregationResult agg = aggregate_samples(periods, {{0, begin_ns, end_ns}}, 8);
   const StepCounters& c = agg.steps.front();
   h.avg_power_w = c.values[0];
   h.sm_clock_mhz = c.values[1];
@@ -119,6 +119,7 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
   h.mem_clock_mhz = c.values[4];
   h.nvlink_tx_mb_s = c.values[5];
   h.nvlink_rx_mb_s = c.values[6];
+  h.util_pct = c.values[7];
   h.samples = static_cast<int>(hi - lo + 1);
   if (!std::isfinite(h.avg_power_w)) {  // a reading right at the window's edge only
     h.avg_power_w = samples[hi].power_w;
@@ -128,6 +129,7 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
     h.mem_clock_mhz = samples[hi].mem_clock_mhz;
     h.nvlink_tx_mb_s = samples[hi].nvlink_tx_mb_s;
     h.nvlink_rx_mb_s = samples[hi].nvlink_rx_mb_s;
+    h.util_pct = samples[hi].util_pct;
   }
   const double span_s = static_cast<double>(end_ns - begin_ns) / kNsPerS;
   if (energy_ok && lo > 0) {

@@ -145,6 +145,7 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
     v.sm_clock_hz = h.sm_clock_mhz * 1e6;
     v.mem_temp_c = h.max_mem_temp_c;
     v.mem_clock_hz = h.mem_clock_mhz * 1e6;
+    v.util_ratio = h.util_pct / 100.0;
     v.pcie_tx_bytes_s = h.pcie_tx_mb_s * 1e6;  // NaN stays NaN: not reported
     v.pcie_rx_bytes_s = h.pcie_rx_mb_s * 1e6;
     v.nvlink_tx_bytes_s = h.nvlink_tx_mb_s * 1e6;
@@ -393,6 +394,9 @@ void MetricsRegistry::render_hardware(fmt::memory_buffer& out, const Values& v) 
     gauge("steptrace_gpu_sm_clock_hertz", "SM clock, time-weighted mean over the last step.",
           v.sm_clock_hz);
     gauge("steptrace_gpu_memory_clock_hertz", "Memory clock over the last step.", v.mem_clock_hz);
+    gauge("steptrace_gpu_utilization_ratio",
+          "Share of the last step during which a kernel ran (NVML utilization), 0..1.",
+          v.util_ratio);
     // a gauge by direction, the series of a direction the device does not report left out
     auto by_direction = [&](const char* name, const char* help, double tx, double rx) {
       if (std::isnan(tx) && std::isnan(rx)) return;

@@ -85,7 +85,7 @@ class MetricsRegistry {
     bool hw_seen = false;
     double power_w = 0, power_limit_w = 0, temp_c = 0, sm_clock_hz = 0;
     double mem_temp_c = 0, mem_clock_hz = 0, pcie_tx_bytes_s = 0, pcie_rx_bytes_s = 0;
-    double nvlink_tx_bytes_s = 0, nvlink_rx_bytes_s = 0;
+    double nvlink_tx_bytes_s = 0, nvlink_rx_bytes_s = 0, util_ratio = 0;
     double energy_j = 0;                                        // summed over the steps
     std::array<std::int64_t, kThrottleReasonBits> throttled{};  // steps per reason bit
     std::map<std::string, std::int64_t> hardware_errors;        // by kind (bounded)

@@ -136,6 +136,7 @@ TEST(Nvml, SteadyRunHasHwInEveryStepAndRaisesNothing) {
     EXPECT_EQ(hw.at("nvlink_rx_mb_s"), 2048);
     EXPECT_EQ(hw.at("mem_clock_mhz"), 2619);
     EXPECT_EQ(hw.at("max_mem_temp_c"), 70);
+    EXPECT_EQ(hw.at("util_pct"), 98);
   }
   EXPECT_TRUE(run.alerts().empty()) << run.alerts().front().dump();
   const nlohmann::json hw_end = of_kind(run.records, "run_end").at(0).at("hw");

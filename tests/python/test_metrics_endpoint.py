@@ -214,6 +214,8 @@ def test_hardware_figures_and_the_cross_rank_view_on_the_endpoint(tmp_path, monk
     assert _samples(text, "steptrace_gpu_power_limit_watts") == {base: 700}
     assert _samples(text, "steptrace_gpu_temperature_celsius") == {base: last_hw["max_temp_c"]}
     assert _samples(text, "steptrace_gpu_sm_clock_hertz") == {base: pytest.approx(last_hw["sm_clock_mhz"] * 1e6, rel=1e-3)}
+    assert last_hw["util_pct"] == 98  # the fake's utilization
+    assert _samples(text, "steptrace_gpu_utilization_ratio") == {base: pytest.approx(0.98)}
     energy = sum(r["hw"]["energy_j"] for r in records if r["kind"] == "step" and "hw" in r)
     [got] = _samples(text, "steptrace_gpu_energy_joules_total").values()
     assert got == pytest.approx(energy, rel=1e-3, abs=1e-2) and got > 0
