@@ -225,7 +225,7 @@ TEST(Nvml, NvLinkErrorCountersThatDoNotAnswerAreLeftOutNotZero) {
   TempDir tmp;
   const ScriptedRun run = play(tmp, "nolinkerrors", 40);
   EXPECT_TRUE(run.alerts().empty()) << run.alerts().front().dump();
-  const auto& hw_end = of_kind(run.records, "run_end").at(0).at("hw");
+  const nlohmann::json hw_end = of_kind(run.records, "run_end").at(0).at("hw");
   EXPECT_FALSE(hw_end.contains("nvlink_crc_errors")) << hw_end.dump();
   EXPECT_FALSE(hw_end.contains("nvlink_replay_errors"));
   EXPECT_TRUE(run.steps().at(10).at("hw").contains("nvlink_tx_mb_s"));  // the links are there
