@@ -11,7 +11,6 @@ from steptrace.report import render_report
 from steptrace.summary import summarize_table
 
 # The stand-in NVML library of the C++ tests, compiled by test_nvml.py's fixture.
-from test_nvml import fake_nvml  # noqa: F401  (a pytest fixture, used by name)
 
 
 def test_the_table_keeps_hw_and_nothing_reads_the_log_again(tmp_path, monkeypatch, fake_nvml):
