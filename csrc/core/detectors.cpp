@@ -15,6 +15,11 @@ const char* advice_for(const std::string& phase) {
     return "the input pipeline is the bottleneck: add DataLoader workers, prefetch, or "
            "pin_memory";
   }
+  if (phase == "other") {
+    return "host work between steps grew (logging, callbacks, or a loader steptrace does not "
+           "see): wrap the loader with prof.data() and mark evaluation and checkpoints with "
+           "prof.interval() to tell them apart";
+  }
   if (phase == "optimizer") return "check for optimizer-state offload or host-device copies";
   if (phase == "backward") {
     return "check for gradient communication, recomputation or a changed model";
@@ -55,15 +60,22 @@ SlowStepDetector::SlowStepDetector(const Config& config, const PhaseNames& names
     : config_(config),
       names_(names),
       iteration_(static_cast<std::size_t>(config.window)),
-      data_(static_cast<std::size_t>(config.window)) {
+      data_(static_cast<std::size_t>(config.window)),
+      other_(static_cast<std::size_t>(config.window)) {
   scratch_.reserve(static_cast<std::size_t>(config.window));
   held_.reserve(static_cast<std::size_t>(config.window));
 }
 
-SlowStepDetector::Grew SlowStepDetector::grew_most(const StepRecord& r, double data_ms) const {
+SlowStepDetector::Grew SlowStepDetector::grew_most(const StepRecord& r, double data_ms,
+                                                   double other_ms) const {
   static const std::string kData = "data";
+  static const std::string kOther = "other";
   Grew g{&kData, data_ms, data_.median()};
   double best = data_ms - g.median_ms;
+  if (other_ms - other_.median() > best) {
+    g = {&kOther, other_ms, other_.median()};
+    best = other_ms - g.median_ms;
+  }
   for (std::uint16_t i = 0; i < r.phase_count; ++i) {
     const auto id = r.phase_ids[i];
     const double ms = static_cast<double>(r.phase_ns[i]) / kNsPerMs;
@@ -157,8 +169,9 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   // Warmup steps and failed (partial) steps say nothing about steady-state speed.
   if (r.step < config_.warmup_steps || r.failed) return;
   last_step_ = r.step;
-  const double iteration_ms = static_cast<double>(r.data_ns + r.step_ns) / kNsPerMs;
+  const double iteration_ms = static_cast<double>(iteration_ns(r)) / kNsPerMs;
   const double data_ms = static_cast<double>(r.data_ns) / kNsPerMs;
+  const double other_ms = static_cast<double>(r.between.other_ns) / kNsPerMs;
   if (phases_.size() < names_.size()) phases_.resize(names_.size());
 
   const bool judged = iteration_.size() >= static_cast<std::size_t>(config_.min_history);
@@ -171,7 +184,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     Grew grew;
     // The cheap part of the rule first: the window's noise only for a step that may be slow.
     if (median > 0 && excess > config_.min_excess_ms) {
-      grew = grew_most(r, data_ms);
+      grew = grew_most(r, data_ms, other_ms);
       const bool ratio = iteration_ms > config_.regression_threshold * median ||
                          grew.ms > config_.regression_threshold * grew.median_ms;
       if (ratio) {
@@ -182,6 +195,14 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
               excess > std::max(config_.stall_min_excess_ms,
                                 2.0 * config_.noise_sigmas * noise.sigma_ms) &&
               iteration_ms > config_.regression_threshold * noise.p95_ms;
+    }
+    // Most of the excess spent waiting for a CPU is the host's doing, not the model's.
+    if (slow && r.runq_ns >= 0 &&
+        static_cast<double>(r.runq_ns) / kNsPerMs >= kContentionShare * excess) {
+      slow = stall = false;
+      contention(r, iteration_ms, median, out);
+    } else if (contention_active_ && r.step - contention_last_ > config_.window) {
+      out.push_back(contention_end(r.step));
     }
     if (slow) {
       if (slow_streak_++ == 0) streak_start_ = r.step;
@@ -221,6 +242,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     held_.clear();
   }
   data_.push(data_ms);
+  other_.push(other_ms);
   // Every phase seen so far gets a value each step (0 when it did not run).
   std::vector<bool>& present = present_;  // reused: no allocation per step
   present.assign(names_.size(), false);
@@ -237,10 +259,87 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   }
 }
 
+void SlowStepDetector::contention(const StepRecord& r, double iteration_ms, double median,
+                                  std::vector<AlertEvent>& out) {
+  const double runq_ms = static_cast<double>(r.runq_ns) / kNsPerMs;
+  contention_last_ = r.step;
+  ++contention_steps_;
+  if (contention_active_) return;  // folded into the open episode
+  contention_active_ = true;
+  contention_start_ = r.step;
+  contention_steps_ = 1;
+  AlertEvent a;
+  a.type = "host_contention";
+  a.step = r.step;
+  a.value = runq_ms;
+  a.baseline = median;
+  a.threshold = kContentionShare * (iteration_ms - median);
+  a.message = fmt::format(
+      "step {} took {:.2f} ms vs the trailing median {:.2f} ms, and the training thread waited "
+      "{:.2f} ms of it for a CPU (runnable, not running): the host is oversubscribed, not the "
+      "model; check other processes on the node, DataLoader workers and OMP/MKL threads "
+      "(torch.set_num_threads) against the cores",
+      r.step, iteration_ms, median, runq_ms);
+  a.details = {{"runq_ms", runq_ms},
+               {"runq_span_ms", static_cast<double>(r.runq_span_ns) / kNsPerMs},
+               {"excess_ms", iteration_ms - median},
+               {"iteration_ms", iteration_ms},
+               {"share_threshold", kContentionShare}};
+  out.push_back(std::move(a));
+}
+
+AlertEvent SlowStepDetector::contention_end(std::int64_t step) {
+  contention_active_ = false;
+  AlertEvent done;
+  done.resolved = true;
+  done.type = "host_contention";
+  done.step = step;
+  done.first_step = contention_start_;
+  done.repeats = std::max<std::int64_t>(contention_steps_ - 1, 0);
+  done.message = fmt::format("no step slowed by CPU contention for {} steps ({} slowed from step {})",
+                             config_.window, contention_steps_, contention_start_);
+  return done;
+}
+
 void SlowStepDetector::finish(std::vector<AlertEvent>& out) {
+  if (contention_active_) out.push_back(contention_end(last_step_));
   if (level_ == 0) return;
   out.push_back(episode_end(last_step_, "the run ended during the episode"));
   level_ = 0;
+}
+
+// ---- slow_checkpoint ----
+
+void CheckpointDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out) {
+  constexpr std::size_t kKept = 100;
+  for (std::uint8_t i = 0; i < r.between.listed; ++i) {
+    const IntervalEntry& e = r.between.intervals[i];
+    if (e.kind != IntervalKind::kCheckpoint) continue;
+    const double seconds = static_cast<double>(e.duration_ns) / 1e9;
+    if (earlier_s_.size() >= kMinEarlier) {
+      const double median = median_of(earlier_s_);
+      if (seconds > kSlowFactor * median && seconds - median >= kMinExcessS) {
+        AlertEvent a;
+        a.type = "slow_checkpoint";
+        a.step = r.step;
+        a.value = seconds;
+        a.baseline = median;
+        a.threshold = std::max(kSlowFactor * median, median + kMinExcessS);
+        a.message = fmt::format(
+            "the checkpoint before step {} took {:.2f} s, {:.1f}x the run's earlier ones "
+            "(median {:.2f} s over {}): the filesystem is slower than it was (or the checkpoint "
+            "grew); check the storage's load and quota",
+            r.step, seconds, seconds / median, median, earlier_s_.size());
+        a.details = {{"checkpoint_s", seconds},
+                     {"median_s", median},
+                     {"earlier", earlier_s_.size()},
+                     {"start_unix_ns", e.start_unix_ns}};
+        out.push_back(std::move(a));
+      }
+    }
+    if (earlier_s_.size() == kKept) earlier_s_.erase(earlier_s_.begin());
+    earlier_s_.push_back(seconds);
+  }
 }
 
 // ---- memory_growth ----

@@ -31,6 +31,12 @@ namespace steptrace::detail {
 /// is not slow. Slow steps are held out of the window while their streak or episode
 /// lasts (at most a window of them: a lasting slowdown becomes the new normal) and join
 /// it afterwards. Names the phase (data included) that grew most against its own median.
+/// The iteration is data + other + step, less intervals inside the step (iteration_ns):
+/// evaluation and checkpoint intervals are never part of it.
+/// host_contention: a slow step whose run-queue wait (StepRecord::runq_ns) is at least
+/// kContentionShare of its excess is the host's doing: it is neither slow for these rules
+/// nor a stall, and opens a host_contention episode instead (one alert; resolved after a
+/// window of steps without another such step).
 class SlowStepDetector {
  public:
   SlowStepDetector(const Config& config, const PhaseNames& names);
@@ -53,7 +59,11 @@ class SlowStepDetector {
     double median_ms = 0;
   };
   Noise window_noise();
-  Grew grew_most(const StepRecord& r, double data_ms) const;
+  Grew grew_most(const StepRecord& r, double data_ms, double other_ms) const;
+  void contention(const StepRecord& r, double iteration_ms, double median,
+                  std::vector<AlertEvent>& out);
+  AlertEvent contention_end(std::int64_t step);
+  static constexpr double kContentionShare = 0.5;
   int regression_steps(double median_ms) const;
   AlertEvent slow_alert(const StepRecord& r, int level, double iteration_ms, double median,
                         const Grew& grew, const Noise& noise) const;
@@ -63,6 +73,7 @@ class SlowStepDetector {
   const PhaseNames& names_;
   RollingMedian iteration_;
   RollingMedian data_;
+  RollingMedian other_;  // the gap's other host work
   std::vector<std::unique_ptr<RollingMedian>> phases_;  // by phase id, created when first seen
   std::vector<bool> present_;                           // scratch: phases in this step
   std::vector<double> scratch_;                         // scratch: the window's values
@@ -73,6 +84,10 @@ class SlowStepDetector {
   std::int64_t last_step_ = 0;
   int slow_streak_ = 0;  // consecutive slow steps
   std::int64_t streak_start_ = 0;
+  bool contention_active_ = false;  // a host_contention episode is open
+  std::int64_t contention_start_ = 0;
+  std::int64_t contention_last_ = 0;
+  std::int64_t contention_steps_ = 0;
 };
 
 /// memory_growth: after warmup, memory (torch allocated bytes, else the C heap's in-use
@@ -159,6 +174,22 @@ class DeviceDiagnosisDetector {
   Episode comm_;
 };
 
+/// slow_checkpoint: a checkpoint interval (IntervalKind::kCheckpoint) that took more than
+/// kSlowFactor x the median of the run's earlier ones (at least kMinEarlier of them) and
+/// at least kMinExcessS longer: the filesystem slowed down (or the checkpoint grew).
+/// Intervals listed in step records only (not those after the last step).
+class CheckpointDetector {
+ public:
+  void observe(const StepRecord& r, std::vector<AlertEvent>& out);
+
+  static constexpr double kSlowFactor = 3.0;
+  static constexpr std::size_t kMinEarlier = 2;
+  static constexpr double kMinExcessS = 1.0;
+
+ private:
+  std::vector<double> earlier_s_;  // the run's checkpoint durations so far (the last 100)
+};
+
 /// hang: a step in flight longer than hang_threshold x the median iteration (at least
 /// hang_min_s; hang_floor_s while the history is short). One alert per episode: further
 /// steps over the limit are folded into it, and it resolves once a later step finishes
@@ -203,6 +234,7 @@ class RecordDetectors {
     memory_.observe(r, out);
     device_.observe(r, out);
     hw_.observe(r, out);
+    checkpoints_.observe(r, out);
     for (std::size_t i = first; i < out.size(); ++i) out[i].unix_ns = r.start_unix_ns + r.host_ns;
   }
   /// The run ended: resolves the episodes still open that count repeats.
@@ -215,6 +247,7 @@ class RecordDetectors {
   MemoryGrowthDetector memory_;
   DeviceDiagnosisDetector device_;
   TelemetryDetector hw_;
+  CheckpointDetector checkpoints_;
 };
 
 }  // namespace steptrace::detail

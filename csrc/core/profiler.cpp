@@ -31,6 +31,7 @@
 #include "heap_sampler.hpp"
 #include "lifecycle.hpp"
 #include "record_json.hpp"
+#include "run_queue.hpp"
 #include "stack_dump.hpp"
 #include "step_record.hpp"
 #include "steptrace/error.hpp"
@@ -50,6 +51,32 @@ std::int64_t unix_now_ns() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// When this process started (unix ns), from /proc/self/stat's starttime (field 22, clock
+// ticks after boot; proc(5)) against CLOCK_BOOTTIME; 0 where unknown.
+std::int64_t process_start_unix_ns() {
+  std::FILE* f = std::fopen("/proc/self/stat", "re");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
+  if (p == nullptr) return 0;
+  unsigned long long start_ticks = 0;
+  // fields 3..22 after ") ": state, then 18 numbers, then starttime
+  if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                  &start_ticks) != 1) {
+    return 0;
+  }
+  const long hz = sysconf(_SC_CLK_TCK);
+  timespec boot{};
+  if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0) return 0;
+  const std::int64_t boot_ns = static_cast<std::int64_t>(boot.tv_sec) * 1'000'000'000 + boot.tv_nsec;
+  const auto start_ns = static_cast<std::int64_t>(start_ticks) * (1'000'000'000 / hz);
+  const std::int64_t age = boot_ns - start_ns;
+  return age >= 0 ? unix_now_ns() - age : 0;
 }
 
 // An int from the environment, or `fallback` when unset; ConfigError when malformed.
@@ -238,6 +265,7 @@ class ProfilerImpl final : public SignalClosable {
     const int fd = open_log_file(config_, log_path_);
     start_ns_ = clock_->now_ns();
     start_unix_ns_ = unix_now_ns();
+    process_start_unix_ns_ = process_start_unix_ns();
     if (config_.detect) detection_ = std::make_unique<DetectionStage>(config_, names_, alerts_);
     std::vector<RecordSink*> sinks;
     if (config_.metrics_port >= 0 || !config_.metrics_textfile.empty() ||
@@ -294,8 +322,16 @@ class ProfilerImpl final : public SignalClosable {
     const std::int64_t now = clock_->now_ns();
     current_.step = step_index_++;
     current_.start_unix_ns = unix_ns_at(now);
-    current_.data_ns = data_wrapped_ ? data_accum_ns_
-                                     : (last_step_end_ns_ == kUnset ? 0 : now - last_step_end_ns_);
+    if (open_interval_ >= 0) end_open_interval(now);  // a step ends the interval before it
+    // The gap since the previous step: the loader's waits (data only when the loader is
+    // wrapped), the intervals ended in it, and the rest (other host work).
+    current_.data_ns = data_wrapped_ ? data_accum_ns_ : 0;
+    current_.between = pending_;
+    pending_ = BetweenSteps{};
+    const std::int64_t gap = last_step_end_ns_ == kUnset ? 0 : now - last_step_end_ns_;
+    current_.between.other_ns =
+        std::max<std::int64_t>(0, gap - current_.data_ns - current_.between.eval_ns() -
+                                      current_.between.checkpoint_ns());
     current_.phase_count = 0;
     current_.memory = MemorySample{};
     current_.failed = false;
@@ -349,6 +385,16 @@ class ProfilerImpl final : public SignalClosable {
       merge(current_.memory, source_samples_[i]);
     }
     if (heap_) heap_->sample(current_.step, current_.memory);
+    current_.runq_ns = -1;
+    if (now - runq_read_ns_ >= kRunQueueInterval) {
+      const std::int64_t wait = run_queue_.read();
+      if (wait >= 0 && runq_read_ns_ != kUnset) {
+        current_.runq_ns = std::max<std::int64_t>(0, wait - runq_wait_ns_);
+        current_.runq_span_ns = now - runq_read_ns_;
+      }
+      runq_wait_ns_ = wait;
+      runq_read_ns_ = now;
+    }
     merge(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
     if (current_.activity_begin_ns >= 0) {
@@ -442,6 +488,29 @@ class ProfilerImpl final : public SignalClosable {
     data_wrapped_ = true;
   }
 
+  void begin_interval(IntervalKind kind) {
+    if (detached_) return;
+    check_open();
+    const std::int64_t now = clock_->now_ns();
+    STEPTRACE_CHECK(open_interval_ != static_cast<int>(kind), UsageError,
+                    "interval {:?} begun while it is already open; intervals do not nest",
+                    interval_name(kind));
+    if (open_interval_ >= 0) end_open_interval(now);  // one interval at a time
+    open_interval_ = static_cast<int>(kind);
+    interval_start_ns_ = now;
+    interval_in_step_ = in_step_;
+  }
+
+  void end_interval(IntervalKind kind) {
+    if (detached_ || open_interval_ != static_cast<int>(kind)) return;
+    end_open_interval(clock_->now_ns());
+  }
+
+  std::optional<IntervalKind> open_interval() const noexcept {
+    if (open_interval_ < 0) return std::nullopt;
+    return static_cast<IntervalKind>(open_interval_);
+  }
+
   void set_step_memory(const MemorySample& s) { merge(external_memory_, s); }
 
   StepValueId step_value_id(std::string_view name) { return names_.intern_value(name); }
@@ -498,6 +567,7 @@ class ProfilerImpl final : public SignalClosable {
     std::lock_guard<std::mutex> lock(close_mu_);
     if (closed_.load(std::memory_order_acquire)) return;
     if (!foreign && in_step_) end_step(/*failed=*/true);
+    if (!foreign && open_interval_ >= 0) end_open_interval(clock_->now_ns());
     // The device is the training thread's while its step runs: then neither drain it nor
     // finish the device activity here.
     if (device_ && !step_left_running) {
@@ -520,6 +590,16 @@ class ProfilerImpl final : public SignalClosable {
     end.end_unix_ns = unix_ns_at(now);
     end.wall_s = static_cast<double>(now - start_ns_) / 1e9;
     end.data_inside_step = data_inside_step();
+    end.process_start_unix_ns = process_start_unix_ns_;
+    end.profiler_start_unix_ns = start_unix_ns_;
+    if (!foreign) {  // the intervals after the last step are the training thread's
+      end.trailing = pending_;
+      fmt::memory_buffer lines;
+      for (std::uint8_t i = 0; i < pending_.listed; ++i) {
+        append_interval_json(lines, pending_.intervals[i], step_index_, config_.rank);
+      }
+      if (lines.size() > 0) writer_->push_line(fmt::to_string(lines));
+    }
     // Before the writer closes: the sampler's closing reading (after the last step) and
     // any hardware error in it still reach the file.
     if (telemetry_) telemetry_->finish();
@@ -671,6 +751,24 @@ class ProfilerImpl final : public SignalClosable {
   }
   void check_phase_id(PhaseId id) const {
     STEPTRACE_CHECK(id < names_.size(), UsageError, "phase id {} was never interned", id);
+  }
+
+  // Ends the open interval at `now`: into the step in progress when it began inside it,
+  // else into the next step's account of the gap (pending_).
+  void end_open_interval(std::int64_t now) noexcept {
+    const auto kind = static_cast<IntervalKind>(open_interval_);
+    open_interval_ = -1;
+    const bool inside = interval_in_step_ && in_step_;
+    BetweenSteps& into = inside ? current_.between : pending_;
+    const std::int64_t duration = now - interval_start_ns_;
+    into.interval_ns[static_cast<std::size_t>(kind)] += duration;
+    if (inside) into.inside_step_ns += duration;
+    if (into.listed < kMaxStepIntervals) {
+      into.intervals[into.listed++] =
+          IntervalEntry{kind, inside, unix_ns_at(interval_start_ns_), duration};
+    } else {
+      ++into.unlisted;
+    }
   }
 
   void close_phase(PhaseId id, std::int64_t now) noexcept {
@@ -1092,6 +1190,7 @@ class ProfilerImpl final : public SignalClosable {
   std::string log_path_;
   std::int64_t start_ns_ = 0;
   std::int64_t start_unix_ns_ = 0;
+  std::int64_t process_start_unix_ns_ = 0;  // 0: unknown
 
   // Training-thread state of the step in progress.
   StepRecord current_;
@@ -1105,6 +1204,14 @@ class ProfilerImpl final : public SignalClosable {
   std::int64_t data_begin_ns_ = kUnset;
   std::int64_t data_accum_ns_ = 0;
   bool data_wrapped_ = false;
+  BetweenSteps pending_;         // intervals ended since the last step ended
+  int open_interval_ = -1;       // IntervalKind of the open interval, -1: none
+  std::int64_t interval_start_ns_ = 0;
+  bool interval_in_step_ = false;  // the open interval began inside a step
+  static constexpr std::int64_t kRunQueueInterval = 10'000'000;  // ns between schedstat reads
+  RunQueueReader run_queue_;
+  std::int64_t runq_read_ns_ = kUnset;  // when it was last read, and the wait then
+  std::int64_t runq_wait_ns_ = 0;
   bool data_ignored_ = false;  // begin_data came inside a step: its end_data is ignored too
   std::atomic<std::int64_t> data_inside_step_{0};  // read by close() on any thread
   bool in_step_ = false;
@@ -1196,6 +1303,14 @@ Step::Step(Step&& other) noexcept
   other.profiler_ = nullptr;
 }
 
+Interval::Interval(Interval&& other) noexcept : profiler_(other.profiler_), kind_(other.kind_) {
+  other.profiler_ = nullptr;
+}
+
+Interval::~Interval() {
+  if (profiler_ != nullptr) profiler_->end_interval(kind_);  // never throws
+}
+
 Step::~Step() {
   if (profiler_ == nullptr) return;
   try {
@@ -1244,6 +1359,15 @@ void Profiler::end_step(bool failed) { impl_->end_step(failed); }
 void Profiler::begin_phase(PhaseId id) { impl_->begin_phase(id); }
 void Profiler::end_phase(PhaseId id) { impl_->end_phase(id); }
 void Profiler::begin_data() { impl_->begin_data(); }
+Interval Profiler::interval(IntervalKind kind) {
+  impl_->begin_interval(kind);
+  return Interval(this, kind);
+}
+void Profiler::begin_interval(IntervalKind kind) { impl_->begin_interval(kind); }
+void Profiler::end_interval(IntervalKind kind) { impl_->end_interval(kind); }
+std::optional<IntervalKind> Profiler::open_interval() const noexcept {
+  return impl_->open_interval();
+}
 void Profiler::end_data() { impl_->end_data(); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
 void Profiler::set_step_value(StepValueId id, double value) { impl_->set_step_value(id, value); }

@@ -139,6 +139,36 @@ void append_meta(fmt::memory_buffer& out, const StepRecord& r, const PhaseNames&
   out.push_back('}');
 }
 
+// run_end's "goodput": the wall clock from the process's start (else the profiler's) to
+// the end, split into parts that add up to it: startup (to the first step), the steps
+// (less intervals inside them), the loader's waits, evaluation, checkpoints, other host
+// work between steps, and the time after the last step.
+void append_goodput_json(fmt::memory_buffer& out, const RunEnd& end, const RunTotals& t) {
+  const std::int64_t origin =
+      end.process_start_unix_ns > 0 ? end.process_start_unix_ns : end.profiler_start_unix_ns;
+  const std::int64_t wall = std::max<std::int64_t>(0, end.end_unix_ns - origin);
+  const BetweenSteps& tail = end.trailing;
+  const std::int64_t tail_intervals = tail.eval_ns() + tail.checkpoint_ns();
+  std::int64_t startup = 0, after = 0;
+  if (t.steps > 0) {
+    startup = t.first_start_unix_ns - origin - t.before_first_ns;
+    after = end.end_unix_ns - t.last_end_unix_ns - tail_intervals;
+  } else {
+    startup = wall - tail_intervals;
+  }
+  auto sec = [](std::int64_t ns) { return static_cast<double>(std::max<std::int64_t>(0, ns)) / 1e9; };
+  fmt::format_to(std::back_inserter(out),
+                 "\"goodput\":{{\"wall_s\":{:.3f},\"startup_s\":{:.3f},\"steps_s\":{:.3f},"
+                 "\"data_s\":{:.3f},\"eval_s\":{:.3f},\"checkpoint_s\":{:.3f},\"other_s\":{:.3f},"
+                 "\"after_last_step_s\":{:.3f},\"training_pct\":{:.2f},\"from\":\"{}\"}},",
+                 sec(wall), sec(startup), sec(t.training_ns_sum), sec(t.data_ns_sum),
+                 sec(t.interval_ns_sum[0] + tail.eval_ns()),
+                 sec(t.interval_ns_sum[1] + tail.checkpoint_ns()), sec(t.other_ns_sum), sec(after),
+                 wall > 0 ? 100.0 * static_cast<double>(t.training_ns_sum) / static_cast<double>(wall)
+                          : 0.0,
+                 end.process_start_unix_ns > 0 ? "process_start" : "profiler_start");
+}
+
 }  // namespace
 
 void RunTotals::add(const StepRecord& r) noexcept {
@@ -147,6 +177,15 @@ void RunTotals::add(const StepRecord& r) noexcept {
   step_ns_sum += r.step_ns;
   step_ns_max = std::max(step_ns_max, r.step_ns);
   data_ns_sum += r.data_ns;
+  if (steps == 1) {
+    first_start_unix_ns = r.start_unix_ns;
+    before_first_ns = r.between.eval_ns() + r.between.checkpoint_ns() - r.between.inside_step_ns;
+  }
+  last_end_unix_ns = std::max(last_end_unix_ns, r.start_unix_ns + r.host_ns);
+  training_ns_sum += r.host_ns - r.between.inside_step_ns;
+  other_ns_sum += r.between.other_ns;
+  for (std::size_t k = 0; k < kIntervalKinds; ++k) interval_ns_sum[k] += r.between.interval_ns[k];
+  if (r.runq_ns > 0) runq_ns_sum += r.runq_ns;
   for (std::uint16_t i = 0; i < r.phase_count; ++i) {
     phase_ns_sum[r.phase_ids[i]] += r.phase_ns[i];
     phase_seen[r.phase_ids[i]] = true;
@@ -183,8 +222,23 @@ void append_json_string(fmt::memory_buffer& out, std::string_view s) {
   out.push_back('"');
 }
 
+void append_interval_json(fmt::memory_buffer& out, const IntervalEntry& e, std::int64_t step,
+                          int rank) {
+  const std::string_view kind = interval_name(e.kind);
+  fmt::format_to(std::back_inserter(out),
+                 "{{\"kind\":\"interval\",\"rank\":{},\"interval\":\"{}\",\"step\":{},"
+                 "\"inside_step\":{},\"start_unix_ns\":{},\"duration_ms\":",
+                 rank, kind, step, e.inside_step, e.start_unix_ns);
+  append_ms(out, e.duration_ns);
+  out.append(std::string_view("}\n"));
+}
+
 void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
                       const PhaseNames& names) {
+  const BetweenSteps& between = r.between;
+  for (std::uint8_t i = 0; i < between.listed; ++i) {
+    append_interval_json(out, between.intervals[i], r.step, rank);
+  }
   auto it = std::back_inserter(out);
   fmt::format_to(it,
                  "{{\"kind\":\"step\",\"rank\":{},\"step\":{},\"start_unix_ns\":{},"
@@ -194,6 +248,27 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   append_ms(out, r.step_ns);
   out.append(std::string_view(",\"data_ms\":"));
   append_ms(out, r.data_ns);
+  out.append(std::string_view(",\"other_ms\":"));
+  append_ms(out, between.other_ns);
+  if (between.eval_ns() > 0) {
+    out.append(std::string_view(",\"eval_ms\":"));
+    append_ms(out, between.eval_ns());
+  }
+  if (between.checkpoint_ns() > 0) {
+    out.append(std::string_view(",\"checkpoint_ms\":"));
+    append_ms(out, between.checkpoint_ns());
+  }
+  if (between.inside_step_ns > 0) {
+    out.append(std::string_view(",\"interval_in_step_ms\":"));
+    append_ms(out, between.inside_step_ns);
+  }
+  if (r.runq_ns >= 0) {
+    out.append(std::string_view(",\"host\":{\"runq_ms\":"));
+    append_ms(out, r.runq_ns);
+    out.append(std::string_view(",\"runq_span_ms\":"));
+    append_ms(out, r.runq_span_ns);
+    out.push_back('}');
+  }
   out.append(std::string_view(",\"host_ms\":"));
   append_ms(out, r.host_ns);
   out.append(std::string_view(",\"phases_ms\":"));
@@ -264,12 +339,15 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
     out.append(end.extra_fields);
     out.push_back(',');
   }
+  append_goodput_json(out, end, totals);
   out.append(std::string_view("\"summary\":{\"step_ms_mean\":"));
   append_ms(out, totals.steps > 0 ? totals.step_ns_sum / totals.steps : 0);
   out.append(std::string_view(",\"step_ms_max\":"));
   append_ms(out, totals.step_ns_max);
   out.append(std::string_view(",\"data_ms_total\":"));
   append_ms(out, totals.data_ns_sum);
+  out.append(std::string_view(",\"runq_ms_total\":"));
+  append_ms(out, totals.runq_ns_sum);
   out.append(std::string_view(",\"phases_ms_total\":{"));
   bool first = true;
   for (std::size_t id = 0; id < names.size(); ++id) {

@@ -20,6 +20,14 @@ struct RunTotals {
   std::int64_t step_ns_sum = 0;
   std::int64_t step_ns_max = 0;
   std::int64_t data_ns_sum = 0;
+  // Goodput: where the wall clock went (see append_run_end_json).
+  std::int64_t training_ns_sum = 0;  // host time of the steps less intervals inside them
+  std::int64_t other_ns_sum = 0;
+  std::array<std::int64_t, kIntervalKinds> interval_ns_sum{};  // by IntervalKind
+  std::int64_t runq_ns_sum = 0;
+  std::int64_t first_start_unix_ns = 0;  // the first step's start
+  std::int64_t before_first_ns = 0;      // intervals between the start and the first step
+  std::int64_t last_end_unix_ns = 0;     // the last step's end
   std::array<std::int64_t, kMaxPhases> phase_ns_sum{};
   std::array<bool, kMaxPhases> phase_seen{};
 
@@ -39,13 +47,20 @@ struct RunEnd {
   std::int64_t data_inside_step = 0;  // begin_data calls inside a step (not timed as data)
   std::map<std::string, std::int64_t> alerts;         // alert episodes, by type
   std::map<std::string, std::int64_t> alert_repeats;  // occurrences folded into them
+  std::int64_t process_start_unix_ns = 0;  // 0: unknown (then goodput starts at the profiler)
+  std::int64_t profiler_start_unix_ns = 0;
+  BetweenSteps trailing;  // intervals after the last step (and those before any step)
   std::string extra_fields;  // more members (`"key":value,...`), e.g. device activity totals
 };
 
 /// Appends `s` as a quoted JSON string.
 void append_json_string(fmt::memory_buffer& out, std::string_view s);
 
-/// Appends one step record and a newline.
+/// Appends one interval record and a newline; `step` is the step it came before or inside.
+void append_interval_json(fmt::memory_buffer& out, const IntervalEntry& e, std::int64_t step,
+                          int rank);
+
+/// Appends one step record and a newline (after the interval records it lists).
 void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
                       const PhaseNames& names);
 

@@ -15,6 +15,7 @@
 
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
+#include "steptrace/interval.hpp"
 
 namespace steptrace::detail {
 
@@ -70,12 +71,42 @@ struct HwStats {
   double util_pct = std::numeric_limits<double>::quiet_NaN();  // share of time a kernel ran
 };
 
+/// One interval outside training work (Profiler::begin_interval), listed in the record of
+/// the step it ended before (or inside).
+struct IntervalEntry {
+  IntervalKind kind = IntervalKind::kOther;
+  bool inside_step = false;  // it ran inside the step, not between steps
+  std::int64_t start_unix_ns = 0;
+  std::int64_t duration_ns = 0;
+};
+inline constexpr std::size_t kMaxStepIntervals = 4;  // listed per step; more are summed only
+
+/// Where the time before a step went, beyond the loader's wait (data_ns): the intervals
+/// that ended since the previous step ended (between the steps or inside this one), and
+/// the rest of the gap. Every nanosecond of the gap is data, one interval kind, or other.
+struct BetweenSteps {
+  std::array<std::int64_t, kIntervalKinds> interval_ns{};  // by IntervalKind
+  std::int64_t other_ns = 0;        // the gap less data and the eval / checkpoint intervals
+  std::int64_t inside_step_ns = 0;  // the part of interval_ns that ran inside the step
+  std::uint8_t listed = 0;          // entries in `intervals`
+  std::uint16_t unlisted = 0;       // intervals beyond kMaxStepIntervals (in the sums only)
+  std::array<IntervalEntry, kMaxStepIntervals> intervals{};
+  std::int64_t eval_ns() const noexcept { return interval_ns[0]; }
+  std::int64_t checkpoint_ns() const noexcept { return interval_ns[1]; }
+};
+
 struct StepRecord {
   std::int64_t step = 0;
   std::int64_t start_unix_ns = 0;
   std::int64_t step_ns = 0;  // on the record's clock
   std::int64_t data_ns = 0;  // host
   std::int64_t host_ns = 0;  // host wall time of the step
+  BetweenSteps between;
+  // The training thread's run-queue wait (time runnable but not running, Linux schedstat)
+  // since the previous reading, read at the end of a step at most every 10 ms; -1: not
+  // read at this step. Summed over the steps it is the run's total.
+  std::int64_t runq_ns = -1;
+  std::int64_t runq_span_ns = 0;  // the time since the previous reading
   MemorySample memory;
   bool rss_fresh = false;  // rss_bytes was read at this step (else repeated from an earlier one)
   bool failed = false;
@@ -119,6 +150,13 @@ struct StepRecord {
   std::uint64_t sampler_deliveries_at_arrival = 0;
   std::uint8_t completed_stages = 0;  // ChainedCompleter: the stages done with this record
 };
+
+/// The time a step's training iteration took, for the detectors: the loader's wait, the
+/// rest of the gap before it (other), and the step, less the intervals inside the step.
+/// Evaluation and checkpoint intervals between steps are not part of it.
+inline std::int64_t iteration_ns(const StepRecord& r) noexcept {
+  return r.data_ns + r.between.other_ns + r.step_ns - r.between.inside_step_ns;
+}
 
 /// Bytes each phase added that were still allocated at the end of the step, by slot:
 /// the rise of the suffix minimum of the memory levels (what a later phase freed again

@@ -686,6 +686,13 @@ steptrace::EndReason parse_reason(const std::string& reason) {
                                "\" is unknown; allowed: normal, exception, signal, exit");
 }
 
+steptrace::IntervalKind parse_interval(const std::string& kind) {
+  if (const auto k = steptrace::interval_kind(kind)) return *k;
+  throw steptrace::ConfigError("interval kind \"" + kind +
+                               "\" is unknown; allowed: eval, checkpoint, other (the loader's "
+                               "wait is data: wrap the loader with prof.data())");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -827,6 +834,24 @@ PYBIND11_MODULE(_core, m) {
       .def("begin_data", [](PyProfiler& p) { p.core().begin_data(); })
       .def("end_data", [](PyProfiler& p) { p.core().end_data(); })
       .def(
+          "begin_interval",
+          [](PyProfiler& p, const std::string& kind) {
+            p.core().begin_interval(parse_interval(kind));
+          },
+          py::arg("kind"), "Begins an interval (eval, checkpoint, other); ends the open one")
+      .def(
+          "end_interval",
+          [](PyProfiler& p, const std::string& kind) {
+            p.core().end_interval(parse_interval(kind));
+          },
+          py::arg("kind"), "Ends the open interval when it is of `kind`")
+      .def_property_readonly("open_interval",
+                             [](PyProfiler& p) -> py::object {
+                               const auto k = p.core().open_interval();
+                               if (!k) return py::none();
+                               return py::str(std::string(steptrace::interval_name(*k)));
+                             })
+      .def(
           "set_step_value",  // string_view: the str's own UTF-8 buffer, no copy per call
           [](PyProfiler& p, std::string_view name, double value) {
             p.core().set_step_value(name, value);
@@ -916,7 +941,8 @@ PYBIND11_MODULE(_core, m) {
         "writes them to fd; False when no handler is installed for it");
   using ReplayTuple =
       std::tuple<std::int64_t, std::int64_t, double, double, bool,
-                 std::vector<std::pair<std::string, double>>, std::array<std::int64_t, 7>, bool>;
+                 std::vector<std::pair<std::string, double>>, std::array<std::int64_t, 7>, bool,
+                 std::array<double, 3>>;
   m.def(
       "replay_detectors",
       [](const steptrace::Config& config, const std::vector<ReplayTuple>& steps) {
@@ -925,7 +951,11 @@ PYBIND11_MODULE(_core, m) {
         for (const auto& t : steps) {
           steptrace::ReplayStep s;
           std::tie(s.step, s.start_unix_ns, s.data_ms, s.step_ms, s.failed, s.phases_ms,
-                   std::ignore, s.rss_fresh) = t;
+                   std::ignore, s.rss_fresh, std::ignore) = t;
+          const auto& between = std::get<8>(t);
+          s.other_ms = between[0];
+          s.interval_in_step_ms = between[1];
+          s.runq_ms = between[2];
           const auto& m = std::get<6>(t);
           s.memory.allocated_bytes = m[0];
           s.memory.reserved_bytes = m[1];
@@ -942,7 +972,8 @@ PYBIND11_MODULE(_core, m) {
       py::arg("config"), py::arg("steps"),
       "The record detectors over steps (step, start_unix_ns, data_ms, step_ms, failed, "
       "[(phase, ms)], (allocated, reserved, peak, rss, heap, device_used, device_total) bytes "
-      "or -1, rss_fresh): their records as JSON lines");
+      "or -1, rss_fresh, (other_ms, interval_in_step_ms, runq_ms or -1)): their records as JSON "
+      "lines");
   m.def(
       "check_metric_set",
       [](const std::string& chip, const std::string& mode,

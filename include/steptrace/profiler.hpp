@@ -21,6 +21,7 @@
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
 #include "steptrace/export.hpp"
+#include "steptrace/interval.hpp"
 
 namespace steptrace {
 
@@ -105,6 +106,22 @@ class STEPTRACE_API Step {
   bool failed_ = false;
 };
 
+/// RAII scope of one interval (Profiler::interval): ends it when destroyed. Move-only.
+class STEPTRACE_API Interval {
+ public:
+  Interval(Interval&& other) noexcept;
+  Interval& operator=(Interval&&) = delete;
+  Interval(const Interval&) = delete;
+  Interval& operator=(const Interval&) = delete;
+  ~Interval();
+
+ private:
+  friend class Profiler;
+  Interval(Profiler* profiler, IntervalKind kind) noexcept : profiler_(profiler), kind_(kind) {}
+  Profiler* profiler_;
+  IntervalKind kind_;
+};
+
 class STEPTRACE_API Profiler {
  public:
   /// Validates the config (ConfigError), creates log_dir and the rank's log file, and
@@ -138,6 +155,19 @@ class STEPTRACE_API Profiler {
   /// counted (data_inside_step(), run_end's "data_inside_step").
   void begin_data();
   void end_data();
+  /// Time outside training work: evaluation, checkpoint saving, other named host work.
+  /// An interval's time is its own kind in the next step's record ("between") and in
+  /// run_end's goodput, never data, and the slow-step, stall and hang rules leave it out
+  /// of the training iteration (also when it runs inside a step). Each interval is
+  /// written as an `interval` record. Intervals do not nest: beginning one while another
+  /// is open ends that one; a step beginning ends the open one; end_interval(kind) ends
+  /// the open interval when it is of `kind` and does nothing otherwise. Training thread.
+  [[nodiscard]] Interval interval(IntervalKind kind);
+  void begin_interval(IntervalKind kind);
+  void end_interval(IntervalKind kind);
+  /// The kind of the open interval, if any. Training thread.
+  std::optional<IntervalKind> open_interval() const noexcept;
+
   /// Times begin_data was called inside a step (a wrapped loader advanced there). Any thread.
   std::int64_t data_inside_step() const noexcept;
 

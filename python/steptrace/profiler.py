@@ -451,6 +451,30 @@ def _close_at_exit() -> None:
         prof.close(reason=reason, error=error)
 
 
+class IntervalScope:
+    """The ``with`` block of :meth:`Profiler.interval`; reusable."""
+
+    __slots__ = ("_core", "kind")
+
+    def __init__(self, core: Any, kind: str) -> None:
+        if kind not in INTERVAL_KINDS:
+            raise ConfigError(f"interval kind {kind!r} is unknown; allowed: {', '.join(INTERVAL_KINDS)} (the "
+                              "loader's wait is data: wrap the loader with prof.data())")
+        self._core, self.kind = core, kind
+
+    def __enter__(self) -> "IntervalScope":
+        self._core.begin_interval(self.kind)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._core.closed:
+            self._core.end_interval(self.kind)
+
+
+#: What an interval between steps can be (see :meth:`Profiler.interval`).
+INTERVAL_KINDS = ("eval", "checkpoint", "other")
+
+
 class Profiler:
     """Profiles a training loop into ``<log_dir>/rank<N>.jsonl``.
 
@@ -594,6 +618,25 @@ class Profiler:
         run; run_end counts them in ``data_inside_step``). (The iterator is a C type: no
         Python frame per item.)"""
         return self._core.data(iterable)
+
+    # ---- time outside training work ----
+    def interval(self, kind: str) -> "IntervalScope":
+        """A ``with`` block of time that is not training work: ``"eval"`` (evaluation,
+        validation), ``"checkpoint"`` (saving one) or ``"other"`` (other host work you
+        want named, e.g. logging)::
+
+            if it % eval_every == 0:
+                with prof.interval("eval"):
+                    evaluate(model)
+            with prof.interval("checkpoint"):
+                torch.save(state, path)
+
+        Its time is its own kind in the next step's record (``eval_ms``,
+        ``checkpoint_ms``), in an ``interval`` record, and in run_end's ``goodput``; the
+        slow-step, stall and hang rules leave it out of the training iteration. Intervals
+        do not nest: one begun while another is open ends that one. ValueError for an
+        unknown kind (before anything is recorded)."""
+        return IntervalScope(self._core, kind)
 
     # ---- state ----
     @property

@@ -49,7 +49,16 @@ def _step_tuple(rec: dict, where: str, previous_rss: Any) -> tuple:
             float(_number(rec, "step_ms", where)), rec.get("status") == "error",
             [(str(k), float(_number(phases, k, f"{where}: phases_ms"))) for k in phases], tuple(mem),
             # a live run re-reads RSS at most every 10 ms and repeats it in between
-            memory.get("rss_bytes") != previous_rss)
+            memory.get("rss_bytes") != previous_rss,
+            (float(_number(rec, "other_ms", where, 0.0)), float(_number(rec, "interval_in_step_ms", where, 0.0)),
+             _runq_ms(rec, where)))
+
+
+def _runq_ms(rec: dict, where: str) -> float:
+    host = rec.get("host")
+    if not isinstance(host, dict) or "runq_ms" not in host:
+        return -1.0
+    return float(_number(host, "runq_ms", f"{where}: host"))
 
 
 def detect(source: Source, **options: Any) -> list[dict[str, Any]]:

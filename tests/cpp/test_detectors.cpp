@@ -312,6 +312,101 @@ const AlertEvent* find(const Events& events, bool update) {
   return nullptr;
 }
 
+// Evaluation and checkpoints between steps (or inside one) are not training work: an
+// evaluation of 500 ms every 50 steps of 10 ms raises nothing.
+TEST(SlowStepDetector, EvaluationAndCheckpointIntervalsAreNotPartOfTheIteration) {
+  Timeline t;
+  SlowStepDetector d(t.config, t.names);
+  Events events;
+  for (int i = 0; i < 400; ++i) {
+    StepRecord r = t.step(i, 1, 4, 5);
+    if (i % 50 == 0) r.between.interval_ns[0] = 500 * kMs;  // eval before the step
+    if (i % 100 == 0) r.between.interval_ns[1] = 900 * kMs;  // checkpoint before it
+    if (i % 70 == 0) {  // an evaluation inside the step
+      r.step_ns += 300 * kMs;
+      r.host_ns = r.step_ns;
+      r.between.interval_ns[0] += 300 * kMs;
+      r.between.inside_step_ns = 300 * kMs;
+    }
+    d.observe(r, events);
+  }
+  EXPECT_TRUE(events.empty()) << events[0].message;
+  // the same time as unexplained host work between steps is a stall, named as such
+  StepRecord r = t.step(400, 1, 4, 5);
+  r.between.other_ns = 500 * kMs;
+  d.observe(r, events);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "stall");
+  EXPECT_EQ(events[0].phase, "other");
+  EXPECT_NE(events[0].message.find("host work between steps"), std::string::npos);
+}
+
+// A slow step whose excess is mostly run-queue wait is host contention: one alert with
+// the measured wait, never a stall or a model phase; a slow step without that wait is
+// still a stall in its phase.
+TEST(SlowStepDetector, RunQueueWaitMakesASlowStepHostContention) {
+  Timeline t;
+  SlowStepDetector d(t.config, t.names);
+  Events events;
+  auto step = [&](int i, double backward_ms, double runq_ms) {
+    StepRecord r = t.step(i, 1, 4, backward_ms);
+    r.runq_ns = static_cast<std::int64_t>(runq_ms * kMs);
+    r.runq_span_ns = r.step_ns + r.data_ns;
+    return r;
+  };
+  for (int i = 0; i < 60; ++i) d.observe(step(i, 5, 0.01), events);
+  d.observe(step(60, 105, 80), events);  // +100 ms, 80 of it waiting for a CPU
+  d.observe(step(61, 5, 0), events);
+  d.observe(step(62, 85, 70), events);  // again: folded into the episode
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "host_contention");
+  EXPECT_EQ(events[0].step, 60);
+  EXPECT_DOUBLE_EQ(events[0].value, 80.0);
+  EXPECT_DOUBLE_EQ(events[0].details["runq_ms"].get<double>(), 80.0);
+  EXPECT_NE(events[0].message.find("waited 80.00 ms"), std::string::npos) << events[0].message;
+  d.observe(step(63, 1505, 2), events);  // a real stall under the same conditions
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].type, "stall");
+  EXPECT_EQ(events[1].phase, "backward");
+  for (int i = 64; i < 64 + 102; ++i) d.observe(step(i, 5, 0), events);
+  std::vector<std::string> resolved;
+  for (const auto& e : events) {
+    if (e.resolved) resolved.push_back(e.type);
+  }
+  EXPECT_EQ(resolved, (std::vector<std::string>{"stall", "host_contention"}));
+  const auto& done = events.back();
+  EXPECT_EQ(done.first_step, 60);
+  EXPECT_EQ(done.repeats, 1);  // steps 60 and 62
+}
+
+TEST(CheckpointDetector, ACheckpointFarSlowerThanTheEarlierOnesIsTheFilesystem) {
+  CheckpointDetector d;
+  Events events;
+  auto with_checkpoint = [](std::int64_t step, double seconds) {
+    StepRecord r;
+    r.step = step;
+    r.between.listed = 1;
+    r.between.intervals[0] = IntervalEntry{IntervalKind::kCheckpoint, false, 0,
+                                           static_cast<std::int64_t>(seconds * 1e9)};
+    return r;
+  };
+  d.observe(with_checkpoint(100, 2.0), events);
+  d.observe(with_checkpoint(200, 9.0), events);  // only one earlier: no judgement yet
+  d.observe(with_checkpoint(300, 2.2), events);
+  d.observe(with_checkpoint(400, 4.0), events);  // 2x the median: not slow
+  EXPECT_TRUE(events.empty());
+  d.observe(with_checkpoint(500, 20.0), events);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "slow_checkpoint");
+  EXPECT_EQ(events[0].step, 500);
+  EXPECT_DOUBLE_EQ(*events[0].baseline, 3.1);  // median of 2, 9, 2.2, 4
+  EXPECT_NE(events[0].message.find("filesystem"), std::string::npos);
+  StepRecord eval = with_checkpoint(600, 60.0);
+  eval.between.intervals[0].kind = IntervalKind::kEval;  // evaluations are not judged here
+  d.observe(eval, events);
+  EXPECT_EQ(events.size(), 1u);
+}
+
 TEST(MemoryGrowthDetector, LeakFiresFirstThenNamesThePhase) {
   MemoryTimeline t;
   MemoryGrowthDetector d(t.config, t.names, static_cast<std::int64_t>(2000 * kMiB));

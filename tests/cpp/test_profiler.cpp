@@ -85,22 +85,141 @@ TEST(Profiler, ScopesTimePhasesAndSteps) {
   EXPECT_EQ(records.back()["reason"], "normal");
 }
 
-TEST(Profiler, DataIsTheGapBetweenStepsUnlessTheLoaderIsWrapped) {
+// The gap between steps is data only where the loader's wait was measured; the rest is
+// other host work, and intervals are their own kinds.
+TEST(Profiler, TheGapIsDataOnlyWhenTheLoaderIsWrappedTheRestIsOther) {
   TempDir tmp;
   Fixture f(tmp);
   { auto s = f.prof->step(); }
   f.clock->advance(7 * kMs);
-  { auto s = f.prof->step(); }  // gap: 7 ms
+  { auto s = f.prof->step(); }  // gap: 7 ms, nothing known of it
   f.clock->advance(1 * kMs);
   f.prof->begin_data();
   f.clock->advance(4 * kMs);
   f.prof->end_data();
-  { auto s = f.prof->step(); }  // wrapped: 4 ms, not the 5 ms gap
+  { auto s = f.prof->step(); }  // wrapped: 4 ms data, 1 ms other
   const auto steps = of_kind(f.close_and_read(), "step");
   ASSERT_EQ(steps.size(), 3u);
   EXPECT_DOUBLE_EQ(steps[0]["data_ms"].get<double>(), 0.0);
-  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 7.0);
+  EXPECT_DOUBLE_EQ(steps[0]["other_ms"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(steps[1]["other_ms"].get<double>(), 7.0);
   EXPECT_DOUBLE_EQ(steps[2]["data_ms"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(steps[2]["other_ms"].get<double>(), 1.0);
+}
+
+// Evaluation and checkpoint intervals between steps: their own figures in the next step,
+// an interval record each, never data or other; a step ends the interval open before it.
+TEST(Profiler, IntervalsBetweenStepsAreAccountedByKind) {
+  TempDir tmp;
+  Fixture f(tmp);
+  { auto s = f.prof->step(); }
+  f.prof->begin_data();
+  f.clock->advance(2 * kMs);
+  f.prof->end_data();
+  {
+    auto eval = f.prof->interval(IntervalKind::kEval);
+    EXPECT_EQ(f.prof->open_interval(), IntervalKind::kEval);
+    f.clock->advance(30 * kMs);
+  }
+  EXPECT_FALSE(f.prof->open_interval().has_value());
+  f.clock->advance(1 * kMs);  // logging
+  f.prof->begin_interval(IntervalKind::kCheckpoint);
+  f.clock->advance(50 * kMs);
+  f.prof->begin_interval(IntervalKind::kOther);  // ends the checkpoint
+  f.clock->advance(3 * kMs);
+  EXPECT_THROW(f.prof->begin_interval(IntervalKind::kOther), UsageError);  // no nesting
+  f.prof->end_interval(IntervalKind::kEval);  // not the open one: nothing happens
+  EXPECT_EQ(f.prof->open_interval(), IntervalKind::kOther);
+  { auto s = f.prof->step(); }  // ends the open interval
+  EXPECT_FALSE(f.prof->open_interval().has_value());
+  const auto records = f.close_and_read();
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 30.0);
+  EXPECT_DOUBLE_EQ(steps[1]["checkpoint_ms"].get<double>(), 50.0);
+  EXPECT_DOUBLE_EQ(steps[1]["other_ms"].get<double>(), 4.0);  // logging + the "other" interval
+  EXPECT_FALSE(steps[0].contains("eval_ms"));
+  const auto intervals = of_kind(records, "interval");
+  ASSERT_EQ(intervals.size(), 3u);
+  EXPECT_EQ(intervals[0]["interval"], "eval");
+  EXPECT_EQ(intervals[0]["step"], 1);
+  EXPECT_EQ(intervals[0]["inside_step"], false);
+  EXPECT_DOUBLE_EQ(intervals[0]["duration_ms"].get<double>(), 30.0);
+  EXPECT_EQ(intervals[1]["interval"], "checkpoint");
+  EXPECT_DOUBLE_EQ(intervals[1]["duration_ms"].get<double>(), 50.0);
+  EXPECT_EQ(intervals[2]["interval"], "other");
+  EXPECT_DOUBLE_EQ(intervals[2]["duration_ms"].get<double>(), 3.0);
+  EXPECT_GT(intervals[1]["start_unix_ns"].get<std::int64_t>(),
+            intervals[0]["start_unix_ns"].get<std::int64_t>());
+}
+
+// An interval inside a step stays in step_ms but is named (interval_in_step_ms), so the
+// detectors can leave it out; one after the last step is written at close and goes to
+// goodput. The goodput parts add up to the wall clock.
+TEST(Profiler, IntervalsInsideStepsAndAfterTheLastStepAndGoodput) {
+  TempDir tmp;
+  Fixture f(tmp);
+  for (int i = 0; i < 3; ++i) {
+    auto s = f.prof->step();
+    f.clock->advance(10 * kMs);
+    if (i == 1) {
+      auto eval = f.prof->interval(IntervalKind::kEval);
+      f.clock->advance(40 * kMs);
+    }
+  }
+  f.clock->advance(5 * kMs);
+  f.prof->begin_interval(IntervalKind::kCheckpoint);
+  f.clock->advance(100 * kMs);  // still open at close: ended there
+  const auto records = f.close_and_read();
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_DOUBLE_EQ(steps[1]["step_ms"].get<double>(), 50.0);
+  EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 40.0);
+  EXPECT_DOUBLE_EQ(steps[1]["interval_in_step_ms"].get<double>(), 40.0);
+  const auto intervals = of_kind(records, "interval");
+  ASSERT_EQ(intervals.size(), 2u);
+  EXPECT_EQ(intervals[0]["inside_step"], true);
+  EXPECT_EQ(intervals[0]["step"], 1);
+  EXPECT_EQ(intervals[1]["interval"], "checkpoint");
+  EXPECT_EQ(intervals[1]["step"], 3);  // after the last step: the index the next would have
+  EXPECT_DOUBLE_EQ(intervals[1]["duration_ms"].get<double>(), 100.0);
+  const auto& g = records.back()["goodput"];
+  EXPECT_NEAR(g["steps_s"].get<double>(), 0.030, 1e-6);
+  EXPECT_NEAR(g["eval_s"].get<double>(), 0.040, 1e-6);
+  EXPECT_NEAR(g["checkpoint_s"].get<double>(), 0.100, 1e-6);
+  EXPECT_NEAR(g["after_last_step_s"].get<double>(), 0.005, 2e-3);  // + the close's own time
+  double parts = 0;
+  for (const char* k : {"startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "other_s",
+                        "after_last_step_s"}) {
+    parts += g[k].get<double>();
+  }
+  EXPECT_NEAR(parts, g["wall_s"].get<double>(), 0.005);
+  EXPECT_EQ(g["from"], "process_start");
+}
+
+// The training thread's run-queue wait is read at a step's end at most every 10 ms; its
+// first reading is the baseline, so the second gives the first figure.
+TEST(Profiler, RunQueueWaitIsReadAtMostEveryTenMilliseconds) {
+  TempDir tmp;
+  Fixture f(tmp);
+  for (int i = 0; i < 6; ++i) {
+    auto s = f.prof->step();
+    f.clock->advance(4 * kMs);
+  }
+  const auto steps = of_kind(f.close_and_read(), "step");
+  ASSERT_EQ(steps.size(), 6u);
+  // ends at 4, 8, 12, 16, 20, 24 ms: read at 4 (baseline), 16 and 28... -> 16 only here
+  std::vector<int> read;
+  for (const auto& s : steps) {
+    if (s.contains("host")) {
+      read.push_back(s["step"].get<int>());
+      EXPECT_GE(s["host"]["runq_ms"].get<double>(), 0.0);
+      EXPECT_DOUBLE_EQ(s["host"]["runq_span_ms"].get<double>(), 12.0);
+    }
+  }
+  EXPECT_EQ(read, (std::vector<int>{3}));
 }
 
 // A loader advanced inside a step (a nested next()) must not throw into training: the
