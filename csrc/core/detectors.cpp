@@ -296,8 +296,9 @@ AlertEvent SlowStepDetector::contention_end(std::int64_t step) {
   done.step = step;
   done.first_step = contention_start_;
   done.repeats = std::max<std::int64_t>(contention_steps_ - 1, 0);
-  done.message = fmt::format("no step slowed by CPU contention for {} steps ({} slowed from step {})",
-                             config_.window, contention_steps_, contention_start_);
+  done.message =
+      fmt::format("no step slowed by CPU contention for {} steps ({} slowed from step {})",
+                  config_.window, contention_steps_, contention_start_);
   return done;
 }
 

@@ -73,7 +73,7 @@ class SlowStepDetector {
   const PhaseNames& names_;
   RollingMedian iteration_;
   RollingMedian data_;
-  RollingMedian other_;  // the gap's other host work
+  RollingMedian other_;                                 // the gap's other host work
   std::vector<std::unique_ptr<RollingMedian>> phases_;  // by phase id, created when first seen
   std::vector<bool> present_;                           // scratch: phases in this step
   std::vector<double> scratch_;                         // scratch: the window's values

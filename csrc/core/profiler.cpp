@@ -66,14 +66,16 @@ std::int64_t process_start_unix_ns() {
   if (p == nullptr) return 0;
   unsigned long long start_ticks = 0;
   // fields 3..22 after ") ": state, then 18 numbers, then starttime
-  if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-                  &start_ticks) != 1) {
+  if (std::sscanf(
+          p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+          &start_ticks) != 1) {
     return 0;
   }
   const long hz = sysconf(_SC_CLK_TCK);
   timespec boot{};
   if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0) return 0;
-  const std::int64_t boot_ns = static_cast<std::int64_t>(boot.tv_sec) * 1'000'000'000 + boot.tv_nsec;
+  const std::int64_t boot_ns =
+      static_cast<std::int64_t>(boot.tv_sec) * 1'000'000'000 + boot.tv_nsec;
   const auto start_ns = static_cast<std::int64_t>(start_ticks) * (1'000'000'000 / hz);
   const std::int64_t age = boot_ns - start_ns;
   return age >= 0 ? unix_now_ns() - age : 0;
@@ -305,7 +307,7 @@ class ProfilerImpl final : public SignalClosable {
     STEPTRACE_CHECK(!in_step_, UsageError,
                     "step begun while step {} is still running; end it before the next begins",
                     current_.step);
-    STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
+    STEPTRACE_CHECK(data_begin_ns_ == kUnset && !data_suspended_, UsageError,
                     "step begun while waiting on the data loader (begin_data without end_data)");
     if (!enter_step()) return;
     if (device_) {
@@ -329,9 +331,8 @@ class ProfilerImpl final : public SignalClosable {
     current_.between = pending_;
     pending_ = BetweenSteps{};
     const std::int64_t gap = last_step_end_ns_ == kUnset ? 0 : now - last_step_end_ns_;
-    current_.between.other_ns =
-        std::max<std::int64_t>(0, gap - current_.data_ns - current_.between.eval_ns() -
-                                      current_.between.checkpoint_ns());
+    current_.between.other_ns = std::max<std::int64_t>(
+        0, gap - current_.data_ns - current_.between.eval_ns() - current_.between.checkpoint_ns());
     current_.phase_count = 0;
     current_.memory = MemorySample{};
     current_.failed = false;
@@ -471,6 +472,10 @@ class ProfilerImpl final : public SignalClosable {
       data_ignored_ = true;
       return;
     }
+    if (open_interval_ >= 0) {  // an evaluation's own loader: part of the interval, not data
+      data_ignored_ = true;
+      return;
+    }
     STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
                     "begin_data called twice without end_data");
     data_begin_ns_ = clock_->now_ns();
@@ -480,6 +485,11 @@ class ProfilerImpl final : public SignalClosable {
     if (detached_) return;
     if (data_ignored_) {
       data_ignored_ = false;
+      return;
+    }
+    if (data_suspended_) {  // the wait was cut short by an interval (counted up to it)
+      data_suspended_ = false;
+      data_wrapped_ = true;
       return;
     }
     STEPTRACE_CHECK(data_begin_ns_ != kUnset, UsageError, "end_data without begin_data");
@@ -496,6 +506,11 @@ class ProfilerImpl final : public SignalClosable {
                     "interval {:?} begun while it is already open; intervals do not nest",
                     interval_name(kind));
     if (open_interval_ >= 0) end_open_interval(now);  // one interval at a time
+    if (data_begin_ns_ != kUnset) {  // a data wait in progress pauses: the interval is not data
+      data_accum_ns_ += now - data_begin_ns_;
+      data_begin_ns_ = kUnset;
+      data_suspended_ = true;
+    }
     open_interval_ = static_cast<int>(kind);
     interval_start_ns_ = now;
     interval_in_step_ = in_step_;
@@ -758,6 +773,10 @@ class ProfilerImpl final : public SignalClosable {
   void end_open_interval(std::int64_t now) noexcept {
     const auto kind = static_cast<IntervalKind>(open_interval_);
     open_interval_ = -1;
+    if (data_suspended_) {  // the data wait the interval paused goes on
+      data_suspended_ = false;
+      data_begin_ns_ = now;
+    }
     const bool inside = interval_in_step_ && in_step_;
     BetweenSteps& into = inside ? current_.between : pending_;
     const std::int64_t duration = now - interval_start_ns_;
@@ -1204,10 +1223,11 @@ class ProfilerImpl final : public SignalClosable {
   std::int64_t data_begin_ns_ = kUnset;
   std::int64_t data_accum_ns_ = 0;
   bool data_wrapped_ = false;
-  BetweenSteps pending_;         // intervals ended since the last step ended
-  int open_interval_ = -1;       // IntervalKind of the open interval, -1: none
+  BetweenSteps pending_;    // intervals ended since the last step ended
+  int open_interval_ = -1;  // IntervalKind of the open interval, -1: none
   std::int64_t interval_start_ns_ = 0;
   bool interval_in_step_ = false;  // the open interval began inside a step
+  bool data_suspended_ = false;    // a data wait was open when the interval began
   static constexpr std::int64_t kRunQueueInterval = 10'000'000;  // ns between schedstat reads
   RunQueueReader run_queue_;
   std::int64_t runq_read_ns_ = kUnset;  // when it was last read, and the wait then

@@ -156,17 +156,19 @@ void append_goodput_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
   } else {
     startup = wall - tail_intervals;
   }
-  auto sec = [](std::int64_t ns) { return static_cast<double>(std::max<std::int64_t>(0, ns)) / 1e9; };
-  fmt::format_to(std::back_inserter(out),
-                 "\"goodput\":{{\"wall_s\":{:.3f},\"startup_s\":{:.3f},\"steps_s\":{:.3f},"
-                 "\"data_s\":{:.3f},\"eval_s\":{:.3f},\"checkpoint_s\":{:.3f},\"other_s\":{:.3f},"
-                 "\"after_last_step_s\":{:.3f},\"training_pct\":{:.2f},\"from\":\"{}\"}},",
-                 sec(wall), sec(startup), sec(t.training_ns_sum), sec(t.data_ns_sum),
-                 sec(t.interval_ns_sum[0] + tail.eval_ns()),
-                 sec(t.interval_ns_sum[1] + tail.checkpoint_ns()), sec(t.other_ns_sum), sec(after),
-                 wall > 0 ? 100.0 * static_cast<double>(t.training_ns_sum) / static_cast<double>(wall)
-                          : 0.0,
-                 end.process_start_unix_ns > 0 ? "process_start" : "profiler_start");
+  auto sec = [](std::int64_t ns) {
+    return static_cast<double>(std::max<std::int64_t>(0, ns)) / 1e9;
+  };
+  fmt::format_to(
+      std::back_inserter(out),
+      "\"goodput\":{{\"wall_s\":{:.3f},\"startup_s\":{:.3f},\"steps_s\":{:.3f},"
+      "\"data_s\":{:.3f},\"eval_s\":{:.3f},\"checkpoint_s\":{:.3f},\"other_s\":{:.3f},"
+      "\"after_last_step_s\":{:.3f},\"training_pct\":{:.2f},\"from\":\"{}\"}},",
+      sec(wall), sec(startup), sec(t.training_ns_sum), sec(t.data_ns_sum),
+      sec(t.interval_ns_sum[0] + tail.eval_ns()), sec(t.interval_ns_sum[1] + tail.checkpoint_ns()),
+      sec(t.other_ns_sum), sec(after),
+      wall > 0 ? 100.0 * static_cast<double>(t.training_ns_sum) / static_cast<double>(wall) : 0.0,
+      end.process_start_unix_ns > 0 ? "process_start" : "profiler_start");
 }
 
 }  // namespace

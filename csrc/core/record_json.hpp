@@ -49,7 +49,7 @@ struct RunEnd {
   std::map<std::string, std::int64_t> alert_repeats;  // occurrences folded into them
   std::int64_t process_start_unix_ns = 0;  // 0: unknown (then goodput starts at the profiler)
   std::int64_t profiler_start_unix_ns = 0;
-  BetweenSteps trailing;  // intervals after the last step (and those before any step)
+  BetweenSteps trailing;     // intervals after the last step (and those before any step)
   std::string extra_fields;  // more members (`"key":value,...`), e.g. device activity totals
 };
 

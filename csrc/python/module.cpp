@@ -939,10 +939,9 @@ PYBIND11_MODULE(_core, m) {
         py::arg("fd"),
         "Hang stacks from the handler installed for signum (faulthandler.register), which "
         "writes them to fd; False when no handler is installed for it");
-  using ReplayTuple =
-      std::tuple<std::int64_t, std::int64_t, double, double, bool,
-                 std::vector<std::pair<std::string, double>>, std::array<std::int64_t, 7>, bool,
-                 std::array<double, 3>>;
+  using ReplayTuple = std::tuple<std::int64_t, std::int64_t, double, double, bool,
+                                 std::vector<std::pair<std::string, double>>,
+                                 std::array<std::int64_t, 7>, bool, std::array<double, 3>>;
   m.def(
       "replay_detectors",
       [](const steptrace::Config& config, const std::vector<ReplayTuple>& steps) {

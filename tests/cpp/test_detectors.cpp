@@ -320,9 +320,9 @@ TEST(SlowStepDetector, EvaluationAndCheckpointIntervalsAreNotPartOfTheIteration)
   Events events;
   for (int i = 0; i < 400; ++i) {
     StepRecord r = t.step(i, 1, 4, 5);
-    if (i % 50 == 0) r.between.interval_ns[0] = 500 * kMs;  // eval before the step
+    if (i % 50 == 0) r.between.interval_ns[0] = 500 * kMs;   // eval before the step
     if (i % 100 == 0) r.between.interval_ns[1] = 900 * kMs;  // checkpoint before it
-    if (i % 70 == 0) {  // an evaluation inside the step
+    if (i % 70 == 0) {                                       // an evaluation inside the step
       r.step_ns += 300 * kMs;
       r.host_ns = r.step_ns;
       r.between.interval_ns[0] += 300 * kMs;

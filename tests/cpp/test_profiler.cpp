@@ -155,6 +155,35 @@ TEST(Profiler, IntervalsBetweenStepsAreAccountedByKind) {
             intervals[0]["start_unix_ns"].get<std::int64_t>());
 }
 
+// A data wait open when an interval begins pauses for it (a validation run between the
+// loader's bracketing calls), and a loader advanced inside an interval is the interval's.
+TEST(Profiler, AnIntervalPausesTheDataWaitAndOwnsItsLoader) {
+  TempDir tmp;
+  Fixture f(tmp);
+  { auto s = f.prof->step(); }
+  f.prof->begin_data();
+  f.clock->advance(2 * kMs);
+  f.prof->begin_interval(IntervalKind::kEval);
+  f.clock->advance(20 * kMs);
+  f.prof->begin_data();  // the evaluation's loader
+  f.clock->advance(5 * kMs);
+  f.prof->end_data();
+  f.prof->end_interval(IntervalKind::kEval);
+  f.clock->advance(3 * kMs);
+  f.prof->end_data();
+  { auto s = f.prof->step(); }
+  f.prof->begin_data();
+  f.prof->begin_interval(IntervalKind::kCheckpoint);
+  EXPECT_THROW(f.prof->begin_step(), UsageError);  // the data wait was never ended
+  f.prof->end_data();
+  { auto s = f.prof->step(); }
+  const auto steps = of_kind(f.close_and_read(), "step");
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 25.0);
+  EXPECT_DOUBLE_EQ(steps[1]["other_ms"].get<double>(), 0.0);
+}
+
 // An interval inside a step stays in step_ms but is named (interval_in_step_ms), so the
 // detectors can leave it out; one after the last step is written at close and goes to
 // goodput. The goodput parts add up to the wall clock.
