@@ -23,8 +23,9 @@ Where each phase comes from:
 Phases never nest: a hook opens its phase only inside a step, on the training thread
 (the one that created the hooks), and while no other phase is open, so the user's own
 ``with prof.phase(...)`` blocks win and a loss computed inside ``forward`` (a Hugging
-Face model given labels) stays part of forward. Outside a step (evaluation between
-steps) the hooks do nothing. A phase that runs several times in one step (gradient
+Face model given labels) stays part of forward. Outside a step a forward with gradients
+disabled opens an evaluation interval (:meth:`steptrace.intervals.IntervalWatch.forward_without_grad`),
+which the next step ends; other calls outside a step do nothing. A phase that runs several times in one step (gradient
 accumulation: several forward / backward micro-steps before one optimizer step)
 accumulates its time in the step record, and from the second outermost forward of the
 same module on, the record's ``meta`` says how many there were (``micro_steps``).
@@ -238,11 +239,16 @@ class _Hooks:
         self._wraps.clear()
 
 
-def _module_phase_hooks(gate: PhaseGate, module: Any, phase: str, count: bool) -> list[Any]:
+def _module_phase_hooks(gate: PhaseGate, module: Any, phase: str, count: bool,
+                        not_opened: Optional[Callable[[], None]] = None) -> list[Any]:
     # the C gates called directly: these run at every call of the module
     begin, end, index = gate.gates.begin, gate.gates.end, _INDEX[phase]
 
-    if count:
+    if count and not_opened is not None:
+        def pre(mod: Any, args: Any) -> None:  # a forward the gate did not open may be evaluation
+            if not _compiling() and not begin(index, mod):
+                not_opened()
+    elif count:
         def pre(mod: Any, args: Any) -> None:
             if not _compiling():
                 begin(index, mod)
@@ -279,7 +285,7 @@ class PhaseHooks(_Hooks):
     """
 
     def __init__(self, core: Any, model: Any, optimizer: Any = None, loss_fn: Any = None, *,
-                 backward: bool = True, clip: bool = True) -> None:
+                 backward: bool = True, clip: bool = True, intervals: Any = None) -> None:
         import torch
 
         if not isinstance(model, torch.nn.Module):
@@ -291,7 +297,9 @@ class PhaseHooks(_Hooks):
             patch = _loss_site(loss_fn)  # raises before anything is installed
         super().__init__(core, backward=backward, clip=clip)
         gate = self._gate
-        self._handles += _module_phase_hooks(gate, model, "forward", count=True)
+        self._handles += _module_phase_hooks(
+            gate, model, "forward", count=True,
+            not_opened=intervals.forward_without_grad if intervals is not None else None)
         if optimizer is not None:
             self._optimizer_hooks(optimizer)
         self.loss_fn = loss_fn
@@ -350,8 +358,10 @@ class GlobalPhaseHooks(_Hooks):
     training activity (a forward with gradients enabled, a backward, an optimizer step)
     when none is open, and ends when an optimizer step returns. The time between one
     optimizer step and the next training forward (loading the batch, logging) is then the
-    next step's ``data_ms``; forward calls without gradients (evaluation) between steps
-    begin nothing. ``end_open_step()`` ends a step left open at the end of the program.
+    next step's ``other_ms`` (``data_ms`` for a DataLoader's fetch, with an
+    :class:`steptrace.intervals.IntervalWatch` that times them); forward calls without
+    gradients between steps begin no step but, given ``intervals``, an evaluation
+    interval. ``end_open_step()`` ends a step left open at the end of the program.
 
     With ``ddp_comm=True`` (``steptrace run``) the gradient all-reduces of the
     DistributedDataParallel models the program makes are timed too, so that its step
@@ -359,7 +369,7 @@ class GlobalPhaseHooks(_Hooks):
     """
 
     def __init__(self, core: Any, *, steps: bool = False, backward: bool = True, clip: bool = True,
-                 discover_steps: int = 2, ddp_comm: bool = False) -> None:
+                 discover_steps: int = 2, ddp_comm: bool = False, intervals: Any = None) -> None:
         import torch
         from torch.nn.modules import module as module_mod
         from torch.optim import optimizer as optimizer_mod
@@ -385,9 +395,13 @@ class GlobalPhaseHooks(_Hooks):
                 except UsageError:  # closed from another thread meanwhile: never into the script
                     pass
 
+        without_grad = intervals.forward_without_grad if intervals is not None else None
+
         def outer_pre(mod: Any) -> None:
             if grad_enabled():
                 maybe_begin_step()
+            elif without_grad is not None:
+                without_grad()
             if isinstance(mod, loss_type):
                 gate.begin("loss")
             else:

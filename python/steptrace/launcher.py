@@ -9,7 +9,9 @@ arguments) with a :class:`steptrace.Profiler` created before it starts and
 :class:`steptrace.autophase.GlobalPhaseHooks` installed: a step ends when an optimizer
 step returns, the next one begins at the next training forward (or backward, or
 optimizer step), and its phases come from the outermost module calls, autograd, grad
-clipping and the optimizer. The script's exit status and exceptions are its own; the log
+clipping and the optimizer. Between steps, a DataLoader's fetch is data, forwards with
+gradients disabled are evaluation, and checkpoint saves (torch.save, DCP, safetensors)
+are checkpoints (:mod:`steptrace.intervals`); the rest is other host work. The script's exit status and exceptions are its own; the log
 is closed (``run_end``) on every way out.
 
 With ``--nproc-per-node N`` or ``--torchrun ARGS`` the launcher re-executes itself under
@@ -141,13 +143,17 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
     import torch  # noqa: F401  (the hooks live in torch; the script imports it anyway)
 
     from steptrace.autophase import GlobalPhaseHooks
+    from steptrace.intervals import IntervalWatch
     from steptrace.profiler import Profiler
 
     try:
         prof = Profiler(log_dir, **options)
     except SteptraceError as exc:  # e.g. a log_dir that cannot be created: nothing ran yet
         raise LaunchError(f"--log-dir {log_dir}: {exc}") from None
-    hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps, ddp_comm=True)
+    # checkpoints, the DataLoader's fetches and evaluation forwards between steps
+    intervals = IntervalWatch(prof._core, data=True)
+    hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps, ddp_comm=True,
+                             intervals=intervals)
     saved_argv = sys.argv
     sys.argv = [script, *argv]
     script_dir = os.path.dirname(os.path.abspath(script))
@@ -171,6 +177,7 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
     finally:
         hooks.end_open_step(failed=reason != "normal")
         hooks.remove()
+        intervals.remove()
         prof.close(reason, error)
         sys.argv = saved_argv
         if script_dir in sys.path:

@@ -556,7 +556,9 @@ class Profiler:
         ranks that wait for it: it registers a DDP communication hook, ``hook(state,
         bucket)`` (default: DDP's own all-reduce, the same result) timed from launch to
         completion, instead of ``model.register_comm_hook``. Call it once per model,
-        before the first step; :meth:`close` removes the hooks. Returns ``model``."""
+        before the first step; :meth:`close` removes the hooks. A forward of ``model`` with
+        gradients disabled between steps opens an evaluation interval (see
+        :meth:`interval`), ended by the next step. Returns ``model``."""
         from steptrace.comm import timed_comm_hook
 
         if optimizer is not None and callable(optimizer):  # watch(ddp, hook) from before optimizer=
@@ -573,7 +575,11 @@ class Profiler:
         if phases:
             from steptrace.autophase import PhaseHooks
 
-            installed = PhaseHooks(self._core, model, optimizer, loss_fn)  # checks its arguments first
+            from steptrace.intervals import IntervalWatch
+
+            # a forward without gradients between steps is evaluation (no function patched)
+            installed = PhaseHooks(self._core, model, optimizer, loss_fn,  # checks its arguments first
+                                   intervals=IntervalWatch(self._core, checkpoints=False))
         if register is not None:
             try:
                 register(state, timed_comm_hook(self._core, hook))

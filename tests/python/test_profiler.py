@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -44,12 +45,33 @@ def test_slow_loader_shows_in_data_ms(tmp_path, records_of):
         assert s["step_ms"] < s["data_ms"] + 1000
 
 
-def test_unwrapped_loader_data_is_the_gap_between_steps(tmp_path, records_of):
+def test_unwrapped_loader_gap_is_other_not_data(tmp_path, records_of):
+    # steptrace did not see the loader: the gap is other host work, never called data
     with steptrace.Profiler(tmp_path) as prof:
         train(prof, SlowLoader(batches(4), delay_s=0.02), wrap=False)
     steps = steps_of(records_of(prof.log_path))
-    assert steps[0]["data_ms"] == 0.0  # nothing before the first step to measure from
-    assert all(s["data_ms"] >= 19.0 for s in steps[1:])
+    assert steps[0]["other_ms"] == 0.0  # nothing before the first step to measure from
+    assert all(s["data_ms"] == 0.0 for s in steps)
+    assert all(s["other_ms"] >= 19.0 for s in steps[1:])
+
+
+def test_interval_kinds_and_errors(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path) as prof:
+        with pytest.raises(ValueError, match="'evaluation' is unknown; allowed: eval, checkpoint, other"):
+            prof.interval("evaluation")
+        train(prof, batches(2))
+        with prof.interval("eval"):
+            assert prof._core.open_interval == "eval"
+            time.sleep(0.03)  # the evaluation being measured, not synchronization
+        assert prof._core.open_interval is None
+        train(prof, batches(1))
+    records = records_of(prof.log_path)
+    (interval,) = [r for r in records if r["kind"] == "interval"]
+    assert interval["interval"] == "eval" and interval["duration_ms"] >= 30.0 * 0.95
+    steps = steps_of(records)
+    assert steps[2]["eval_ms"] == interval["duration_ms"]
+    goodput = records[-1]["goodput"]
+    assert goodput["eval_s"] * 1000 == pytest.approx(interval["duration_ms"], abs=1.0)
 
 
 def test_start_and_end_calls_without_with_blocks(tmp_path, records_of):

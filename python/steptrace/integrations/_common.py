@@ -4,7 +4,7 @@ and the phases a framework's hooks open and close."""
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 def check_options(log_dir: "str | os.PathLike[str]", options: dict) -> None:
@@ -86,3 +86,31 @@ class FrameworkPhases:
         never came, such as a step skipped by the framework)."""
         self._gate.end_open()
         self._gate.begin(name)
+
+
+def wrap_method(obj: Any, attr: str, begin: "Callable[[], bool]", end: "Callable[[], None]") -> "Callable[[], None]":
+    """Replaces ``obj.<attr>`` (a bound method, or someone's wrapper of it) by an instance
+    attribute that calls ``begin()`` before it and, when that returned True, ``end()``
+    after it (also when it raises). Returns the undo, which leaves a later wrapper in place."""
+    original = getattr(obj, attr)
+    had_own = attr in vars(obj)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        opened = begin()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if opened:
+                end()
+
+    wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(obj, attr, wrapped)
+
+    def undo() -> None:
+        if vars(obj).get(attr) is wrapped:
+            if had_own:
+                setattr(obj, attr, original)
+            else:
+                delattr(obj, attr)
+
+    return undo

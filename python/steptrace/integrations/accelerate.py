@@ -12,7 +12,8 @@ Rank and world size come from the accelerator (``process_index`` / ``num_process
 While it is open, ``accelerator.backward`` is timed as the backward phase and
 ``accelerator.clip_grad_norm_`` / ``clip_grad_value_`` as clip (all put back at close);
 ``model`` and ``optimizer`` are watched (:meth:`steptrace.Profiler.watch`) for the
-forward and optimizer phases. ``meta``: ``global_step`` (optimizer steps
+forward and optimizer phases, and ``accelerator.save_state`` is a checkpoint interval
+(:meth:`steptrace.Profiler.interval`). ``meta``: ``global_step`` (optimizer steps
 taken, counted by the optimizer's step post-hook: under ``accelerator.accumulate`` only
 the steps that update) and ``lr`` (the first parameter group's after the step). The
 step boundaries are yours: ``with prof.step():`` around each optimizer step (a
@@ -24,7 +25,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from steptrace.integrations._common import FrameworkPhases, first_lr, open_profiler, unwrap_optimizer
+from steptrace.integrations._common import FrameworkPhases, first_lr, open_profiler, unwrap_optimizer, wrap_method
 from steptrace.profiler import Profiler
 
 
@@ -67,6 +68,8 @@ def profile(accelerator: Any, log_dir: "str | os.PathLike[str]", *, model: Any =
         for attr in ("clip_grad_norm_", "clip_grad_value_"):
             if callable(getattr(accelerator, attr, None)):
                 _time_method(prof, accelerator, attr, "clip")
+        if callable(getattr(accelerator, "save_state", None)):
+            _time_save_state(prof, accelerator)
         if inner is not None:
             _count_optimizer_steps(prof, inner)
     except BaseException:
@@ -78,30 +81,30 @@ def profile(accelerator: Any, log_dir: "str | os.PathLike[str]", *, model: Any =
 def _time_method(prof: _AcceleratorProfiler, accelerator: Any, attr: str, phase: str) -> None:
     """Times ``accelerator.<attr>`` as ``phase`` until the profiler closes."""
     phases = FrameworkPhases(prof)
-    original = getattr(accelerator, attr)  # the bound method (or someone's wrapper of it)
-    had_own = attr in vars(accelerator)
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        opened = phases.open is None
-        if opened:
-            phases.begin(phase)  # does nothing outside a step or inside another phase
-        try:
-            return original(*args, **kwargs)
-        finally:
-            if opened:
-                phases.end(phase)
+    def begin() -> bool:
+        if phases.open is not None:
+            return False
+        phases.begin(phase)  # does nothing outside a step or inside another phase
+        return True
 
-    setattr(accelerator, attr, timed)
+    unwrap = wrap_method(accelerator, attr, begin, lambda: phases.end(phase))
 
     def undo() -> None:
         phases.close()
-        if vars(accelerator).get(attr) is timed:  # a later wrapper keeps its place
-            if had_own:
-                setattr(accelerator, attr, original)
-            else:
-                delattr(accelerator, attr)
+        unwrap()
 
     prof._accelerate_undo.append(undo)
+
+
+def _time_save_state(prof: _AcceleratorProfiler, accelerator: Any) -> None:
+    """``accelerator.save_state`` is a checkpoint interval until the profiler closes."""
+    from steptrace.intervals import IntervalWatch
+
+    intervals = IntervalWatch(prof._core, checkpoints=False)
+    prof._accelerate_undo.append(
+        wrap_method(accelerator, "save_state", lambda: intervals.begin("checkpoint"),
+                    lambda: intervals.end("checkpoint")))
 
 
 def _count_optimizer_steps(prof: _AcceleratorProfiler, optimizer: Any) -> None:

@@ -21,7 +21,9 @@ and backward run inside the optimizer's closure):
   clipping, which Lightning runs after that hook, included).
 - data: the time between one step's last ``on_train_batch_end`` and the next batch's
   ``on_train_batch_start`` (fetching the batch, moving it to the device, epoch-end
-  hooks, checkpoints), less the validation loops run in between.
+  hooks), less the intervals run in between:
+- eval: ``on_validation_start`` to ``on_validation_end`` (the sanity check included);
+- checkpoint: each ``trainer.save_checkpoint`` call (``ModelCheckpoint`` saves through it).
 
 Under manual optimization (``automatic_optimization = False``; one step record per
 batch) the same hooks fire from inside ``training_step``: forward from the batch start
@@ -49,6 +51,7 @@ from steptrace.integrations._common import (
     first_lr,
     open_profiler,
     unwrap_optimizer,
+    wrap_method,
 )
 
 
@@ -89,6 +92,8 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self._loss: Optional[float] = 0.0  # sum over the step's micro-batches; None: not on the CPU
         self._data_open = False  # a begin_data without its end_data: the wait for the next step
         self._manual = False  # the module uses manual optimization
+        self._intervals: Optional[Any] = None  # steptrace.intervals.IntervalWatch while fit runs
+        self._unwrap_save: Optional[Any] = None  # puts trainer.save_checkpoint back
 
     # ---- lifecycle ----
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -97,6 +102,17 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self.profiler = open_profiler(self.log_dir, self.profiler_options, trainer.global_rank, trainer.world_size)
         self._phases = FrameworkPhases(self.profiler)
         self._manual = not getattr(pl_module, "automatic_optimization", True)
+        from steptrace.intervals import IntervalWatch
+
+        self._intervals = IntervalWatch(self.profiler._core, checkpoints=False)
+        self._time_checkpoints(trainer)
+
+    def _time_checkpoints(self, trainer: Any) -> None:
+        """Every ``trainer.save_checkpoint`` call (ModelCheckpoint's too) is a checkpoint
+        interval: an instance attribute wraps the method until the run closes."""
+        intervals = self._intervals
+        self._unwrap_save = wrap_method(trainer, "save_checkpoint", lambda: intervals.begin("checkpoint"),
+                                        lambda: intervals.end("checkpoint"))
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._remove_hooks()
@@ -177,13 +193,12 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self._data_open = True
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        self._end_data()
+        if self._intervals is not None:
+            self._intervals.begin("eval")  # pauses the data wait in progress
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        prof = self.profiler
-        if prof is not None and not prof.closed and not prof._core.in_step and prof.step_index > 0:
-            prof._core.begin_data()
-            self._data_open = True
+        if self._intervals is not None:
+            self._intervals.end("eval")
 
     def _end_step(self, trainer: Any, failed: bool = False) -> None:
         core = self.profiler._core
@@ -215,6 +230,9 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
 
     def _close(self, reason: str, error: str = "") -> None:
         self._remove_hooks()
+        if self._unwrap_save is not None:
+            self._unwrap_save()
+            self._unwrap_save = None
         prof = self.profiler
         if prof is None or prof.closed:
             return

@@ -17,8 +17,15 @@ Phases:
   (``clip_grad_norm_``, and the ``get_total_norm`` / ``clip_grads_with_norm_`` halves
   accelerate calls), see :mod:`steptrace.autophase`.
 - optimizer: ``on_pre_optimizer_step`` to ``on_optimizer_step``.
-- data: the time before ``on_step_begin`` since the last step ended (the Trainer fetches
-  a step's micro-batches before it), logging, evaluation and checkpoints included.
+- data: the train DataLoader's fetches between steps (the Trainer fetches a step's
+  micro-batches before ``on_step_begin``), see :mod:`steptrace.intervals`.
+- eval and checkpoint intervals (never data, never part of a step's iteration for the
+  detectors): ``Trainer.evaluate`` and ``Trainer.predict`` are evaluation and
+  ``Trainer._save_checkpoint`` is a checkpoint, timed by wrappers on the Trainer class
+  that act only for a Trainer with this callback (HF's ``on_evaluate`` / ``on_predict`` /
+  ``on_save`` come after the work, so they only end what is open). With ``watch``, a
+  model forward without gradients between steps opens evaluation too.
+- other: the rest of the time between steps (logging, other callbacks).
 
 ``meta``: ``global_step`` and ``epoch`` (``state.global_step`` / ``state.epoch`` at
 ``on_step_end``, after the update; epoch is fractional), ``lr`` (the first parameter
@@ -72,12 +79,17 @@ class SteptraceCallback(TrainerCallback):
         self.profiler_options = profiler_options
         self.profiler: Optional[Any] = None
         self._phases: Optional[FrameworkPhases] = None
+        self._intervals: Optional[Any] = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self.profiler is not None and not self.profiler.closed:
             return
         self.profiler = open_profiler(self.log_dir, self.profiler_options, args.process_index, args.world_size)
         self._phases = FrameworkPhases(self.profiler)
+        from steptrace.intervals import IntervalWatch
+
+        self._intervals = IntervalWatch(self.profiler._core, checkpoints=False, data=True)
+        _trainer_intervals.add(self)
         if self.watch and model is not None:
             # the optimizer phase comes from the callbacks below, so watch() gets no optimizer
             self.profiler.watch(model)
@@ -120,8 +132,25 @@ class SteptraceCallback(TrainerCallback):
             core.set_step_value("loss", float(loss))
             core.set_step_value("loss_global_step", state.global_step)
 
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._end_interval("eval")
+
+    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._end_interval("eval")
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._end_interval("checkpoint")
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
+
+    def _begin_interval(self, kind: str) -> bool:
+        watch = self._intervals
+        return watch is not None and self.profiler is not None and not self.profiler.closed and watch.begin(kind)
+
+    def _end_interval(self, kind: str) -> None:
+        if self._intervals is not None:
+            self._intervals.end(kind)
 
     def close(self, reason: str = "normal", error: str = "") -> None:
         """Closes the profiler (idempotent); ``close("exception", str(e))`` after a failed
@@ -131,4 +160,65 @@ class SteptraceCallback(TrainerCallback):
             return
         if self._phases is not None:
             self._phases.close()
+        _trainer_intervals.discard(self)
+        if self._intervals is not None:
+            self._intervals.remove()
         prof.close(reason, error)
+
+
+class _TrainerIntervals:
+    """Wrappers on ``transformers.Trainer``'s evaluate / predict / _save_checkpoint that
+    time each call as an interval of the SteptraceCallback registered with that Trainer;
+    installed while at least one callback is open."""
+
+    METHODS = (("evaluate", "eval"), ("predict", "eval"), ("_save_checkpoint", "checkpoint"))
+
+    def __init__(self) -> None:
+        self.callbacks: list[SteptraceCallback] = []
+        self.originals: dict[str, Any] = {}
+
+    def add(self, cb: SteptraceCallback) -> None:
+        if cb in self.callbacks:
+            return
+        self.callbacks.append(cb)
+        if len(self.callbacks) == 1:
+            from transformers import Trainer
+
+            for name, kind in self.METHODS:
+                original = Trainer.__dict__.get(name)
+                if original is not None:
+                    self.originals[name] = original
+                    setattr(Trainer, name, self._wrap(original, kind))
+
+    def discard(self, cb: SteptraceCallback) -> None:
+        if cb not in self.callbacks:
+            return
+        self.callbacks.remove(cb)
+        if not self.callbacks:
+            from transformers import Trainer
+
+            for name, original in self.originals.items():
+                if getattr(Trainer.__dict__.get(name), "__wrapped__", None) is original:
+                    setattr(Trainer, name, original)  # someone who wrapped it after us keeps theirs
+            self.originals.clear()
+
+    def _wrap(self, original: Any, kind: str) -> Any:
+        callbacks = self.callbacks
+
+        def timed(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            handler = getattr(trainer, "callback_handler", None)
+            ours = [cb for cb in getattr(handler, "callbacks", ()) if cb in callbacks]
+            opened = [cb for cb in ours if cb._begin_interval(kind)]
+            try:
+                return original(trainer, *args, **kwargs)
+            finally:
+                for cb in opened:
+                    cb._end_interval(kind)
+
+        timed.__wrapped__ = original  # type: ignore[attr-defined]
+        timed.__name__ = getattr(original, "__name__", "timed")
+        timed.__doc__ = getattr(original, "__doc__", None)
+        return timed
+
+
+_trainer_intervals = _TrainerIntervals()

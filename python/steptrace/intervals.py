@@ -1,0 +1,154 @@
+"""Where the time between steps goes, found without the program's help.
+
+:class:`IntervalWatch` is what ``steptrace run`` and the framework integrations install
+on the training thread (the thread that makes it):
+
+- checkpoint: each call of ``torch.save``, ``torch.distributed.checkpoint.save`` /
+  ``save_state_dict`` / ``async_save`` and ``safetensors.torch.save_file`` /
+  ``save_model`` is a checkpoint interval (calls inside one are part of it). Only calls
+  made through those names after the watch is installed are seen: a module that did
+  ``from torch import save`` earlier keeps the untimed function.
+- data (``data=True``): each fetch of a ``torch.utils.data.DataLoader`` between steps is a
+  data wait (the framework's own fetch); inside a step or an interval it is not data.
+- eval: :meth:`forward_without_grad` is called by the forward hooks (see
+  :mod:`steptrace.autophase`): a forward with gradients disabled between steps opens an
+  evaluation interval, which the next step (or a checkpoint, or the end of the run) ends.
+
+Every wrapper passes through untouched on other threads, inside dynamo tracing, and once
+the profiler is closed; none raises into the program.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any, Callable
+
+from steptrace.errors import UsageError
+
+#: Functions whose calls are checkpoint intervals: (module, attribute).
+CHECKPOINT_FUNCTIONS = (
+    ("torch", "save"),
+    ("torch.serialization", "save"),
+    ("torch.distributed.checkpoint", "save"),
+    ("torch.distributed.checkpoint", "save_state_dict"),
+    ("torch.distributed.checkpoint", "async_save"),
+    ("safetensors.torch", "save_file"),
+    ("safetensors.torch", "save_model"),
+)
+
+
+class IntervalWatch:
+    """Checkpoint saves (and optionally DataLoader fetches) of the training thread timed
+    as their own kinds in ``core`` (a ``steptrace._core.Profiler``), until :meth:`remove`.
+
+    ``checkpoints=False`` leaves the save functions alone (an integration that knows its
+    framework's checkpoints better); ``data=True`` times DataLoader fetches between steps
+    as data (for programs whose loader steptrace does not wrap)."""
+
+    def __init__(self, core: Any, *, checkpoints: bool = True, data: bool = False) -> None:
+        import torch
+
+        self._core = core
+        self._thread = threading.get_ident()
+        self._undo: list[Callable[[], None]] = []
+        self._grad_enabled = torch.is_grad_enabled
+        if checkpoints:
+            for module_name, attr in CHECKPOINT_FUNCTIONS:
+                self._patch(module_name, attr, self._as_checkpoint)
+        if data:
+            from torch.utils.data import dataloader
+
+            self._patch_attr(dataloader._BaseDataLoaderIter, "__next__", self._as_data)
+
+    # ---- what the hooks call ----
+    def forward_without_grad(self) -> None:
+        """A forward call began on some thread: between steps, with gradients disabled,
+        on the training thread, it opens an evaluation interval (if none is open)."""
+        core = self._core
+        if (threading.get_ident() != self._thread or self._grad_enabled() or core.in_step
+                or core.open_interval is not None or core.closed):
+            return
+        try:
+            core.begin_interval("eval")
+        except UsageError:  # closed from another thread meanwhile: never into the program
+            pass
+
+    def begin(self, kind: str) -> bool:
+        """Opens an interval of ``kind`` on the training thread unless one of that kind is
+        open; True when it did (then :meth:`end` it)."""
+        core = self._core
+        if threading.get_ident() != self._thread or core.closed or core.open_interval == kind:
+            return False
+        try:
+            core.begin_interval(kind)
+        except UsageError:
+            return False
+        return True
+
+    def end(self, kind: str) -> None:
+        if not self._core.closed:
+            self._core.end_interval(kind)
+
+    # ---- installation ----
+    def _patch(self, module_name: str, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # noqa: BLE001 - not installed (safetensors) or unavailable (distributed)
+            return
+        self._patch_attr(module, attr, wrap)
+
+    def _patch_attr(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(owner, attr, None)
+        if original is None:
+            return
+        wrapper = wrap(original)
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+            try:
+                setattr(wrapper, name, getattr(original, name))
+            except (AttributeError, TypeError):
+                pass
+        setattr(owner, attr, wrapper)
+
+        def undo() -> None:
+            if getattr(owner, attr, None) is wrapper:  # someone who wrapped it after us keeps theirs
+                setattr(owner, attr, original)
+
+        self._undo.append(undo)
+
+    def _as_checkpoint(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            opened = self.begin("checkpoint")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if opened:
+                    self.end("checkpoint")
+
+        return timed
+
+    def _as_data(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        core = self._core
+
+        def timed_next(it: Any) -> Any:
+            if (threading.get_ident() != self._thread or core.in_step or core.open_interval is not None
+                    or core.closed):
+                return original(it)
+            try:
+                core.begin_data()
+            except UsageError:  # a fetch inside a fetch (a loader in a dataset), or closed
+                return original(it)
+            try:
+                return original(it)
+            finally:
+                if not core.closed:
+                    core.end_data()
+
+        return timed_next
+
+    def remove(self) -> None:
+        """Restores every wrapped function. Idempotent."""
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()

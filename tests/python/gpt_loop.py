@@ -1,0 +1,149 @@
+"""A GPT-style training script shaped like the ones people run (nanoGPT's loop: random
+token batches, gradient accumulation, periodic evaluation under ``no_grad`` in eval
+mode, ``torch.save`` checkpoints, logging), small enough for the CPU.
+
+Used two ways by the tests:
+
+- ``train(prof=..., ...)``: a hand-written loop with explicit phases and, with
+  ``intervals=True``, ``prof.interval("eval")`` / ``prof.interval("checkpoint")``;
+- as a script under ``steptrace run`` (no steptrace code at all): ``python gpt_loop.py
+  --iters 300 --out DIR [--stall-at N]``.
+
+``stall_at``: one training step sleeps ``stall_s`` inside the model's forward (an
+injected fault, the stall the detectors must still catch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import time
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 65, block: int = 32, dim: int = 32, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(block, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+        self.stall_s = 0.0  # the injected fault: a sleep inside the next training forward
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> Any:
+        if self.stall_s and torch.is_grad_enabled():
+            time.sleep(self.stall_s)  # the fault being injected, not synchronization
+            self.stall_s = 0.0
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln(x))
+        if targets is None:
+            return logits
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def get_batch(data: torch.Tensor, batch: int, block: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    ix = torch.randint(len(data) - block - 1, (batch,), generator=gen)
+    x = torch.stack([data[i:i + block] for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + block] for i in ix])
+    return x, y
+
+
+def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_iters: int = 20,
+          accumulation: int = 2, out_dir: Optional[str] = None, stall_at: int = -1, stall_s: float = 1.5,
+          intervals: bool = True, log_interval: int = 10) -> GPT:
+    """nanoGPT's loop in small. With ``prof``, each iteration is a step with explicit
+    phases; with ``intervals`` the evaluation and the checkpoint are marked as such."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randint(65, (20_000,), generator=gen)
+    split = int(0.9 * len(data))
+    train_data, val_data = data[:split], data[split:]
+    model = GPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    nothing = contextlib.nullcontext()
+
+    def scope(kind: str) -> Any:
+        return prof.interval(kind) if prof is not None and intervals else nothing
+
+    def phase(name: str) -> Any:
+        return prof.phase(name) if prof is not None else nothing
+
+    @torch.no_grad()
+    def estimate_loss() -> dict:
+        model.eval()
+        out = {}
+        for name, source in (("train", train_data), ("val", val_data)):
+            losses = torch.zeros(eval_iters)
+            for k in range(eval_iters):
+                _, loss = model(*get_batch(source, 8, 32, gen))
+                losses[k] = loss.item()
+            out[name] = losses.mean().item()
+        model.train()
+        return out
+
+    best = math.inf
+    for it in range(iters + 1):
+        if it % eval_interval == 0 and it > 0:
+            with scope("eval"):
+                losses = estimate_loss()
+            print(f"step {it}: train {losses['train']:.3f} val {losses['val']:.3f}", flush=True)
+            if out_dir is not None and losses["val"] < best + 1.0:
+                best = min(best, losses["val"])
+                with scope("checkpoint"):
+                    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter": it},
+                               os.path.join(out_dir, "ckpt.pt"))
+        if it == iters:
+            break
+        if it == stall_at:
+            model.stall_s = stall_s
+        with prof.step() if prof is not None else nothing:
+            for _ in range(accumulation):
+                x, y = get_batch(train_data, 8, 32, gen)
+                with phase("forward"):
+                    _, loss = model(x, y)
+                    loss = loss / accumulation
+                with phase("backward"):
+                    loss.backward()
+            with phase("clip"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with phase("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        if it % log_interval == 0:
+            print(f"iter {it}: loss {loss.item() * accumulation:.4f}", flush=True)
+    return model
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--eval-interval", type=int, default=50)
+    p.add_argument("--out", default=None)
+    p.add_argument("--stall-at", type=int, default=-1)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    train(iters=a.iters, eval_interval=a.eval_interval, out_dir=a.out, stall_at=a.stall_at)
