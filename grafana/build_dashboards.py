@@ -6,8 +6,9 @@ three dashboards share their variables, links and panel conventions.
 
 A triage hierarchy: **overview** (the cluster: throughput, power, utilization, jobs, alerts;
 each job's panels link to its per-job dashboard with the job pre-selected) -> **job** (one
-job's step-time progression, phase split, per-rank compute / communication, per-GPU tensor
-core activity, DRAM bandwidth, SM occupancy, power, temperature) -> **profiling** (one
+job's step-time progression, phase split, where the wall clock goes (goodput), per-rank
+compute / communication, per-GPU tensor core activity, DRAM bandwidth, SM occupancy, power,
+temperature) -> **profiling** (one
 run's step records and links to its HTML report and Perfetto trace). Hardware panels use
 the NVIDIA DCGM exporter's metric names, so they work beside an existing DCGM exporter, and
 show steptrace's own NVML figures (steptrace_gpu_*) beside them; steptrace never exports
@@ -124,6 +125,22 @@ def job() -> dict:
           [(f"sum by (phase) (rate(steptrace_phase_duration_seconds_sum{{{sel}}}[5m]))", "{{phase}}"),
            (f"sum(rate(steptrace_data_wait_seconds_total{{{sel}}}[5m]))", "data wait")],
           unit="s", options={"stacking": {"mode": "normal"}})
+    wall = f"(sum(rate(steptrace_time_seconds_total{{{sel}}}[5m])) > 0)"
+    p.add("Where the wall clock goes (seconds per second, by kind)", "timeseries",
+          [(f"sum by (kind) (rate(steptrace_time_seconds_total{{{sel}}}[5m]))", "{{kind}}")],
+          w=16, unit="s", options={"stacking": {"mode": "normal"}},
+          description="Summed over the selected ranks (n ranks stack to n): training steps (less the "
+                      "evaluation / checkpoint intervals inside them), the loader's waits (data, where the "
+                      "loader is wrapped), evaluation, checkpoints, and other host work between steps. Time "
+                      "is booked when the step after it ends, so a long evaluation shows when training "
+                      "resumes.")
+    p.add("Goodput: training share of the wall clock", "timeseries", [
+        (f'sum(rate(steptrace_time_seconds_total{{{sel}, kind="step"}}[5m])) / {wall}', "training (goodput)"),
+        (f"sum(rate(steptrace_runq_wait_seconds_total{{{sel}}}[5m])) / {wall}", "waiting for a CPU"),
+    ], w=8, unit="percentunit",
+          description="The share of the wall clock spent in training steps (recorded job-wide as "
+                      "steptrace:goodput_ratio_5m:job; never alerted on), and the share the training thread "
+                      "was runnable but waiting for a CPU (host contention, a ticket, never a page).")
     p.add("Compute / communication / exposed communication per rank", "timeseries", [
         (f"sum by (rank) (rate(steptrace_compute_seconds_total{{{sel}}}[5m]))", "compute r{{rank}}"),
         (f"sum by (rank) (rate(steptrace_comm_seconds_total{{{sel}}}[5m]))", "comm r{{rank}}"),

@@ -97,12 +97,14 @@ void MetricsRegistry::Histogram::observe(double v) noexcept {
 
 MetricsRegistry::MetricsRegistry(MetricLabels labels, const PhaseNames& names, std::string version,
                                  std::function<double()> median_s,
-                                 std::function<double()> in_flight_s)
+                                 std::function<double()> in_flight_s,
+                                 std::function<OpenIntervalProbe()> open_interval)
     : labels_(std::move(labels)),
       names_(names),
       version_(std::move(version)),
       median_s_(std::move(median_s)),
-      in_flight_s_(std::move(in_flight_s)) {
+      in_flight_s_(std::move(in_flight_s)),
+      open_interval_(std::move(open_interval)) {
   base_labels_ = fmt::format("job=\"{}\",run_id=\"{}\",rank=\"{}\",host=\"{}\"",
                              escape_label_value(labels_.job), escape_label_value(labels_.run_id),
                              labels_.rank, escape_label_value(labels_.host));
@@ -123,6 +125,19 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
     v.phases[id].observe(static_cast<double>(r.phase_ns[i]) / 1e9);
   }
   v.data_wait_s += static_cast<double>(r.data_ns) / 1e9;
+  // The same parts as run_end's goodput: the step less the intervals that ran inside it
+  // (they are booked under their own kind), so the kinds add up to the wall clock.
+  const BetweenSteps& between = r.between;
+  const std::int64_t parts_ns[kTimeKinds.size()] = {
+      std::max<std::int64_t>(0, r.host_ns - between.inside_step_ns), r.data_ns, between.eval_ns(),
+      between.checkpoint_ns(), between.other_ns};
+  for (std::size_t k = 0; k < kTimeKinds.size(); ++k) {
+    if (parts_ns[k] > 0) v.time_s[k] += static_cast<double>(parts_ns[k]) / 1e9;
+  }
+  if (r.runq_ns >= 0) {
+    v.runq_seen = true;
+    v.runq_wait_s += static_cast<double>(r.runq_ns) / 1e9;
+  }
   v.last_step_unix_s = static_cast<double>(r.start_unix_ns + r.host_ns) / 1e9;
   const std::int64_t memory[] = {r.memory.allocated_bytes, r.memory.reserved_bytes,
                                  r.memory.peak_bytes,      r.memory.rss_bytes,
@@ -317,11 +332,39 @@ std::string MetricsRegistry::render() const {
               v.phases[id]);
   }
   header(out, "steptrace_data_wait_seconds_total", "counter",
-         "Time spent waiting on the data loader between steps.");
+         "Time spent waiting on the data loader between steps (also steptrace_time_seconds_total"
+         "{kind=\"data\"}).");
   sample(out, "steptrace_data_wait_seconds_total", l, v.data_wait_s);
+  // Every kind from the first scrape on (0 until seen), so a share of the wall clock never
+  // lacks a term.
+  header(out, "steptrace_time_seconds_total", "counter",
+         "Wall clock by kind: step (training steps, less evaluation / checkpoint intervals "
+         "inside them), data (loader waits), eval, checkpoint, other (the rest of the time "
+         "between steps). Booked when the step after it ends.");
+  for (std::size_t k = 0; k < kTimeKinds.size(); ++k) {
+    sample(out, "steptrace_time_seconds_total", fmt::format("{},kind=\"{}\"", l, kTimeKinds[k]),
+           v.time_s[k]);
+  }
+  if (v.runq_seen) {
+    header(out, "steptrace_runq_wait_seconds_total", "counter",
+           "Time the training thread was runnable but waiting for a CPU (Linux schedstat).");
+    sample(out, "steptrace_runq_wait_seconds_total", l, v.runq_wait_s);
+  }
+  if (open_interval_) {
+    const OpenIntervalProbe open = open_interval_();
+    header(out, "steptrace_interval_in_flight_seconds", "gauge",
+           "Age of the interval (eval, checkpoint, other) now open; 0 for the kinds not open.");
+    for (std::size_t k = 0; k < kIntervalKinds; ++k) {
+      const auto kind = static_cast<IntervalKind>(k);
+      const double age = open.kind == kind && open.age_s > 0 ? open.age_s : 0.0;
+      sample(out, "steptrace_interval_in_flight_seconds",
+             fmt::format("{},kind=\"{}\"", l, interval_name(kind)), age);
+    }
+  }
   if (median > 0 && std::isfinite(median)) {
     header(out, "steptrace_step_median_seconds", "gauge",
-           "Trailing median iteration time (data wait + step) the detectors compare with.");
+           "Trailing median training iteration (data wait + other host work + step, without "
+           "evaluation and checkpoints) the detectors compare with.");
     sample(out, "steptrace_step_median_seconds", l, median);
   }
   if (v.steps > 0) {
@@ -540,11 +583,12 @@ std::string base64url(std::string_view v) {
 
 PrometheusSink::PrometheusSink(MetricsOutputs outputs, MetricLabels labels, const PhaseNames& names,
                                std::string version, std::function<double()> median_s,
-                               std::function<double()> in_flight_s)
+                               std::function<double()> in_flight_s,
+                               std::function<OpenIntervalProbe()> open_interval)
     : outputs_(std::move(outputs)),
       labels_(labels),
       registry_(std::move(labels), names, std::move(version), std::move(median_s),
-                std::move(in_flight_s)) {
+                std::move(in_flight_s), std::move(open_interval)) {
   const int port = outputs_.port;
   if (port < 0) return;
 #if STEPTRACE_HAVE_HTTPLIB

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "../core/record_sink.hpp"
 #include "../core/step_record.hpp"
 #include "../core/telemetry.hpp"
+#include "steptrace/interval.hpp"
 
 namespace steptrace::detail {
 
@@ -45,14 +47,31 @@ struct ClusterRow {
   bool straggler = false;
 };
 
+/// Where the wall clock went, by kind (steptrace_time_seconds_total{kind}): the step less
+/// the intervals inside it, the loader's waits, evaluation, checkpoints, and other host
+/// work between steps. Each step record adds its parts; together they cover the time
+/// from the first step's start to the last step's end.
+inline constexpr std::array<const char*, 5> kTimeKinds = {"step", "data", "eval", "checkpoint",
+                                                          "other"};
+
+/// The interval open now (Profiler::begin_interval), as a live probe reports it for the
+/// steptrace_interval_in_flight_seconds gauge: its kind and age in seconds; no kind when
+/// none is open. The probe is called from the scraping thread.
+struct OpenIntervalProbe {
+  std::optional<IntervalKind> kind;
+  double age_s = 0;
+};
+
 /// The metric values of one run. observe_*() from the writer thread; render() from any
 /// thread (it copies the values under a short lock and formats outside it).
 class MetricsRegistry {
  public:
-  /// `names` resolves phase ids (read without a lock, see PhaseNames). `median_s` and
-  /// `in_flight_s` are read at each render (any thread); either may be empty.
+  /// `names` resolves phase ids (read without a lock, see PhaseNames). `median_s`,
+  /// `in_flight_s` and `open_interval` are read at each render (any thread); any may be
+  /// empty (no open_interval: no steptrace_interval_in_flight_seconds series).
   MetricsRegistry(MetricLabels labels, const PhaseNames& names, std::string version,
-                  std::function<double()> median_s = {}, std::function<double()> in_flight_s = {});
+                  std::function<double()> median_s = {}, std::function<double()> in_flight_s = {},
+                  std::function<OpenIntervalProbe()> open_interval = {});
 
   void observe_step(const StepRecord& r);
   /// Counts the alert records among complete JSON lines (hardware errors by kind too) and
@@ -74,6 +93,9 @@ class MetricsRegistry {
     std::int64_t steps = 0;
     std::int64_t error_steps = 0;
     double data_wait_s = 0;
+    std::array<double, kTimeKinds.size()> time_s{};  // by kTimeKinds
+    bool runq_seen = false;                          // a step had a run-queue reading
+    double runq_wait_s = 0;                          // summed over the readings
     double last_step_unix_s = 0;
     // allocated, reserved, peak, rss, heap, device_used; NaN: never seen
     std::array<double, 6> memory_bytes{};
@@ -105,6 +127,7 @@ class MetricsRegistry {
   const std::string version_;
   const std::function<double()> median_s_;
   const std::function<double()> in_flight_s_;
+  const std::function<OpenIntervalProbe()> open_interval_;
   std::string base_labels_;  // job="...",run_id="...",rank="...",host="..."
   mutable std::mutex mu_;
   Values values_;  // guarded by mu_
@@ -126,7 +149,8 @@ class PrometheusSink final : public RecordSink {
  public:
   PrometheusSink(MetricsOutputs outputs, MetricLabels labels, const PhaseNames& names,
                  std::string version, std::function<double()> median_s,
-                 std::function<double()> in_flight_s);
+                 std::function<double()> in_flight_s,
+                 std::function<OpenIntervalProbe()> open_interval = {});
   ~PrometheusSink() override;
   PrometheusSink(const PrometheusSink&) = delete;
   PrometheusSink& operator=(const PrometheusSink&) = delete;

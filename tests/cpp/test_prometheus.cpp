@@ -188,9 +188,76 @@ TEST(MetricsRegistry, AbsentDataIsAbsent) {
   for (const char* absent :
        {"steptrace_step_median_seconds", "steptrace_last_step_timestamp_seconds",
         "steptrace_memory_bytes", "steptrace_alerts_total", "steptrace_tensor_active_ratio",
-        "steptrace_comm_seconds_total", "steptrace_phase_duration_seconds_count"}) {
+        "steptrace_comm_seconds_total", "steptrace_phase_duration_seconds_count",
+        "steptrace_runq_wait_seconds_total", "steptrace_interval_in_flight_seconds"}) {
     EXPECT_TRUE(named(all, absent).empty()) << absent;
   }
+  // every kind of the wall clock is there from the start, at 0
+  EXPECT_EQ(named(all, "steptrace_time_seconds_total").size(), kTimeKinds.size());
+  for (const Sample& s : named(all, "steptrace_time_seconds_total")) EXPECT_EQ(s.value, 0);
+}
+
+// Wall clock by kind from the records' between-steps account, run-queue wait from the
+// readings, the detectors' new alert types counted like any other.
+TEST(MetricsRegistry, TimeByKindAndRunQueueWaitFromTheRecords) {
+  PhaseNames names;
+  OpenIntervalProbe open;  // what the live probe reports at each render
+  MetricsRegistry reg(MetricLabels{"j", "run", 2, "h"}, names, "1", {}, {}, [&] { return open; });
+  StepRecord a = record(0, 100'000'000);  // 100 ms step after a 20 ms data wait and 5 ms other
+  a.data_ns = 20'000'000;
+  a.between.other_ns = 5'000'000;
+  a.runq_ns = -1;  // not read at this step
+  reg.observe_step(a);
+  auto all = parse(reg.render());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "step"}}), 0.1);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "data"}}), 0.02);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "other"}}), 0.005);
+  EXPECT_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "eval"}}), 0);
+  EXPECT_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "checkpoint"}}), 0);
+  EXPECT_TRUE(named(all, "steptrace_runq_wait_seconds_total").empty()) << "no reading yet";
+  for (const char* kind : {"eval", "checkpoint", "other"}) {
+    EXPECT_EQ(value_of(all, "steptrace_interval_in_flight_seconds", {{"kind", kind}}), 0) << kind;
+  }
+
+  // A 200 ms step with a 50 ms evaluation inside it, after a 1 s checkpoint and 10 ms other.
+  StepRecord b = record(1, 200'000'000);
+  b.between.interval_ns[static_cast<std::size_t>(IntervalKind::kEval)] = 50'000'000;
+  b.between.inside_step_ns = 50'000'000;
+  b.between.interval_ns[static_cast<std::size_t>(IntervalKind::kCheckpoint)] = 1'000'000'000;
+  b.between.other_ns = 10'000'000;
+  b.runq_ns = 30'000'000;
+  b.runq_span_ns = 1'300'000'000;
+  reg.observe_step(b);
+  // A 100 ms step after a 2 s evaluation; a reading with no wait.
+  StepRecord c = record(2, 100'000'000);
+  c.between.interval_ns[static_cast<std::size_t>(IntervalKind::kEval)] = 2'000'000'000;
+  c.runq_ns = 0;
+  reg.observe_step(c);
+  reg.observe_lines(
+      "{\"kind\":\"alert\",\"type\":\"host_contention\",\"step\":1}\n"
+      "{\"kind\":\"resolved\",\"type\":\"host_contention\",\"step\":2}\n"
+      "{\"kind\":\"alert\",\"type\":\"slow_checkpoint\",\"step\":1}\n"
+      "{\"kind\":\"interval\",\"interval\":\"checkpoint\",\"step\":1}\n");
+  open = {IntervalKind::kCheckpoint, 12.5};
+  all = parse(reg.render());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "step"}}),
+                   0.1 + 0.15 + 0.1);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "data"}}), 0.02);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "eval"}}), 2.05);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "checkpoint"}}), 1.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "other"}}), 0.015);
+  EXPECT_EQ(named(all, "steptrace_time_seconds_total").size(), kTimeKinds.size());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_runq_wait_seconds_total"), 0.03);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_data_wait_seconds_total"), 0.02);  // kept as is
+  EXPECT_EQ(value_of(all, "steptrace_alerts_total", {{"type", "host_contention"}}), 1);
+  EXPECT_EQ(value_of(all, "steptrace_alerts_total", {{"type", "slow_checkpoint"}}), 1);
+  EXPECT_EQ(value_of(all, "steptrace_interval_in_flight_seconds", {{"kind", "checkpoint"}}), 12.5);
+  EXPECT_EQ(value_of(all, "steptrace_interval_in_flight_seconds", {{"kind", "eval"}}), 0);
+  for (const Sample& s : all) EXPECT_EQ(s.labels.at("rank"), "2") << s.name;
+  const std::string text = reg.render();
+  EXPECT_NE(text.find("# TYPE steptrace_time_seconds_total counter"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE steptrace_runq_wait_seconds_total counter"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE steptrace_interval_in_flight_seconds gauge"), std::string::npos);
 }
 
 std::string scrape(int port, std::string* content_type = nullptr) {
@@ -266,6 +333,16 @@ TEST(PrometheusEndpoint, AProfilerServesItsStepsOverHttp) {
     EXPECT_GT(value_of(parse(scrape(prof.metrics_port())), "steptrace_step_in_flight_seconds"),
               0.015);
   }
+  {  // an evaluation between steps is booked as eval when the next step ends
+    auto eval = prof.interval(IntervalKind::kEval);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  { auto step = prof.step(); }
+  prof.flush();
+  const auto booked = parse(scrape(prof.metrics_port()));
+  EXPECT_GE(value_of(booked, "steptrace_time_seconds_total", {{"kind", "eval"}}), 0.029);
+  EXPECT_GT(value_of(booked, "steptrace_time_seconds_total", {{"kind", "step"}}),
+            kSteps * 0.0003 * 0.9);
   const int port = prof.metrics_port();
   prof.close();
   httplib::Client after("127.0.0.1", port);

@@ -32,7 +32,7 @@ STEPTRACE_METRICS = {
     "steptrace_comm_seconds_total", "steptrace_comm_exposed_seconds_total",
     "steptrace_gpu_power_watts", "steptrace_gpu_power_limit_watts", "steptrace_gpu_temperature_celsius",
     "steptrace_gpu_energy_joules_total", "steptrace_gpu_throttled_steps_total", "steptrace_rank_straggler_score",
-    "steptrace_rank_split_seconds",
+    "steptrace_rank_split_seconds", "steptrace_time_seconds_total", "steptrace_runq_wait_seconds_total",
 }
 
 
@@ -81,10 +81,51 @@ def test_hardware_panels_use_dcgm_names_and_steptrace_names_exist():
     assert "steptrace:step_duration_seconds:p95_5m" in joined  # a recording rule of the rules file
 
 
+def test_job_dashboard_has_the_goodput_panels():
+    panels = {p["title"]: p for p in dashboards()["steptrace-job.json"]["panels"]}
+    by_kind = panels["Where the wall clock goes (seconds per second, by kind)"]
+    [target] = by_kind["targets"]
+    assert target["expr"].startswith("sum by (kind) (rate(steptrace_time_seconds_total{")
+    assert by_kind["options"]["stacking"]["mode"] == "normal"
+    share = panels["Goodput: training share of the wall clock"]
+    assert share["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    training, runq = (t["expr"] for t in share["targets"])
+    assert 'kind="step"' in training and "steptrace_time_seconds_total" in training
+    assert "steptrace_runq_wait_seconds_total" in runq
+    for expr in (target["expr"], training, runq):
+        assert 'job="$job", rank=~"$rank"' in expr  # the dashboard's selection applies
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# Twenty minutes of one rank's wall clock, backfilled (promtool tsdb create-blocks-from
+# openmetrics) so that the goodput panels have values to check: seconds per second by kind,
+# and the training thread's run-queue wait.
+BACKFILL_RATES = {"step": 0.6, "data": 0.1, "eval": 0.2, "checkpoint": 0.05, "other": 0.05}
+BACKFILL_RUNQ = 0.1
+
+
+def _backfill(tmp: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: scripts/setup.sh installs it (Debian package prometheus)"
+    labels = 'job="j",run_id="r",rank="0",host="h"'
+    end = int(time.time())
+    start = end - 1200
+    lines = ["# TYPE steptrace_time_seconds counter"]
+    for t in range(start, end, 15):
+        for kind, rate in BACKFILL_RATES.items():
+            lines.append(f'steptrace_time_seconds_total{{{labels},kind="{kind}"}} {(t - start) * rate} {t}')
+    lines.append("# TYPE steptrace_runq_wait_seconds counter")
+    lines += [f"steptrace_runq_wait_seconds_total{{{labels}}} {(t - start) * BACKFILL_RUNQ} {t}"
+              for t in range(start, end, 15)]
+    (tmp / "backfill.om").write_text("\n".join(lines) + "\n# EOF\n")
+    proc = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "backfill.om"),
+                           str(tmp / "data")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +134,7 @@ def prometheus(tmp_path_factory):
     assert exe, "prometheus is missing: scripts/setup.sh installs it (Debian package prometheus)"
     tmp = tmp_path_factory.mktemp("prom")
     (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
+    _backfill(tmp)
     port = _free_port()
     proc = subprocess.Popen([exe, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}"],
@@ -132,3 +174,28 @@ def test_every_query_is_valid_promql(prometheus):
                 concrete = concrete.replace(k, v)
             answer = _query(prometheus, concrete)
             assert answer["status"] == "success", f"{name}: {expr}: {answer.get('error')}"
+
+
+def test_goodput_panels_show_the_time_by_kind_and_the_training_share(prometheus):
+    panels = {p["title"]: p for p in dashboards()["steptrace-job.json"]["panels"]}
+    values = {"$job": "j", "$rank": "0|1"}
+
+    def query(expr: str) -> list[dict]:
+        for k, v in values.items():
+            expr = expr.replace(k, v)
+        answer = _query(prometheus, expr)
+        assert answer["status"] == "success", f"{expr}: {answer.get('error')}"
+        return answer["data"]["result"]
+
+    [by_kind] = panels["Where the wall clock goes (seconds per second, by kind)"]["targets"]
+    got = {r["metric"]["kind"]: float(r["value"][1]) for r in query(by_kind["expr"])}
+    assert set(got) == set(BACKFILL_RATES)
+    # rate() extrapolates the same way for every kind: the proportions are exact
+    total = sum(got.values())
+    for kind, rate in BACKFILL_RATES.items():
+        assert got[kind] / total == pytest.approx(rate / sum(BACKFILL_RATES.values()), rel=1e-6), kind
+    training, runq = panels["Goodput: training share of the wall clock"]["targets"]
+    [share] = query(training["expr"])
+    assert float(share["value"][1]) == pytest.approx(0.6, rel=1e-6)
+    [wait] = query(runq["expr"])
+    assert float(wait["value"][1]) == pytest.approx(BACKFILL_RUNQ, rel=1e-6)

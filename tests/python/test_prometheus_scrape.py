@@ -151,7 +151,8 @@ def scraped(tmp_path_factory, fake_nvml):
         _wait("five scrapes of the running loop", steps_seen)
         _wait("an alert from the slow stretch", lambda: _query_has_data(
             base, 'steptrace_alerts_total{job="scrape-test"}'))
-        _wait("the recording rules", lambda: _query_has_data(base, "steptrace:steps_per_second:job"))
+        # the group's last recording rule (it reads an earlier one): every rule before it has run
+        _wait("the recording rules", lambda: _query_has_data(base, "steptrace:training_steps_per_second:job"))
         yield base
     finally:
         stop.write_text("")
