@@ -276,10 +276,10 @@ void SlowStepDetector::contention(const StepRecord& r, double iteration_ms, doub
   a.threshold = kContentionShare * (iteration_ms - median);
   a.message = fmt::format(
       "step {} took {:.2f} ms vs the trailing median {:.2f} ms, and the training thread waited "
-      "{:.2f} ms of it for a CPU (runnable, not running): the host is oversubscribed, not the "
-      "model; check other processes on the node, DataLoader workers and OMP/MKL threads "
-      "(torch.set_num_threads) against the cores",
-      r.step, iteration_ms, median, runq_ms);
+      "{:.2f} ms for a CPU (runnable, not running) in the {:.2f} ms up to its end: the host is "
+      "oversubscribed, not the model; check other processes on the node, DataLoader workers "
+      "and OMP/MKL threads (torch.set_num_threads) against the cores",
+      r.step, iteration_ms, median, runq_ms, static_cast<double>(r.runq_span_ns) / kNsPerMs);
   a.details = {{"runq_ms", runq_ms},
                {"runq_span_ms", static_cast<double>(r.runq_span_ns) / kNsPerMs},
                {"excess_ms", iteration_ms - median},
@@ -341,6 +341,52 @@ void CheckpointDetector::observe(const StepRecord& r, std::vector<AlertEvent>& o
     if (earlier_s_.size() == kKept) earlier_s_.erase(earlier_s_.begin());
     earlier_s_.push_back(seconds);
   }
+}
+
+// ---- interval_hang ----
+
+std::optional<AlertEvent> IntervalHangDetector::check(const Poll& p) {
+  const bool watched = p.kind == static_cast<int>(IntervalKind::kEval) ||
+                       p.kind == static_cast<int>(IntervalKind::kCheckpoint);
+  if (active_) {
+    if (watched && p.seq == seq_ && !p.closing) return std::nullopt;  // still in it
+    active_ = false;
+    AlertEvent done;
+    done.resolved = true;
+    done.type = "interval_hang";
+    done.step = done.first_step = step_;
+    done.message =
+        fmt::format("the {} interval ended", interval_name(static_cast<IntervalKind>(kind_)));
+    return done;
+  }
+  if (!watched || p.seq == seq_ || p.closing) return std::nullopt;  // none, or alerted already
+  const double longest_s = static_cast<double>(p.longest_earlier_ns) / 1e9;
+  const double limit_s = p.longest_earlier_ns > 0
+                             ? std::max(config_.hang_threshold * longest_s, config_.hang_min_s)
+                             : kFirstLimitS;
+  const double elapsed_s = static_cast<double>(p.now_ns - p.start_ns) / 1e9;
+  if (elapsed_s <= limit_s) return std::nullopt;
+  active_ = true;
+  seq_ = p.seq;
+  kind_ = p.kind;
+  step_ = p.step;
+  const std::string_view kind = interval_name(static_cast<IntervalKind>(p.kind));
+  AlertEvent a;
+  a.type = "interval_hang";
+  a.step = p.step;
+  a.value = elapsed_s * 1e3;
+  if (p.longest_earlier_ns > 0) a.baseline = longest_s * 1e3;
+  a.threshold = limit_s * 1e3;
+  a.phase = std::string(kind);
+  a.message = fmt::format(
+      "the {} interval has been running for {:.1f} s (limit {:.1f} s{}) and may be hung: see "
+      "details.stacks for where each thread is",
+      kind, elapsed_s, limit_s,
+      p.longest_earlier_ns > 0 ? fmt::format(", {}x the longest earlier one of {:.2f} s",
+                                             config_.hang_threshold, longest_s)
+                               : fmt::format(", the first {} of the run", kind));
+  a.details = {{"interval", kind}, {"elapsed_s", elapsed_s}, {"limit_s", limit_s}};
+  return a;
 }
 
 // ---- memory_growth ----

@@ -219,6 +219,34 @@ class HangDetector {
   std::int64_t hung_steps_ = 0;
 };
 
+/// interval_hang: an evaluation or checkpoint interval still open after hang_threshold x
+/// the longest earlier interval of its kind (at least hang_min_s), or after kFirstLimitS
+/// when it is the first of its kind (an evaluation's length is not known before it ran
+/// once). One alert per interval, resolved when it ends (or the run ends). Other intervals
+/// ("other") are not watched.
+class IntervalHangDetector {
+ public:
+  explicit IntervalHangDetector(const Config& config) : config_(config) {}
+  struct Poll {
+    std::int64_t now_ns = 0;
+    int kind = -1;          // IntervalKind of the open interval, -1: none
+    std::int64_t seq = 0;   // which interval (one number per interval begun)
+    std::int64_t step = 0;  // steps begun before it
+    std::int64_t start_ns = 0;
+    std::int64_t longest_earlier_ns = 0;  // of the same kind; 0: none before it
+    bool closing = false;
+  };
+  std::optional<AlertEvent> check(const Poll& p);
+  static constexpr double kFirstLimitS = 1800.0;
+
+ private:
+  const Config& config_;
+  bool active_ = false;
+  std::int64_t seq_ = -1;
+  int kind_ = -1;
+  std::int64_t step_ = 0;
+};
+
 /// The record detectors together, in the order the writer thread (and an offline
 /// replay) runs them on each step record. Events about a step carry its end as unix_ns.
 class RecordDetectors {

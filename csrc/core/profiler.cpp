@@ -355,6 +355,7 @@ class ProfilerImpl final : public SignalClosable {
     }
     current_.telemetry_begin_ns = telemetry_ ? telemetry_->now_ns() : -1;
     inflight_start_ns_.store(now, std::memory_order_relaxed);
+    inflight_excluded_ns_.store(0, std::memory_order_relaxed);
     inflight_step_.store(current_.step, std::memory_order_release);
   }
 
@@ -514,6 +515,11 @@ class ProfilerImpl final : public SignalClosable {
     open_interval_ = static_cast<int>(kind);
     interval_start_ns_ = now;
     interval_in_step_ = in_step_;
+    // for the watchdog (interval_hang): everything else before the kind, which publishes
+    inflight_interval_start_ns_.store(now, std::memory_order_relaxed);
+    inflight_interval_step_.store(step_index_, std::memory_order_relaxed);
+    inflight_interval_seq_.fetch_add(1, std::memory_order_relaxed);
+    inflight_interval_.store(open_interval_, std::memory_order_release);
   }
 
   void end_interval(IntervalKind kind) {
@@ -773,6 +779,7 @@ class ProfilerImpl final : public SignalClosable {
   void end_open_interval(std::int64_t now) noexcept {
     const auto kind = static_cast<IntervalKind>(open_interval_);
     open_interval_ = -1;
+    inflight_interval_.store(-1, std::memory_order_release);
     if (data_suspended_) {  // the data wait the interval paused goes on
       data_suspended_ = false;
       data_begin_ns_ = now;
@@ -780,8 +787,15 @@ class ProfilerImpl final : public SignalClosable {
     const bool inside = interval_in_step_ && in_step_;
     BetweenSteps& into = inside ? current_.between : pending_;
     const std::int64_t duration = now - interval_start_ns_;
+    auto& longest = longest_interval_ns_[static_cast<std::size_t>(kind)];
+    if (duration > longest.load(std::memory_order_relaxed)) {
+      longest.store(duration, std::memory_order_relaxed);
+    }
     into.interval_ns[static_cast<std::size_t>(kind)] += duration;
-    if (inside) into.inside_step_ns += duration;
+    if (inside) {
+      into.inside_step_ns += duration;
+      inflight_excluded_ns_.store(into.inside_step_ns, std::memory_order_relaxed);
+    }
     if (into.listed < kMaxStepIntervals) {
       into.intervals[into.listed++] =
           IntervalEntry{kind, inside, unix_ns_at(interval_start_ns_), duration};
@@ -863,13 +877,23 @@ class ProfilerImpl final : public SignalClosable {
           clock_->now_ns() - inflight_start_ns_.load(std::memory_order_relaxed);
       return age > 0 ? static_cast<double>(age) / 1e9 : 0.0;
     };
+    auto open_interval = [this]() -> OpenIntervalProbe {
+      OpenIntervalProbe probe;
+      const int kind = inflight_interval_.load(std::memory_order_acquire);
+      if (kind < 0) return probe;
+      probe.kind = static_cast<IntervalKind>(kind);
+      const std::int64_t age =
+          clock_->now_ns() - inflight_interval_start_ns_.load(std::memory_order_relaxed);
+      probe.age_s = age > 0 ? static_cast<double>(age) / 1e9 : 0.0;
+      return probe;
+    };
     MetricsOutputs outputs;
     outputs.port = port > 65535 ? -1 : port;
     outputs.textfile = config_.metrics_textfile;
     outputs.pushgateway = config_.metrics_pushgateway;
     metrics_ = std::make_unique<PrometheusSink>(std::move(outputs), std::move(labels), names_,
                                                 STEPTRACE_VERSION, std::move(median),
-                                                std::move(in_flight));
+                                                std::move(in_flight), std::move(open_interval));
     if (config_.metrics_port >= 0 && metrics_->port() < 0) {
       std::fprintf(stderr, "steptrace: no Prometheus endpoint: %s; the run goes on without it\n",
                    metrics_->error().c_str());
@@ -1025,6 +1049,7 @@ class ProfilerImpl final : public SignalClosable {
 
   void watchdog_loop() {
     HangDetector hang(config_);
+    IntervalHangDetector interval_hang(config_);
     std::unique_lock<std::mutex> lock(watchdog_mu_);
     for (bool last = false; !last;) {
       watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watchdog_stop_; });
@@ -1041,8 +1066,24 @@ class ProfilerImpl final : public SignalClosable {
       poll.history_ok = detection_->history_ok();
       poll.closing = last;
       poll.now_ns = clock_->now_ns();
-      auto event = hang.check(poll);
-      if (event) {
+      IntervalHangDetector::Poll in_interval;
+      in_interval.now_ns = poll.now_ns;
+      in_interval.kind = inflight_interval_.load(std::memory_order_acquire);
+      if (in_interval.kind >= 0) {
+        in_interval.start_ns = inflight_interval_start_ns_.load(std::memory_order_relaxed);
+        in_interval.step = inflight_interval_step_.load(std::memory_order_relaxed);
+        in_interval.seq = inflight_interval_seq_.load(std::memory_order_relaxed);
+        in_interval.longest_earlier_ns =
+            longest_interval_ns_[static_cast<std::size_t>(in_interval.kind)].load(
+                std::memory_order_relaxed);
+      }
+      in_interval.closing = last;
+      // An interval inside the step in flight is not training work: the step's hang clock
+      // stops while it runs (interval_hang watches it) and leaves its time out afterwards.
+      if (in_interval.kind >= 0) poll.step = -1;
+      poll.start_ns += inflight_excluded_ns_.load(std::memory_order_relaxed);
+      for (auto event : {hang.check(poll), interval_hang.check(in_interval)}) {
+        if (!event) continue;
         event->unix_ns = unix_ns_at(poll.now_ns);
         if (!event->resolved) {
           // Where every thread is: from the armed signal handler (faulthandler; no GIL, so
@@ -1243,9 +1284,15 @@ class ProfilerImpl final : public SignalClosable {
   // Read by the watchdog thread.
   std::atomic<std::int64_t> inflight_step_{-1};
   std::atomic<std::int64_t> inflight_start_ns_{0};
+  std::atomic<std::int64_t> inflight_excluded_ns_{0};  // intervals inside the step in flight
   std::atomic<int> inflight_phase_{-1};
   std::atomic<std::int64_t> last_done_step_{-1};  // the last step that ended, and its host time
   std::atomic<std::int64_t> last_done_ns_{0};
+  std::atomic<int> inflight_interval_{-1};  // IntervalKind of the open interval, -1: none
+  std::atomic<std::int64_t> inflight_interval_start_ns_{0};
+  std::atomic<std::int64_t> inflight_interval_step_{0};
+  std::atomic<std::int64_t> inflight_interval_seq_{0};
+  std::array<std::atomic<std::int64_t>, kIntervalKinds> longest_interval_ns_{};  // by kind
   CollectiveTimer collectives_;  // any thread: collectives timed from the host
 
   std::unique_ptr<StreamSource> stream_source_;

@@ -363,7 +363,8 @@ TEST(SlowStepDetector, RunQueueWaitMakesASlowStepHostContention) {
   EXPECT_EQ(events[0].step, 60);
   EXPECT_DOUBLE_EQ(events[0].value, 80.0);
   EXPECT_DOUBLE_EQ(events[0].details["runq_ms"].get<double>(), 80.0);
-  EXPECT_NE(events[0].message.find("waited 80.00 ms"), std::string::npos) << events[0].message;
+  EXPECT_NE(events[0].message.find("waited 80.00 ms for a CPU"), std::string::npos)
+      << events[0].message;
   d.observe(step(63, 1505, 2), events);  // a real stall under the same conditions
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[1].type, "stall");
@@ -405,6 +406,42 @@ TEST(CheckpointDetector, ACheckpointFarSlowerThanTheEarlierOnesIsTheFilesystem) 
   eval.between.intervals[0].kind = IntervalKind::kEval;  // evaluations are not judged here
   d.observe(eval, events);
   EXPECT_EQ(events.size(), 1u);
+}
+
+TEST(IntervalHangDetector, FirstOfItsKindGetsTheLongLimitLaterOnesTheEarlierLength) {
+  Config config;
+  config.hang_threshold = 5;
+  config.hang_min_s = 1;
+  IntervalHangDetector d(config);
+  constexpr std::int64_t kS = 1'000'000'000;
+  IntervalHangDetector::Poll p;
+  p.kind = static_cast<int>(IntervalKind::kEval);
+  p.seq = 1;
+  p.now_ns = 1000 * kS;  // the first evaluation, 1000 s in: under the 1800 s limit
+  EXPECT_FALSE(d.check(p).has_value());
+  p.now_ns = 1801 * kS;
+  auto a = d.check(p);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->type, "interval_hang");
+  EXPECT_DOUBLE_EQ(a->threshold, IntervalHangDetector::kFirstLimitS * 1e3);
+  EXPECT_FALSE(d.check(p).has_value());  // one alert per interval
+  p.kind = -1;                           // it ended
+  a = d.check(p);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(a->resolved);
+  p.kind = static_cast<int>(IntervalKind::kOther);  // other host work is not watched
+  p.seq = 2;
+  p.now_ns = p.start_ns + 5000 * kS;
+  EXPECT_FALSE(d.check(p).has_value());
+  p.kind = static_cast<int>(IntervalKind::kCheckpoint);
+  p.seq = 3;
+  p.longest_earlier_ns = kS / 10;  // 0.1 s before: the limit is hang_min_s
+  p.now_ns = p.start_ns + kS;
+  EXPECT_FALSE(d.check(p).has_value());
+  p.now_ns = p.start_ns + kS + 1;
+  a = d.check(p);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_DOUBLE_EQ(a->threshold, 1000.0);
 }
 
 TEST(MemoryGrowthDetector, LeakFiresFirstThenNamesThePhase) {

@@ -489,6 +489,42 @@ TEST(Profiler, WatchdogWritesAHangWhileTheStepIsStillRunning) {
   EXPECT_EQ(records.back()["alerts"]["hang"], 1);
 }
 
+// An evaluation that hangs: the watchdog names it while it is still open, judged against
+// the longest earlier evaluation; a long checkpoint is not an evaluation's hang.
+TEST(Profiler, WatchdogWritesAnIntervalHangWhileTheEvaluationIsStillOpen) {
+  TempDir tmp;
+  Fixture f(tmp, [](Config& c) { c.hang_min_s = 1; });
+  { auto s = f.prof->step(); }
+  {
+    auto eval = f.prof->interval(IntervalKind::kEval);
+    f.clock->advance(2'000 * kMs);  // the first evaluation: 2 s
+  }
+  { auto s = f.prof->step(); }
+  f.prof->begin_interval(IntervalKind::kEval);
+  f.clock->advance(10'001 * kMs);  // past 5 x 2 s
+  std::vector<nlohmann::json> hangs;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (hangs.empty() && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& r : of_kind(read_jsonl(f.path), "alert")) {
+      if (r["type"] == "interval_hang") hangs.push_back(r);
+    }
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(f.prof->open_interval(), IntervalKind::kEval);  // written while it is open
+  EXPECT_EQ(hangs[0]["step"], 2);
+  EXPECT_EQ(hangs[0]["phase"], "eval");
+  EXPECT_DOUBLE_EQ(hangs[0]["threshold"].get<double>(), 10'000.0);
+  EXPECT_NE(hangs[0]["message"].get<std::string>().find("longest earlier one"), std::string::npos);
+  f.prof->end_interval(IntervalKind::kEval);
+  const auto records = f.close_and_read();
+  EXPECT_EQ(records.back()["alerts"]["interval_hang"], 1);
+  EXPECT_FALSE(records.back()["alerts"].contains("hang"));  // no step was in flight
+  const auto resolved = of_kind(records, "resolved");
+  ASSERT_EQ(resolved.size(), 1u);
+  EXPECT_EQ(resolved[0]["type"], "interval_hang");
+}
+
 TEST(Profiler, DetectionCanBeTurnedOff) {
   TempDir tmp;
   Fixture f(tmp, [](Config& c) { c.detect = false; });
