@@ -4,13 +4,16 @@
     steptrace summary runs/train_mlp
 
 Every step is split into the five default phases, and the loader wait is timed as
-``data``. The digits data set ships inside scikit-learn, so nothing is downloaded;
+``data``. After each epoch the model is evaluated and saved, marked as ``eval`` and
+``checkpoint`` intervals: their own kinds in the log and in the run's goodput, never part
+of a step. The digits data set ships inside scikit-learn, so nothing is downloaded;
 ``--synthetic`` uses generated data instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from torch import nn
@@ -65,11 +68,12 @@ def main() -> None:
                     with prof.phase("optimizer"):
                         opt.step()
                         opt.zero_grad()
-            print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.4f}", flush=True)
-
-    with torch.no_grad():
-        x, y = data.tensors
-        accuracy = (model(x).argmax(dim=1) == y).float().mean().item()
+            with prof.interval("eval"), torch.no_grad():
+                x, y = data.tensors
+                accuracy = (model(x).argmax(dim=1) == y).float().mean().item()
+            with prof.interval("checkpoint"):
+                torch.save(model.state_dict(), os.path.join(args.log_dir, "model.pt"))
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {loss.item():.4f}, accuracy {accuracy:.1%}", flush=True)
     print(f"trained {prof.step_index} steps, accuracy {accuracy:.1%}; log: {prof.log_path}")
 
 
