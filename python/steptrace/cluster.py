@@ -158,6 +158,9 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
     splits = [step_split(s) for s in ok]
     step_ms = [float(s["step_ms"]) for s in ok]
     data_ms = [float(s.get("data_ms", 0.0)) for s in ok]
+    # the rank's own time between steps: the loader's wait and other host work (evaluation
+    # and checkpoints are not training work, and every rank has them at the same steps)
+    gap_ms = [d + float(s.get("other_ms", 0.0)) for s, d in zip(ok, data_ms)]
     methods = {sp["method"] for sp in splits}
     method = methods.pop() if len(methods) == 1 else ("mixed" if methods - {None} else None)
     names: set[str] = set()
@@ -168,7 +171,7 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
         "first_step": int(ok[0]["step"]), "last_step": int(ok[-1]["step"]), "steps": len(ok),
         "step_ms": _median(step_ms), "step_p95_ms": _p95(step_ms), "data_ms": _median(data_ms),
         "compute_ms": _median(sp["compute_ms"] for sp in splits),
-        "own_ms": _median(sp["compute_ms"] + d for sp, d in zip(splits, data_ms)),
+        "own_ms": _median(sp["compute_ms"] + g for sp, g in zip(splits, gap_ms)),
         "comm_ms": _median(sp["comm_ms"] for sp in splits),
         "exposed_ms": _median(sp["exposed_ms"] for sp in splits),
         "method": method,
