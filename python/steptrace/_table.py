@@ -3,7 +3,8 @@ summary, the DataFrames, the CSV export and the plots.
 
 A :class:`StepTable` keeps one ``array`` per step field (8 bytes a value: a million
 steps with a dozen fields take ~100 MB, where Python lists of floats would take ~1 GB)
-and the few other records (run_start, alert, resolved, cluster, run_end) as dicts.
+and the few other records (run_start, alert, resolved, cluster, run_end) as dicts;
+``interval`` records are folded into per-rank, per-kind totals (:class:`IntervalStats`).
 Steps are buffered in chunks of :data:`CHUNK` and turned into columns a field at a time
 with ``map(itemgetter(...))``, about a microsecond a step. Missing or non-numeric values
 become NaN (or -1 for integer fields): a malformed, unvalidated log is tolerated here,
@@ -27,7 +28,16 @@ GROUPS = (("memory", ""), ("counters", ""), ("kernels", "kernel_"), ("telemetry"
 FIXED_COLUMNS = (
     "run_id", "rank", "step", "start_unix_ns", "clock", "status",
     "step_ms", "data_ms", "host_ms", "iteration_ms", "waited",
+    "other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms", "runq_ms", "runq_span_ms",
 )
+#: The time between steps, by kind, as step fields (after data_ms): fixed columns, NaN
+#: where a step does not have the field (older logs have none of them; eval_ms,
+#: checkpoint_ms and interval_in_step_ms are written only when > 0).
+BETWEEN_FIELDS = ("other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms")
+#: The step's ``host`` object (run-queue wait, on the steps where it was read).
+HOST_FIELDS = ("runq_ms", "runq_span_ms")
+#: The kinds of an ``interval`` record.
+INTERVAL_KINDS = ("eval", "checkpoint", "other")
 
 
 def _is_num(v: Any) -> bool:
@@ -78,6 +88,17 @@ def _floats(values: list) -> array:
     try:
         return array("d", values)
     except TypeError:  # None (missing) or junk somewhere: convert one by one
+        return array("d", [_num(v) for v in values])
+
+
+def _sparse_floats(values: list) -> array:
+    """Like :func:`_floats` for a field most steps lack (None): NaN there, fast."""
+    m = len(values)
+    if values.count(None) == m:
+        return array("d", [NAN]) * m
+    try:
+        return array("d", [NAN if v is None else v for v in values])
+    except (TypeError, OverflowError):  # junk somewhere (a list, a 400-digit int)
         return array("d", [_num(v) for v in values])
 
 
@@ -167,6 +188,65 @@ class HwSeries:
         return series
 
 
+class IntervalStats:
+    """The ``interval`` records folded per rank and kind (a run that names its logging an
+    interval writes one per step: they are not kept one by one). ``by_rank[rank][kind]``
+    is ``[count, total_ms, max_ms, inside_step_count]``; ``last[rank]`` is the step the
+    rank's latest intervals were listed for, with their eval and checkpoint ms and their
+    latest end (unix ns): after the run's last step, those are the intervals that no
+    step record lists. Records of an unknown kind or without a usable duration are
+    ignored (an unvalidated log)."""
+
+    __slots__ = ("by_rank", "last")
+
+    def __init__(self) -> None:
+        self.by_rank: dict[int, dict[str, list[float]]] = {}
+        self.last: dict[int, list[float]] = {}  # rank -> [step, eval_ms, checkpoint_ms, end_unix_ns]
+
+    def add(self, rec: dict[str, Any]) -> None:
+        kind, ms = rec.get("interval"), rec.get("duration_ms")
+        if not isinstance(kind, str) or kind not in INTERVAL_KINDS or not _is_num(ms) or not 0 <= ms < math.inf:
+            return
+        rank = _int(rec.get("rank", 0), 0, -1)
+        if rank < 0:
+            return
+        kinds = self.by_rank.setdefault(rank, {})
+        entry = kinds.get(kind)
+        if entry is None:
+            entry = kinds[kind] = [0, 0.0, 0.0, 0]
+        entry[0] += 1
+        entry[1] += ms
+        entry[2] = max(entry[2], ms)
+        entry[3] += rec.get("inside_step") is True
+        step = _int(rec.get("step"), -1, -1)
+        start = _int(rec.get("start_unix_ns"), -1, -1)
+        last = self.last.get(rank)
+        if last is None or step > last[0]:
+            last = self.last[rank] = [step, 0.0, 0.0, -1]
+        if step == last[0]:
+            if kind == "eval":
+                last[1] += ms
+            elif kind == "checkpoint":
+                last[2] += ms
+            if start >= 0 and ms < 1e12:  # an end beyond 30 years is junk, not a time
+                last[3] = max(last[3], start + round(ms * 1e6))
+
+    def totals(self) -> dict[str, dict[str, Any]]:
+        """Per kind over all ranks: ``count``, ``total_s``, ``max_s``, ``inside_step``."""
+        out: dict[str, dict[str, Any]] = {}
+        for kinds in self.by_rank.values():
+            for kind in INTERVAL_KINDS:
+                e = kinds.get(kind)
+                if e is None:
+                    continue
+                t = out.setdefault(kind, {"count": 0, "total_s": 0.0, "max_s": 0.0, "inside_step": 0})
+                t["count"] += e[0]
+                t["total_s"] += e[1] / 1e3
+                t["max_s"] = max(t["max_s"], e[2] / 1e3)
+                t["inside_step"] += e[3]
+        return {k: out[k] for k in INTERVAL_KINDS if k in out}
+
+
 class StepTable:
     """Columns of the step records of one or more runs, plus their other records."""
 
@@ -179,6 +259,9 @@ class StepTable:
         self.step_ms = array("d")
         self.data_ms = array("d")
         self.host_ms = array("d")
+        # the time between steps by kind and the run-queue wait (NaN where absent)
+        self.between = {f: array("d") for f in BETWEEN_FIELDS}
+        self.host = {f: array("d") for f in HOST_FIELDS}
         self.ok = array("b")  # 1 for status "ok" (or none), 0 for "error"
         self.clock = array("b")  # index into clocks
         self.clocks: list[str] = []
@@ -192,6 +275,7 @@ class StepTable:
         self.alert_src: list[int] = []  # the run_start each alert follows, like src for steps
         self.resolved: list[dict[str, Any]] = []
         self.clusters: list[dict[str, Any]] = []
+        self.intervals = IntervalStats()
         self.hw = HwSeries()  # the steps' NVML readings (hw objects hold a list: not a group)
         self.other_ranks: list[Any] = []  # ranks of non-step records, in order seen
 
@@ -233,6 +317,8 @@ class StepTable:
                 self.resolved.append(rec)
             elif kind == "cluster":
                 self.clusters.append(rec)
+            elif kind == "interval":
+                self.intervals.add(rec)
         if buf:
             flush(buf)
         return self
@@ -264,6 +350,14 @@ class StepTable:
         self.step_ms.extend(_floats(take("step_ms")))
         self.data_ms.extend(_floats(take("data_ms")))
         self.host_ms.extend(_floats(take("host_ms")))
+        # other_ms is in every step record of a current log, and in none of an older one
+        try:
+            other = list(map(itemgetter("other_ms"), steps))
+            has_other = True
+        except KeyError:
+            other = list(map(dict.get, steps, repeat("other_ms")))
+            has_other = False
+        self.between["other_ms"].extend(_sparse_floats(other) if not has_other else _floats(other))
         status = take("status")
         if status.count("ok") + status.count(None) == m:
             self.ok.extend(array("b", [1]) * m)
@@ -278,12 +372,33 @@ class StepTable:
         self.phases.extend(take("phases_ms"), n0)
         self.groups["memory"].extend(take("memory"), n0)
         # The common case: every step has exactly the 11 fields taken above (and "kind"),
-        # so there are no optional groups to look for.
-        plain = complete and set(map(len, steps)) == {_PLAIN_FIELDS}
+        # and other_ms, so there are no optional groups to look for.
+        plain = complete and set(map(len, steps)) == {_PLAIN_FIELDS + has_other}
+        if plain:
+            gap = array("d", [NAN]) * m
+            for f in BETWEEN_FIELDS[1:]:
+                self.between[f].extend(gap)
+            for f in HOST_FIELDS:
+                self.host[f].extend(gap)
+            present: Any = ()
+        else:
+            # the keys of this chunk's steps: a field none of them has is a column of NaN
+            present = set(chain.from_iterable(steps))
+            gap = array("d", [NAN]) * m
+            for f in BETWEEN_FIELDS[1:]:
+                self.between[f].extend(_sparse_floats(list(map(dict.get, steps, repeat(f))))
+                                       if f in present else gap)
+            if "host" not in present:
+                for f in HOST_FIELDS:
+                    self.host[f].extend(gap)
+            else:
+                hosts = [h if type(h) is dict else _EMPTY for h in map(dict.get, steps, repeat("host"))]
+                for f in HOST_FIELDS:
+                    self.host[f].extend(_sparse_floats(list(map(dict.get, hosts, repeat(f)))))
         optional = [("host_phases_ms", self.host_phases), ("phase_retained_bytes", self.retained)] + [
             (key, self.groups[key]) for key, _ in GROUPS if key != "memory"]
         for key, group in optional:
-            if plain:
+            if plain or key not in present:
                 if group.cols:
                     group.extend([None] * m, n0)
             else:
@@ -389,4 +504,5 @@ def collect(records: Iterable[dict[str, Any]]) -> StepTable:
     return StepTable().add(records)
 
 
-__all__ = ["StepTable", "collect", "GROUPS", "FIXED_COLUMNS", "numpy", "NAN"]
+__all__ = ["StepTable", "IntervalStats", "collect", "GROUPS", "FIXED_COLUMNS", "BETWEEN_FIELDS", "HOST_FIELDS",
+           "INTERVAL_KINDS", "numpy", "NAN"]

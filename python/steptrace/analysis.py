@@ -7,8 +7,16 @@ DataFrames from them on first use. A million steps load in seconds.
 ``Run.steps`` has one row per step and rank, in file order (rank by rank, step by step):
 
 - ``run_id`` (categorical), ``rank``, ``step``, ``start_unix_ns``, ``clock`` and
-  ``status`` (categoricals), ``step_ms``, ``data_ms``, ``host_ms``, and
-  ``iteration_ms`` = data_ms + step_ms;
+  ``status`` (categoricals), ``step_ms``, ``data_ms`` (the wrapped loader's wait),
+  ``host_ms``, and ``iteration_ms`` = data_ms + other_ms + step_ms -
+  interval_in_step_ms (the training iteration the slow-step rules judge; NaN
+  other_ms / interval_in_step_ms count as 0);
+- the time between steps by kind: ``other_ms`` (the rest of the gap before the step),
+  ``eval_ms``, ``checkpoint_ms`` (intervals that ended since the previous step),
+  ``interval_in_step_ms`` (the part of them inside the step), and the run-queue wait
+  ``runq_ms`` over ``runq_span_ms`` (on the steps where it was read): always there, NaN
+  where a step does not have the field (older logs have none of them; eval_ms,
+  checkpoint_ms and interval_in_step_ms are written only when > 0);
 - one ``<phase>_ms`` column per phase (``forward_ms``, ...), ``host_<phase>_ms`` for
   the host times of the phases when the clock is ``cuda``, and ``<phase>_retained_bytes``
   on the steps where the memory-growth detector attributed a rise to the phases;
@@ -32,7 +40,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from steptrace._table import StepTable, _int, collect
+from steptrace._table import BETWEEN_FIELDS, HOST_FIELDS, StepTable, _int, collect
 from steptrace.errors import SteptraceError
 from steptrace.reader import Paths, read
 from steptrace.summary import DEFAULT_PHASES
@@ -203,7 +211,12 @@ class Run:
         cols["step_ms"] = step_ms
         cols["data_ms"] = data_ms
         cols["host_ms"] = arr(t.host_ms, np.float64)
-        cols["iteration_ms"] = np.where(np.isnan(data_ms), 0.0, data_ms) + step_ms
+        between = {f: arr(t.between[f], np.float64) for f in BETWEEN_FIELDS}
+        cols["iteration_ms"] = (np.nan_to_num(data_ms, nan=0.0) + np.nan_to_num(between["other_ms"], nan=0.0)
+                                + step_ms - np.nan_to_num(between["interval_in_step_ms"], nan=0.0))
+        cols.update(between)
+        for f in HOST_FIELDS:
+            cols[f] = arr(t.host[f], np.float64)
         for name, group, key in self.variable_columns():
             values = arr(t.column(group, key), np.float64)
             if is_int_field(group, key):

@@ -2,7 +2,7 @@
 
 ::
 
-    steptrace summary RUN [--json] [--plain]           per-phase p50/p95/p99/max, memory, alerts
+    steptrace summary RUN [--json] [--plain]           per-phase p50/p95/p99/max, wall clock, memory, alerts
     steptrace compare BASE NEW [--threshold PCT] ...   which phases regressed (a CI gate)
     steptrace plot RUN -o out.png [--rank R]           step time by phase, memory, counters
     steptrace export RUN --format chrome|csv -o FILE   Perfetto / chrome://tracing timeline, or CSV
@@ -266,7 +266,7 @@ def _render_compare_rich(result: dict[str, Any], console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from steptrace.compare import compare_footer, compare_header, compare_rows
+    from steptrace.compare import compare_footer, compare_header, compare_rows, goodput_line, goodput_rows
 
     console.print(Text(compare_header(result), style="bold"))
     rows = compare_rows(result)
@@ -277,6 +277,15 @@ def _render_compare_rich(result: dict[str, Any], console: Any) -> None:
     for r, (name, info) in zip(rows[1:], result["phases"].items()):
         t.add_row(*r[:-1], Text(r[-1], style=styles.get(info["verdict"], "")))
     console.print(t)
+    wall = goodput_rows(result)
+    if wall:
+        g = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for i, h in enumerate(wall[0]):
+            g.add_column(h, justify="left" if i == 0 else "right")
+        for r in wall[1:]:
+            g.add_row(*r)
+        console.print(g)
+        console.print(goodput_line(result))
     console.print(Text(compare_footer(result), style="bold red" if result["regressed"] else "green"))
 
 

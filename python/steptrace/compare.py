@@ -1,7 +1,10 @@
-"""Compare two runs phase by phase: did the median change beyond noise?
+"""Compare two runs phase by phase: did the median change beyond noise? And where did
+their wall clock go?
 
-For every timing (data wait, each phase, step, iteration) the steps after warmup of both
-runs (status "ok", all ranks pooled) are compared with
+For every timing (data wait, the rest of the time between steps ("other", in logs that
+record it), each phase, step, iteration = data + other + step - intervals inside the
+step) the steps after warmup of both runs (status "ok", all ranks pooled) are compared
+with
 
 - the **Mann–Whitney U test** (two-sided, normal approximation with tie and continuity
   corrections): does a step of NEW tend to take longer than a step of BASE? It reports
@@ -22,6 +25,12 @@ the defaults. Step times are autocorrelated (warmup, GC, thermals), which makes 
 that assumes independent samples over-confident: the threshold, not the p-value, is
 what keeps the gate quiet on noise.
 
+``goodput`` compares the runs' wall clock by part (:func:`steptrace.summary.goodput`: the
+training steps' share, data, eval, checkpoint, other, startup, after the last step), as
+shares of each run's wall clock and their difference in percentage points; it informs,
+it never fails the gate (evaluation and checkpoints are the run's choice, not a
+regression of the model).
+
 numpy is required (``pip install 'steptrace[analysis]'``).
 """
 
@@ -31,7 +40,7 @@ import math
 from typing import Any, Iterable, Optional, Sequence
 
 from steptrace._table import StepTable
-from steptrace.summary import DEFAULT_PHASES, DEFAULT_WARMUP, _ms
+from steptrace.summary import DEFAULT_PHASES, DEFAULT_WARMUP, GOODPUT_PARTS, _ms, goodput
 
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.01
@@ -147,12 +156,18 @@ def samples(table: StepTable, warmup: Optional[int] = None) -> dict[str, Any]:
     data = col(table.data_ms, np.float64)
     data = np.where(np.isnan(data), 0.0, data)
     out: dict[str, Any] = {"data": data[keep]}
+    other = col(table.between["other_ms"], np.float64)
+    kept_other = other[keep]
+    kept_other = kept_other[~np.isnan(kept_other)]
+    if len(kept_other):  # only logs that account the time between steps have it
+        out["other"] = kept_other
     names = table.phase_names()
     for name in [p for p in DEFAULT_PHASES if p in names] + [p for p in names if p not in DEFAULT_PHASES]:
         v = col(table.phases.cols[name], np.float64)[keep]
         out[name] = v[~np.isnan(v)]
     out["step"] = step_ms[keep]
-    out["iteration"] = data[keep] + step_ms[keep]
+    inside = col(table.between["interval_in_step_ms"], np.float64)
+    out["iteration"] = (data + np.nan_to_num(other, nan=0.0) + step_ms - np.nan_to_num(inside, nan=0.0))[keep]
     return out
 
 
@@ -184,8 +199,9 @@ def compare_tables(base: StepTable, new: StepTable, *, threshold: float = DEFAUL
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     sb, sn = samples(base, warmup), samples(new, warmup)
-    order = [k for k in sb if k != "step" and k != "iteration"]
-    order += [k for k in sn if k not in sb and k not in ("step", "iteration")]
+    between = [k for k in ("data", "other") if k in sb or k in sn]  # the time before the step first
+    order = between + [k for k in sb if k not in between and k not in ("step", "iteration")]
+    order += [k for k in sn if k not in sb and k not in between and k not in ("step", "iteration")]
     order += ["step", "iteration"]
     gate_set = None if gate is None else set(gate)
     rows: dict[str, dict[str, Any]] = {}
@@ -222,6 +238,7 @@ def compare_tables(base: StepTable, new: StepTable, *, threshold: float = DEFAUL
     regressed = [k for k, r in rows.items() if r["verdict"] == "regressed" and r["gated"]]
     improved = [k for k, r in rows.items() if r["verdict"] == "improved"]
     return {
+        "goodput": compare_goodput(goodput(base), goodput(new)),
         "base": base_name,
         "new": new_name,
         "test": "Mann-Whitney U (two-sided, normal approximation) + bootstrap 95% CI of the median change",
@@ -269,6 +286,41 @@ def compare(base: Any, new: Any, **kwargs: Any) -> dict[str, Any]:
     return compare_tables(tables[0], tables[1], **kwargs)
 
 
+#: The parts of the wall clock as compare lists them: training first.
+_GOODPUT_ORDER = ("steps_s", "data_s", "eval_s", "checkpoint_s", "other_s", "startup_s", "after_last_step_s")
+
+
+def compare_goodput(base: Optional[dict[str, Any]], new: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """Each part of the wall clock as a share of each run's (``base_pct``, ``new_pct``) and
+    the change in percentage points (``delta_pts``), ``training`` first; with each run's
+    ``wall_s``, ``training_pct`` and ``from``. None when neither run has goodput (older
+    logs); a run without it has None for its side."""
+    if base is None and new is None:
+        return None
+
+    def share(g: Optional[dict[str, Any]], part: str) -> Optional[float]:
+        if g is None:
+            return None
+        if part == "steps":
+            return g.get("training_pct")
+        return (g.get("parts_pct") or {}).get(part)
+
+    parts: dict[str, dict[str, Any]] = {}
+    for key in _GOODPUT_ORDER:
+        part = key[:-2]
+        b, n = share(base, part), share(new, part)
+        b_s = None if base is None else base.get(key)
+        n_s = None if new is None else new.get(key)
+        parts["training" if part == "steps" else part] = {
+            "base_pct": b, "new_pct": n, "delta_pts": None if b is None or n is None else n - b,
+            "base_s": b_s, "new_s": n_s}
+    return {
+        "base": None if base is None else {k: base.get(k) for k in ("wall_s", "training_pct", "from", "source")},
+        "new": None if new is None else {k: new.get(k) for k in ("wall_s", "training_pct", "from", "source")},
+        "parts": parts,
+    }
+
+
 # --------------------------------------------------------------------------- text
 
 
@@ -313,18 +365,64 @@ def compare_footer(result: dict[str, Any]) -> str:
     return "no regression"
 
 
+_GOODPUT_LABELS = {"training": "training (steps)", "data": "data", "eval": "eval", "checkpoint": "checkpoint",
+                   "other": "other", "startup": "startup", "after_last_step": "after last step"}
+
+
+def _share(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.1f}%"
+
+
+def goodput_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Where the two runs' wall clock went, as shares of each run's (header first; empty
+    when neither run has goodput)."""
+    g = result.get("goodput")
+    if not g:
+        return []
+    rows = [["wall clock share", "base", "new", "change"]]
+    for part in ("training", "data", "eval", "checkpoint", "other", "startup", "after_last_step"):
+        p = g["parts"][part]
+        delta = "-" if p["delta_pts"] is None else f"{p['delta_pts'] + 0.0:+.1f} pts".replace("-0.0", "+0.0")
+        rows.append([_GOODPUT_LABELS[part], _share(p["base_pct"]), _share(p["new_pct"]), delta])
+
+    def wall(side: Optional[dict[str, Any]]) -> str:
+        return "-" if not side or side.get("wall_s") is None else f"{side['wall_s']:.1f} s"
+
+    rows.append(["wall clock", wall(g["base"]), wall(g["new"]), ""])
+    return rows
+
+
+def goodput_line(result: dict[str, Any]) -> str:
+    """One line on the training share: ``training share 83.7% -> 78.2% (-5.5 points)``."""
+    g = result.get("goodput")
+    if not g:
+        return ""
+    p = g["parts"]["training"]
+    if p["delta_pts"] is None:
+        side = "base" if p["base_pct"] is None else "new"
+        return f"training share of the wall clock: {_share(p['base_pct'])} -> {_share(p['new_pct'])} " \
+               f"({side} has no goodput: an older log)"
+    return (f"training share of the wall clock: {_share(p['base_pct'])} -> {_share(p['new_pct'])} "
+            f"({p['delta_pts']:+.1f} points)".replace("-0.0", "+0.0"))
+
+
 def format_compare(result: dict[str, Any]) -> str:
     """Render a :func:`compare` result as plain aligned text (no trailing newline)."""
     from steptrace.summary import _table as align
 
     rows = compare_rows(result)
-    lines = [compare_header(result)] + align(rows) + ["", compare_footer(result)]
+    lines = [compare_header(result)] + align(rows)
+    wall = goodput_rows(result)
+    if wall:
+        lines += [""] + align(wall) + [goodput_line(result)]
+    lines += ["", compare_footer(result)]
     return "\n".join(lines)
 
 
 __all__ = [
     "compare",
     "compare_tables",
+    "compare_goodput",
     "format_compare",
     "mann_whitney",
     "median_change_ci",

@@ -30,6 +30,7 @@ import math
 import os
 from typing import IO, Any, Iterable, Optional
 
+from steptrace._table import BETWEEN_FIELDS, HOST_FIELDS
 from steptrace.reader import Paths, log_files, read
 
 STEP_TID, DATA_TID, HOST_TID = 1, 2, 3
@@ -277,7 +278,7 @@ def export_csv(path: Paths, out: IO[str], *, steps: Optional[StepRange] = None, 
     run_ids = [t.run_id_of(i) or "" for i in range(len(t.run_starts))]
     variable = run.variable_columns()
     header = ["run_id", "rank", "step", "start_unix_ns", "clock", "status", "step_ms", "data_ms", "host_ms",
-              "iteration_ms"] + [name for name, _, _ in variable]
+              "iteration_ms", *BETWEEN_FIELDS, *HOST_FIELDS] + [name for name, _, _ in variable]
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header)
 
@@ -292,6 +293,8 @@ def export_csv(path: Paths, out: IO[str], *, steps: Optional[StepRange] = None, 
         hi = min(lo + _CSV_CHUNK, t.n)
         step_ms = t.step_ms[lo:hi]
         data_ms = t.data_ms[lo:hi]
+        between = [t.between[f][lo:hi] for f in BETWEEN_FIELDS]
+        other_ms, in_step_ms = between[0], between[3]
         cols: list[list[Any]] = [
             [run_ids[s] if s >= 0 else "" for s in t.src[lo:hi]],
             list(t.rank[lo:hi]),
@@ -302,7 +305,11 @@ def export_csv(path: Paths, out: IO[str], *, steps: Optional[StepRange] = None, 
             floats(step_ms),
             floats(data_ms),
             floats(t.host_ms[lo:hi]),
-            floats(round((d if d == d else 0.0) + s, 6) for d, s in zip(data_ms, step_ms)),
+            # the iteration as steptrace.load() computes it: data + other + step - inside the step
+            floats(round((d if d == d else 0.0) + (o if o == o else 0.0) + s - (i if i == i else 0.0), 6)
+                   for d, o, s, i in zip(data_ms, other_ms, step_ms, in_step_ms)),
+            *(floats(col) for col in between),
+            *(floats(t.host[f][lo:hi]) for f in HOST_FIELDS),
         ]
         for _, group, key in variable:
             a = t.column(group, key)[lo:hi]

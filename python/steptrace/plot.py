@@ -3,7 +3,8 @@
 :func:`plot_run` draws, one panel under the other, sharing the step axis:
 
 1. the iteration time of each step stacked by phase (data wait at the bottom, then the
-   phases, then "other": step time no phase covers), with the trailing median of the
+   rest of the time between steps, "other (between steps)", then the phases, then
+   "no phase": step time no phase covers), with the trailing median of the
    iteration time (the detector's window, default 100 steps) and the regression line at
    ``regression_threshold`` (1.5) x that median, alerts marked where they fired, and
    error steps as red crosses;
@@ -134,6 +135,11 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
     layers.append(data)
     labels.append("data")
     colors.append(_PHASE_COLORS["data"])
+    between = np.nan_to_num(mine["other_ms"].to_numpy(dtype=np.float64))
+    if between.any():
+        layers.append(between)
+        labels.append("other (between steps)")
+        colors.append("#c7c7c7")
     extra = iter(_EXTRA_COLORS * 4)
     for phase, col in phase_cols.items():
         v = np.nan_to_num(mine[col].to_numpy(dtype=np.float64))
@@ -145,7 +151,7 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
     other = np.clip(step_ms - covered, 0.0, None)
     if other.any():
         layers.append(other)
-        labels.append("other")
+        labels.append("no phase")
         colors.append("#dddddd")
     iteration = mine["iteration_ms"].to_numpy(dtype=np.float64)
     if len(mine):

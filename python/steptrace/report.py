@@ -109,6 +109,8 @@ def _phase_table(summary: dict[str, Any]) -> str:
         )
 
     row("data", summary["data"])
+    if summary.get("other"):
+        row("other", summary["other"])
     for phase, st in summary.get("phases", {}).items():
         row(phase, st)
     row("step", summary["step"], total=True)
@@ -244,6 +246,9 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
     data = summary.get("data") or {}
     cards.append(_card(_pct(data.get("share_pct")) if data else "-", "waiting for data",
                        bad=bool(data) and (data.get("share_pct") or 0) > 20))
+    good = summary.get("goodput") or {}
+    if good:
+        cards.append(_card(_pct(good.get("training_pct")), "of the wall clock training"))
     n_alerts = sum(a["count"] for a in (summary.get("alerts") or {}).values())
     cards.append(_card(str(n_alerts), "alerts", bad=n_alerts > 0))
     cards.append(_card(str(summary.get("error_steps", 0)), "error steps", bad=summary.get("error_steps", 0) > 0))
@@ -254,7 +259,7 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
     if summary.get("iteration"):
         sections.append("<h2>Step time by phase</h2>" + _phase_table(summary)
                         + "<p class='sub'>share: the phase's fraction of the total iteration time "
-                          "(data wait + step); percentiles over the steps with status ok, all ranks pooled.</p>")
+                          "(data wait + other time between steps + step); percentiles over the steps with status ok, all ranks pooled.</p>")
     else:
         sections.append("<h2>Step time by phase</h2><p>No completed steps recorded.</p>")
     sections.append('<h2>Timeline</h2><img class="plot" alt="step time stacked by phase, memory and counters '

@@ -1,4 +1,5 @@
-"""Summarize a steptrace run: per-phase percentiles, shares, memory, alerts, end reason.
+"""Summarize a steptrace run: per-phase percentiles, shares, where the wall clock went,
+memory, alerts, end reason.
 
 :func:`summarize` turns an iterable of records (one run, one or several ranks) into a
 JSON-serializable dict; :func:`format_summary` renders that dict as an aligned text
@@ -13,7 +14,7 @@ import math
 from array import array
 from typing import Any, Iterable, Optional, Sequence
 
-from steptrace._table import GROUPS, HwSeries, StepTable, as_object, collect, numpy
+from steptrace._table import GROUPS, INTERVAL_KINDS, HwSeries, StepTable, as_object, collect, numpy
 
 #: The phases the summary knows, listed first and in this order when present.
 DEFAULT_PHASES = ("forward", "loss", "backward", "clip", "optimizer")
@@ -28,6 +29,9 @@ MIN_TREND_STEPS = 10
 TREND_MIN_FRACTION = 0.01
 #: ...and at least this many bytes (so a few pages of RSS noise stay "flat").
 TREND_MIN_BYTES = 1 << 20
+#: The parts of run_end's ``goodput`` (seconds), in the order the summary lists them;
+#: they add up to ``wall_s``.
+GOODPUT_PARTS = ("startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "other_s", "after_last_step_s")
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -233,8 +237,10 @@ def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None
     """Summarize the records of one run (any number of ranks) into a JSON-ready dict.
 
     Timing statistics (p50/p95/p99/max, shares) cover the steps with status "ok", pooled
-    over ranks; an iteration is data_ms + step_ms and each share is that timing's
-    fraction of the mean iteration. ``steps`` is the most steps any rank recorded;
+    over ranks; an iteration is data_ms + other_ms + step_ms - interval_in_step_ms (the
+    training iteration the slow-step rules judge: evaluation and checkpoints are not part
+    of it; older logs have data_ms + step_ms) and each share is that timing's fraction of
+    the mean iteration. ``goodput`` is where the wall clock went (:func:`goodput`). ``steps`` is the most steps any rank recorded;
     ``error_steps`` is summed over ranks; steps_per_s is the mean of the per-rank rates.
     Memory values are the largest across ranks; ``memory_trend`` is the least-squares
     slope of each field over the steps after warmup (the steepest rank's). Missing or
@@ -260,12 +266,17 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
     stepidx = ops.col(table.step)
     n = table.n
 
+    other_ms = ops.col(table.between["other_ms"])
+    in_step_ms = ops.col(table.between["interval_in_step_ms"])
+    iteration_ms = _iteration(ops, data_ms, other_ms, step_ms, in_step_ms)
+
     timed = ops.timed(ok, step_ms)
     t_step = ops.take(step_ms, timed)
     t_data = ops.nan_to_zero(ops.take(data_ms, timed))
-    t_iter = ops.add(t_data, t_step)
+    t_iter = ops.take(iteration_ms, timed)
     it_total = ops.total(t_iter)
     have = len(timed) > 0
+    t_other = ops.nonnan(ops.take(other_ms, timed))
 
     phases: dict[str, Any] = {}
     names = table.phase_names()
@@ -296,9 +307,7 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
             if span_s > 0:
                 rate = (cnt - 1) / span_s
         if rate is None and cnt:
-            s_all = ops.take(step_ms, idx)
-            d_all = ops.nan_to_zero(ops.take(data_ms, idx))
-            it = ops.total(ops.nonnan(ops.add(s_all, d_all)))
+            it = ops.total(ops.nonnan(ops.take(iteration_ms, idx)))
             if it > 0:
                 rate = cnt / (it / 1000.0)
         if rate is not None:
@@ -407,6 +416,8 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
         "steps_per_s": sum(rates) / len(rates) if rates else None,
         "clock": clock,
         "data": _stats(t_data, ops, it_total) if have else None,
+        # the rest of the time between steps (only in logs that have other_ms)
+        "other": _stats(t_other, ops, it_total) if have and len(t_other) else None,
         "phases": phases,
         "step": _stats(t_step, ops, it_total) if have else None,
         "iteration": _stats(t_iter, ops, it_total) if have else None,
@@ -422,10 +433,175 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
         "end_reason": end_reason,
         "end_reasons": end_reasons,
         "warmup_steps": warmup,
+        "goodput": goodput(table, ops=ops, rows_by_rank=rows_by_rank),
+        "intervals": table.intervals.totals(),
+        "runq": _runq(table, ops),
     }
     hw_part = hw_summary(hw, table.run_ends, table.run_starts)
     if hw_part is not None:  # only for a log with NVML readings: nothing changes otherwise
         out["hw"] = hw_part
+    return out
+
+
+def _iteration(ops: Any, data: Any, other: Any, step: Any, in_step: Any) -> Any:
+    """The training iteration of each step: data + other + step - intervals inside the
+    step (NaN data / other / inside count as 0; NaN step stays NaN)."""
+    it = ops.add(ops.add(ops.nan_to_zero(data), ops.nan_to_zero(other)), step)
+    inside = ops.nan_to_zero(in_step)
+    if isinstance(it, list):
+        return [a - b for a, b in zip(it, inside)]
+    return it - inside
+
+
+def _runq(table: StepTable, ops: Any) -> Optional[dict[str, Any]]:
+    """The training thread's run-queue wait summed over the steps that read it (all
+    ranks), with the time those readings spanned; None when no step has one."""
+    runq = ops.nonnan(ops.col(table.host["runq_ms"]))
+    if not len(runq):
+        return None
+    span = ops.nonnan(ops.col(table.host["runq_span_ms"]))
+    total, over = ops.total(runq), ops.total(span)
+    if not (math.isfinite(total) and math.isfinite(over)):
+        return None
+    return {"total_ms": total, "span_ms": over, "share_pct": 100.0 * total / over if over > 0 else None,
+            "readings": len(runq)}
+
+
+def _finite(v: Any) -> bool:
+    return _is_num(v) and math.isfinite(v)
+
+
+def _goodput_of_end(end: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """run_end's goodput when it is whole (every part a finite number), else None."""
+    g = end.get("goodput")
+    if not isinstance(g, dict) or not all(_finite(g.get(k)) for k in ("wall_s", *GOODPUT_PARTS)):
+        return None
+    out = {k: float(g[k]) for k in ("wall_s", *GOODPUT_PARTS)}
+    out["training_pct"] = float(g["training_pct"]) if _finite(g.get("training_pct")) else (
+        100.0 * out["steps_s"] / out["wall_s"] if out["wall_s"] > 0 else 0.0)
+    out["from"] = g.get("from") if g.get("from") in ("process_start", "profiler_start") else "unknown"
+    out["source"] = "run_end"
+    return out
+
+
+def _goodput_of_steps(table: StepTable, ops: Any, rank: int, idx: Any,
+                      end: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """A rank's goodput computed from its step and interval records (no run_end, or one
+    without goodput): from the profiler's start (its run_start) to the end of the last
+    step or interval (run_end's end when there is one). None for a log whose steps do not
+    account the time between steps (older logs: no other_ms) or that has no usable step."""
+    if not len(idx) or not len(ops.nonnan(ops.take(ops.col(table.between["other_ms"]), idx))):
+        return None
+    start_ns = ops.col(table.start_ns)
+    host = ops.col(table.host_ms)
+    cols = {f: ops.col(table.between[f]) for f in ("other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms")}
+    data = ops.col(table.data_ms)
+
+    def total(col: Any) -> float:
+        return ops.total(ops.nan_to_zero(ops.take(col, idx)))
+
+    def timed_row(order: Any) -> Optional[int]:  # the first row in ``order`` with a start and a host time
+        for i in order:
+            i = int(i)
+            if start_ns[i] >= 0 and _finite(float(host[i])):
+                return i
+        return None
+
+    first, last = timed_row(idx), timed_row(idx[::-1])
+    if first is None or last is None:
+        return None
+
+    def v(col: Any, i: int) -> float:
+        x = float(col[i])
+        return x if x == x else 0.0
+
+    first_start = int(start_ns[first])
+    last_end = int(start_ns[last]) + round(v(host, last) * 1e6)
+    # the time between steps before the first step: the loader's wait and the intervals
+    # listed with it that did not run inside it
+    before_first = (v(data, first) + v(cols["other_ms"], first) + v(cols["eval_ms"], first)
+                    + v(cols["checkpoint_ms"], first) - v(cols["interval_in_step_ms"], first))
+    # intervals listed for a step that never came: after the last step
+    tail_eval = tail_ckpt = 0.0
+    tail_end = -1
+    last_listed = table.intervals.last.get(rank)
+    steps_of = ops.take(ops.col(table.step), idx)
+    max_step = int(steps_of.max() if hasattr(steps_of, "max") else max(steps_of)) if len(steps_of) else -1
+    if last_listed is not None and last_listed[0] > max_step:
+        tail_eval, tail_ckpt, tail_end = last_listed[1], last_listed[2], int(last_listed[3])
+    origin = next((rs.get("start_unix_ns") for rs in table.run_starts
+                   if rs.get("rank", 0) == rank and _is_num(rs.get("start_unix_ns"))), None)
+    origin = int(origin) if origin is not None and 0 < origin <= first_start else first_start
+    end_ns = max(last_end, tail_end)
+    if end is not None and isinstance(end.get("end_unix_ns"), int) and end["end_unix_ns"] >= end_ns:
+        end_ns = end["end_unix_ns"]
+    wall_s = max(0.0, (end_ns - origin) / 1e9)
+    steps_s = (total(host) - total(cols["interval_in_step_ms"])) / 1e3
+    out = {
+        "wall_s": wall_s,
+        "startup_s": max(0.0, (first_start - origin) / 1e9 - before_first / 1e3),
+        "steps_s": steps_s,
+        "data_s": total(data) / 1e3,
+        "eval_s": (total(cols["eval_ms"]) + tail_eval) / 1e3,
+        "checkpoint_s": (total(cols["checkpoint_ms"]) + tail_ckpt) / 1e3,
+        "other_s": total(cols["other_ms"]) / 1e3,
+        "after_last_step_s": max(0.0, (end_ns - last_end) / 1e9 - (tail_eval + tail_ckpt) / 1e3),
+        "training_pct": 100.0 * steps_s / wall_s if wall_s > 0 else 0.0,
+        "from": "profiler_start",
+        "source": "steps",
+    }
+    if not all(_finite(out[k]) for k in ("wall_s", "training_pct", *GOODPUT_PARTS)):
+        return None
+    return out
+
+
+def goodput(table: StepTable, *, ops: Any = None, rows_by_rank: Optional[dict[int, Any]] = None,
+            ) -> Optional[dict[str, Any]]:
+    """Where the wall clock went: each rank's run_end ``goodput`` (startup, steps, data,
+    eval, checkpoint, other, after the last step, in seconds; they add up to ``wall_s``),
+    or, for a rank without one (a crashed run), the same computed from its step and
+    interval records from the profiler's start to its last record. Summed over ranks;
+    ``training_pct`` is the steps' share of the wall clock, ``parts_pct`` each part's,
+    ``source`` ``run_end``, ``steps`` or ``mixed``, ``from`` where the wall clock starts
+    (``process_start``, ``profiler_start`` or ``mixed``), ``by_rank`` each rank's figures.
+    None when no rank has them (an older log that does not account the time between
+    steps)."""
+    ops = ops if ops is not None else _ops()
+    ranks = table.ranks()
+    if rows_by_rank is None:
+        rows_by_rank = ops.ranks_rows(ops.col(table.rank), ranks) if table.n else {r: [] for r in ranks}
+    ends: dict[int, dict[str, Any]] = {}
+    for e in table.run_ends:
+        r = e.get("rank", 0)
+        if isinstance(r, int) and not isinstance(r, bool):
+            ends[r] = e
+    by_rank: dict[str, dict[str, Any]] = {}
+    for r in ranks:
+        end = ends.get(r)
+        g = _goodput_of_end(end) if end is not None else None
+        if g is None:
+            try:
+                g = _goodput_of_steps(table, ops, r, rows_by_rank.get(r, []), end)
+            except (OverflowError, ValueError):  # a corrupt log's 1e308 ms: no account, not an error
+                g = None
+        if g is not None:
+            by_rank[str(r)] = g
+    if not by_rank:
+        return None
+    parts = list(by_rank.values())
+    out: dict[str, Any] = {k: math.fsum(g[k] for g in parts) for k in ("wall_s", *GOODPUT_PARTS)}
+    wall = out["wall_s"]
+    if len(parts) == 1:
+        out["training_pct"] = parts[0]["training_pct"]
+    else:
+        out["training_pct"] = 100.0 * out["steps_s"] / wall if wall > 0 else 0.0
+    out["parts_pct"] = {k[:-2]: (100.0 * out[k] / wall if wall > 0 else None) for k in GOODPUT_PARTS}
+    sources = {g["source"] for g in parts}
+    origins = {g["from"] for g in parts}
+    out["source"] = sources.pop() if len(sources) == 1 else "mixed"
+    out["from"] = origins.pop() if len(origins) == 1 else "mixed"
+    out["ranks"] = len(parts)
+    out["by_rank"] = by_rank
     return out
 
 
@@ -697,11 +873,71 @@ def phase_rows(summary: dict[str, Any]) -> list[list[str]]:
                      _pct(st["share_pct"])])
 
     row("data", summary["data"])
+    if summary.get("other"):
+        row("other", summary["other"])
     for phase, st in summary.get("phases", {}).items():
         row(phase, st)
     row("step", summary["step"])
     row("iteration", summary["iteration"])
     return rows
+
+
+_GOODPUT_LABELS = {"startup_s": "startup", "steps_s": "steps (training)", "data_s": "data",
+                   "eval_s": "eval", "checkpoint_s": "checkpoint", "other_s": "other",
+                   "after_last_step_s": "after last step"}
+_ORIGIN_TEXT = {"process_start": "from process start", "profiler_start": "from profiler start",
+                "mixed": "from process or profiler start"}
+
+
+def _duration(ms: float) -> str:
+    """Milliseconds as ``12.5 ms`` below a second, else ``3.21 s``."""
+    return f"{ms:.2f} ms" if abs(ms) < 1000 else f"{ms / 1e3:.2f} s"
+
+
+def _seconds(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 10 else f"{v:.3f}"
+
+
+def goodput_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """The "where the wall clock went" table (header first; empty without goodput): each
+    part in seconds and as a share of the wall clock, and for eval, checkpoint and other
+    the intervals recorded (how many, the longest)."""
+    g = summary.get("goodput")
+    if not g:
+        return []
+    intervals = summary.get("intervals") or {}
+    origin = _ORIGIN_TEXT.get(g.get("from"), "")
+    ranks = g.get("ranks") or 1
+    head = "wall clock" + (f" ({ranks} ranks, summed)" if ranks > 1 else "")
+    rows = [[head, "seconds", "share", "intervals"]]
+    pct = g.get("parts_pct") or {}
+    for key in GOODPUT_PARTS:
+        name = key[:-2]
+        iv = intervals.get(name) if name in INTERVAL_KINDS else None
+        note = f"{iv['count']}, longest {_duration(1e3 * iv['max_s'])}" if iv else ""
+        rows.append([_GOODPUT_LABELS[key], _seconds(g.get(key)), _pct(pct.get(name)), note])
+    rows.append([f"total ({origin})" if origin else "total", _seconds(g.get("wall_s")),
+                 _pct(100.0) if g.get("wall_s") else "-", ""])
+    return rows
+
+
+def goodput_lines(summary: dict[str, Any]) -> list[str]:
+    """The lines under the wall-clock table: the training share and the run-queue wait."""
+    out = []
+    g = summary.get("goodput")
+    if g:
+        src = " (computed from the step records: no run_end)" if g.get("source") == "steps" else (
+            " (some ranks computed from their step records: no run_end)" if g.get("source") == "mixed" else "")
+        out.append(f"training share (goodput): {_pct(g.get('training_pct'))} of the wall clock{src}")
+    rq = summary.get("runq")
+    if rq:
+        share = f", {rq['share_pct']:.1f}% of the time it was read over" if rq.get("share_pct") is not None else ""
+        n = (summary.get("alerts") or {}).get("host_contention", {}).get("count")
+        alerts = f"; {n} host_contention alert{'s' if n != 1 else ''}" if n else ""
+        out.append(f"run-queue wait (runnable, waiting for a CPU): {_duration(rq['total_ms'])}{share}{alerts}")
+    return out
 
 
 def memory_rows(summary: dict[str, Any]) -> list[list[str]]:
@@ -742,6 +978,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += _table(phase_rows(summary))
     else:
         lines.append("no completed steps recorded")
+
+    wall = goodput_rows(summary)
+    extra = goodput_lines(summary)
+    if wall or extra:
+        lines.append("")
+    if wall:
+        lines += _table(wall, left=(0, 3))
+    lines += extra
 
     if summary.get("memory"):
         lines.append("")
@@ -796,6 +1040,11 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
         console.print(table(phase_rows(summary), first_style="cyan"))
     else:
         console.print("no completed steps recorded")
+    wall = goodput_rows(summary)
+    if wall:
+        console.print(table(wall, left=(0, 3)))
+    for line in goodput_lines(summary):
+        console.print(line)
     if summary.get("memory"):
         console.print(table(memory_rows(summary), left=(0, 4)))
     counters = counter_rows(summary)
@@ -819,6 +1068,9 @@ __all__ = [
     "summarize",
     "summarize_table",
     "format_summary",
+    "goodput",
+    "goodput_rows",
+    "GOODPUT_PARTS",
     "hw_summary",
     "hw_rows",
     "HwSeries",

@@ -45,6 +45,20 @@ def factory_records(rank: int, world: int = 2, n: int = 40) -> list[dict[str, An
     for i in range(n):
         slow = 3.0 if rank == 1 else 0.0
         phases = {"forward": 3.0 + slow, "loss": 0.5, "backward": 5.0, "clip": 0.25, "optimizer": 1.25, "ema": 0.1}
+        # the time between steps: evaluation, checkpoints (listed before the step), other
+        between: dict[str, Any] = {"other_ms": 0.3 if i else 0.0}
+        if i % 10 == 5:
+            recs.append(lf.interval("eval", i, 150.0, rank=rank, start_unix_ns=lf.T0_NS + i * 20_000_000))
+            between["eval_ms"] = 150.0
+        if i % 10 == 8:
+            recs.append(lf.interval("checkpoint", i, 400.0 + 900.0 * (i > 20), rank=rank,
+                                    start_unix_ns=lf.T0_NS + i * 20_000_000))
+            recs.append(lf.interval("other", i, 2.0, rank=rank, inside_step=True,
+                                    start_unix_ns=lf.T0_NS + i * 20_000_000 + 5_000_000))
+            between["checkpoint_ms"] = 400.0 + 900.0 * (i > 20)
+            between["interval_in_step_ms"] = 2.0
+        if i % 2:
+            between["host"] = {"runq_ms": 0.1 * (i % 5), "runq_span_ms": 40.0}
         recs.append(lf.step(
             i, rank=rank, phases=phases, clock="cuda",
             host_phases_ms={k: v * 0.9 for k, v in phases.items()},
@@ -60,12 +74,20 @@ def factory_records(rank: int, world: int = 2, n: int = 40) -> list[dict[str, An
             comm={"method": "host", "comm_ms": 2.0, "exposed_ms": 0.5, "compute_ms": 8.0, "collectives": 3},
             meta={"global_step": i, "lr": 1e-3, "loss": 0.5},
             **({"phase_retained_bytes": {"forward": 2**20}} if i == 30 else {}),
+            **between,
         ))
         if i == 20:
             recs.append(lf.alert("step_regression", i, rank=rank, unix_ns=lf.T0_NS + i))
         if i == 25:
             recs.append({"kind": "resolved", "rank": rank, "type": "step_regression", "step": 25, "first_step": 20,
                          "repeats": 5, "message": "step 25 is back within the slow-step limit"})
+        if i == 28:
+            recs.append(lf.alert("slow_checkpoint", i, rank=rank, phase=None, value=1.3, baseline=0.4,
+                                 threshold=1.4, message="the checkpoint before step 28 took 1.30 s",
+                                 details={"checkpoint_s": 1.3, "median_s": 0.4, "earlier": 2}))
+            recs.append(lf.alert("host_contention", i, rank=rank, phase=None, value=8.0, baseline=10.0,
+                                 threshold=4.0, message="the training thread waited 8.00 ms for a CPU",
+                                 details={"runq_ms": 8.0}))
         if i == 32:
             recs.append(lf.alert("memory_growth", i, rank=rank, phase=None, baseline=None,
                                  message="memory grows 1 MiB/step", details={"bytes_per_step": 2**20}))
@@ -80,7 +102,8 @@ def factory_records(rank: int, world: int = 2, n: int = 40) -> list[dict[str, An
                                     "step_p95_ms": 11.0, "data_ms": 1.0, "compute_ms": 8.0 + 3 * r,
                                     "comm_ms": 2.0, "wait_ms": 3.0 - 3 * r, "own_ms": 9.0 + 3 * r,
                                     "straggler_pct": 30.0 * r, "memory_bytes": 2**30} for r in range(world)]})
-    recs.append(lf.run_end(n, rank=rank, device_activity={"kernels": {
+    recs.append(lf.interval("checkpoint", n, 500.0, rank=rank, start_unix_ns=lf.T0_NS + n * 20_000_000))
+    recs.append(lf.run_end(n, rank=rank, goodput=lf.goodput(), device_activity={"kernels": {
         "records": 120 * n, "dropped_records": 0, "top": [
             {"name": "sgemm_128x64", "work": "matmul", "total_ms": 100.0, "count": n},
             {"name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "work": "nccl", "total_ms": 40.0, "count": n}]}}))

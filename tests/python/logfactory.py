@@ -104,6 +104,110 @@ def run_end(steps: int, rank: int = 0, reason: str = "normal", error_steps: int 
     return rec
 
 
+def interval(kind: str, at_step: int, duration_ms: float, rank: int = 0, inside_step: bool = False,
+             start_unix_ns: int = T0_NS, **over: Any) -> dict[str, Any]:
+    """An ``interval`` record (evaluation, checkpoint or other time outside training)."""
+    rec: dict[str, Any] = {"kind": "interval", "rank": rank, "interval": kind, "step": at_step,
+                           "inside_step": inside_step, "start_unix_ns": start_unix_ns, "duration_ms": duration_ms}
+    rec.update(over)
+    return rec
+
+
+def goodput(**over: Any) -> dict[str, Any]:
+    """A run_end ``goodput`` object; the parts add up to wall_s."""
+    g: dict[str, Any] = {"wall_s": 10.0, "startup_s": 1.0, "steps_s": 7.0, "data_s": 0.5, "eval_s": 1.0,
+                         "checkpoint_s": 0.25, "other_s": 0.15, "after_last_step_s": 0.1, "training_pct": 70.0,
+                         "from": "process_start"}
+    g.update(over)
+    return g
+
+
+#: The checkpoints of :func:`timeline_run` (step -> ms): the third is 5x the others,
+#: and a slow_checkpoint alert says so.
+TIMELINE_CHECKPOINTS = {8: 300.0, 16: 300.0, 24: 1500.0}
+
+
+def timeline_run(n: int = 30, rank: int = 0, world_size: int = 1, end: bool = True, step_ms: float = 10.0,
+                 data_ms: float = 1.0, other_ms: float = 0.5, run_id: str = "test-run",
+                 process_start_s: float = 2.0) -> list[dict[str, Any]]:
+    """A run in the current format, with every second between its steps accounted for:
+    start-up 1 s after the profiler started (``process_start_s`` more since the process
+    did), then ``n`` steps of ``step_ms`` with the loader's wait (``data_ms``) and other
+    host work (``other_ms``) before each one after the first; an evaluation of 200 ms
+    between steps 9 and 10, one of 5 ms inside step 15 (a step of step_ms + 5), the
+    checkpoints of :data:`TIMELINE_CHECKPOINTS` before those steps, a checkpoint of 400 ms
+    after the last step, run_end 100 ms later (unless ``end`` is False: a crashed run). The
+    run-queue wait is read at every other step. Alerts: host_contention at step 12,
+    slow_checkpoint at step 24. run_end's goodput is the exact account of this timeline."""
+    ms = 1_000_000
+    recs: list[dict[str, Any]] = [run_start(rank=rank, world_size=world_size, run_id=run_id)]
+    t = T0_NS + 1000 * ms  # the first step starts 1 s after the profiler
+    totals = {"steps": 0.0, "data": 0.0, "eval": 0.0, "checkpoint": 0.0, "other": 0.0}
+    first_data = data_ms
+    prev_end = None
+    for i in range(n):
+        gap_intervals: list[dict[str, Any]] = []
+        fields: dict[str, Any] = {}
+        data = data_ms
+        other = 0.0 if i == 0 else other_ms
+        if prev_end is not None:
+            t = prev_end + int((data + other) * ms)
+        if i == 10:
+            gap_intervals.append(interval("eval", i, 200.0, rank=rank, start_unix_ns=t))
+            fields["eval_ms"] = 200.0
+            t += 200 * ms
+        if i in TIMELINE_CHECKPOINTS:
+            d = TIMELINE_CHECKPOINTS[i]
+            gap_intervals.append(interval("checkpoint", i, d, rank=rank, start_unix_ns=t))
+            fields["checkpoint_ms"] = d
+            t += int(d * ms)
+        host = step_ms
+        if i == 15:  # an evaluation inside the step
+            gap_intervals.append(interval("eval", i, 5.0, rank=rank, inside_step=True, start_unix_ns=t + 2 * ms))
+            fields["eval_ms"] = 5.0
+            fields["interval_in_step_ms"] = 5.0
+            host = step_ms + 5.0
+        if i % 2 == 1:
+            fields["host"] = {"runq_ms": 0.25, "runq_span_ms": 2 * (step_ms + data_ms + other_ms)}
+        recs += gap_intervals
+        recs.append(step(i, rank=rank, data_ms=data, other_ms=other, step_ms=host, host_ms=host,
+                         start_unix_ns=t, **fields))
+        if i == 12:
+            recs.append(alert("host_contention", i, rank=rank, phase=None, value=8.0, baseline=10.0, threshold=4.0,
+                              message=f"step {i} took 18.00 ms vs the trailing median 10.00 ms, and the training "
+                                      "thread waited 8.00 ms of it for a CPU (runnable, not running): the host is "
+                                      "oversubscribed, not the model",
+                              details={"runq_ms": 8.0, "runq_span_ms": 20.0, "excess_ms": 8.0}))
+        if i == 24:
+            recs.append(alert("slow_checkpoint", i, rank=rank, phase=None, value=1.5, baseline=0.3, threshold=1.3,
+                              message=f"the checkpoint before step {i} took 1.50 s, 5.0x the run's earlier ones "
+                                      "(median 0.30 s over 2): the filesystem is slower than it was",
+                              details={"checkpoint_s": 1.5, "median_s": 0.3, "earlier": 2}))
+        totals["steps"] += host - fields.get("interval_in_step_ms", 0.0)
+        totals["data"] += data
+        totals["other"] += other
+        totals["eval"] += fields.get("eval_ms", 0.0)
+        totals["checkpoint"] += fields.get("checkpoint_ms", 0.0)
+        prev_end = t + int(host * ms)
+    last_end = prev_end
+    recs.append(interval("checkpoint", n, 400.0, rank=rank, start_unix_ns=last_end))
+    totals["checkpoint"] += 400.0
+    if not end:
+        return recs
+    end_ns = last_end + 500 * ms
+    origin = T0_NS - int(process_start_s * 1e9)
+    wall_s = (end_ns - origin) / 1e9
+    g = goodput(wall_s=wall_s, startup_s=(T0_NS + 1000 * ms - origin) / 1e9 - first_data / 1e3,
+                steps_s=totals["steps"] / 1e3, data_s=totals["data"] / 1e3, eval_s=totals["eval"] / 1e3,
+                checkpoint_s=totals["checkpoint"] / 1e3, other_s=totals["other"] / 1e3, after_last_step_s=0.1,
+                training_pct=100.0 * totals["steps"] / 1e3 / wall_s)
+    end_rec = run_end(n, rank=rank, end_unix_ns=end_ns, wall_s=(end_ns - T0_NS) / 1e9, goodput=g)
+    end_rec["summary"]["runq_ms_total"] = 0.25 * (n // 2)
+    end_rec["alerts"] = {"host_contention": 1, "slow_checkpoint": 1}
+    recs.append(end_rec)
+    return recs
+
+
 def run_records(n_steps: int = 5, rank: int = 0, world_size: int = 1, end: bool = True) -> list[dict[str, Any]]:
     """A whole valid run: run_start, n_steps default steps, run_end (unless end=False)."""
     recs = [run_start(rank=rank, world_size=world_size)]

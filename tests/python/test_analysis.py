@@ -43,7 +43,8 @@ def test_steps_dataframe_columns_and_dtypes(tmp_path: Path) -> None:
     df = run.steps
     assert list(df.columns) == [
         "run_id", "rank", "step", "start_unix_ns", "clock", "status", "step_ms", "data_ms", "host_ms",
-        "iteration_ms", "forward_ms", "backward_ms", "phase_step_ms", "backward_retained_bytes",
+        "iteration_ms", "other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms", "runq_ms", "runq_span_ms",
+        "forward_ms", "backward_ms", "phase_step_ms", "backward_retained_bytes",
         "rss_bytes", "allocated_bytes", "tensor_active_pct",
         "kernel_compute_ms", "kernel_nccl_ms", "kernel_idle_ms", "kernel_count",
     ]
@@ -116,11 +117,14 @@ def test_pure_python_summary_equals_numpy(tmp_path: Path, monkeypatch: pytest.Mo
         if r["kind"] == "step":
             r["memory"]["rss_bytes"] += i * 2**21
             r["phases_ms"]["forward"] += (i % 7) * 0.1
-    with_np = [summarize(recs), summarize(list(__import__("steptrace").read(path)))]
+    # the time between steps, the wall clock (from run_end, and from the steps of a crashed run)
+    timeline = lf.timeline_run() + lf.timeline_run(rank=1, world_size=2, end=False)
+    with_np = [summarize(recs), summarize(list(__import__("steptrace").read(path))), summarize(timeline)]
     monkeypatch.setattr(_table, "_NUMPY", None)
-    without = [summarize(recs), summarize(list(__import__("steptrace").read(path)))]
+    without = [summarize(recs), summarize(list(__import__("steptrace").read(path))), summarize(timeline)]
     for a, b in zip(with_np, without):
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert with_np[2]["goodput"]["source"] == "mixed" and with_np[2]["other"]["count"] == 60
     assert with_np[0]["memory_trend"]["rss_bytes"]["trend"] == "rising"
     assert with_np[0]["memory_trend"]["rss_bytes"]["bytes_per_step"] == pytest.approx(2**21)
 
@@ -187,3 +191,46 @@ def test_resolved_step_covers_the_whole_episode(tmp_path: Path) -> None:
     al = load(lf.write_log(tmp_path / "rank0.jsonl", recs)).alerts
     assert al["resolved_step"].tolist()[0] == 193
     assert al["resolved_step"].isna().tolist() == [False, True, True]
+
+
+def test_between_step_and_run_queue_columns(tmp_path: Path) -> None:
+    recs = lf.timeline_run(n=20)
+    run = load(lf.write_log(tmp_path / "rank0.jsonl", recs))
+    df = run.steps
+    cols = ["other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms", "runq_ms", "runq_span_ms"]
+    assert list(df.columns[10:16]) == cols and all(df[c].dtype == np.float64 for c in cols)
+    assert df["other_ms"].tolist() == [0.0] + [0.5] * 19  # nothing before the first step
+    # written only where they happened: NaN elsewhere
+    assert df["eval_ms"].dropna().to_dict() == {10: 200.0, 15: 5.0}
+    assert df["checkpoint_ms"].dropna().to_dict() == {8: 300.0, 16: 300.0}
+    assert df["interval_in_step_ms"].dropna().to_dict() == {15: 5.0}
+    assert df["runq_ms"].isna().tolist() == [i % 2 == 0 for i in range(20)]
+    assert df["runq_ms"].sum() == pytest.approx(0.25 * 10) and (df["runq_span_ms"].dropna() == 23.0).all()
+    # the training iteration: data + other + step - the intervals inside the step
+    assert df["iteration_ms"].tolist() == pytest.approx([11.0] + [11.5] * 19)
+    assert df.loc[15, "step_ms"] == 15.0 and df.loc[15, "iteration_ms"] == pytest.approx(11.5)
+    # the steps' between-step time adds up to run_end's goodput (the last checkpoint
+    # came after the last step: in no step record)
+    g = recs[-1]["goodput"]
+    assert df["other_ms"].sum() / 1e3 == pytest.approx(g["other_s"])
+    assert df["eval_ms"].sum() / 1e3 == pytest.approx(g["eval_s"])
+    assert df["checkpoint_ms"].sum() / 1e3 + 0.4 == pytest.approx(g["checkpoint_s"])
+
+
+def test_between_step_columns_are_nan_in_older_logs_and_junk_is_nan(tmp_path: Path) -> None:
+    df = load(lf.write_log(tmp_path / "old" / "rank0.jsonl", lf.run_records(3))).steps
+    for c in ("other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms", "runq_ms", "runq_span_ms"):
+        assert df[c].isna().all(), c
+    assert df["iteration_ms"].tolist() == [11.0] * 3  # data 1.0 + step, as before
+    recs = [lf.run_start(), lf.step(0, other_ms="slow", eval_ms=[1], host={"runq_ms": None}),
+            lf.step(1, other_ms=2.0, host="busy", checkpoint_ms={"a": 1}), lf.step(2, other_ms=1.0)]
+    df = load(lf.write_log(tmp_path / "junk" / "rank0.jsonl", recs)).steps
+    assert math.isnan(df["other_ms"][0]) and df["other_ms"].tolist()[1:] == [2.0, 1.0]
+    assert df["eval_ms"].isna().all() and df["runq_ms"].isna().all() and df["checkpoint_ms"].isna().all()
+
+
+def test_a_phase_named_like_a_between_step_field_gets_the_phase_prefix(tmp_path: Path) -> None:
+    recs = [lf.run_start(), lf.step(0, phases={"eval": 2.0, "other": 1.0}, other_ms=0.5)]
+    run = load(lf.write_log(tmp_path / "rank0.jsonl", recs))
+    assert run.phase_columns == {"eval": "phase_eval_ms", "other": "phase_other_ms"}
+    assert run.steps.loc[0, "other_ms"] == 0.5 and run.steps.loc[0, "phase_other_ms"] == 1.0

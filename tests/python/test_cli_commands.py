@@ -53,8 +53,9 @@ def test_summary_of_a_real_run(real: dict[str, Path]) -> None:
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"run {real['base']}: 160 steps (0 errors)") and "ended normal" in lines[0]
     assert lines[1].split() == ["phase", "p50", "ms", "p95", "ms", "p99", "ms", "max", "ms", "share"]
-    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:10]}
-    assert list(rows) == ["data", *PHASES, "step", "iteration"]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:11]}
+    # the loader is wrapped (data); the rest of the time between steps is other
+    assert list(rows) == ["data", "other", *PHASES, "step", "iteration"]
     for name, cells in rows.items():
         p50, p95, p99, mx = (float(c) for c in cells[:4])
         assert 0 <= p50 <= p95 <= p99 <= mx, name
@@ -73,6 +74,12 @@ def test_summary_json_of_a_real_run(real: dict[str, Path]) -> None:
     assert s["memory"]["rss_bytes"]["peak"] >= s["memory"]["rss_bytes"]["start"] > 0
     assert s["memory_trend"]["rss_bytes"]["trend"] in ("flat", "rising", "falling")
     assert s["steps_per_s"] > 0 and s["clock"] == "host"
+    # where the wall clock went, from run_end: the parts add up to the wall clock
+    g = s["goodput"]
+    assert g["source"] == "run_end" and g["from"] in ("process_start", "profiler_start")
+    parts = [g[k] for k in ("startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "other_s", "after_last_step_s")]
+    assert sum(parts) == pytest.approx(g["wall_s"], abs=0.01 + 1e-3 * g["wall_s"])
+    assert g["eval_s"] == 0 and g["checkpoint_s"] == 0 and 0 < g["training_pct"] <= 100
 
 
 def test_summary_on_a_terminal_is_a_rich_table_and_plain_on_request(real: dict[str, Path]) -> None:

@@ -248,3 +248,136 @@ def test_main_in_process_returns_codes(tmp_path: Path, capsys: pytest.CaptureFix
     assert capsys.readouterr().err.startswith("steptrace: error: ")
     assert main([]) == 2  # no command
     assert main(["bogus"]) == 2  # argparse usage error, returned rather than raised
+
+
+# --------------------------------------------------------------------------- the time between steps
+
+
+def _timeline_goodput(recs: list[dict]) -> dict:
+    return next(r for r in recs if r["kind"] == "run_end")["goodput"]
+
+
+def test_timeline_run_records_are_valid_and_its_goodput_adds_up() -> None:
+    from steptrace.reader import validate_record
+
+    recs = lf.timeline_run()
+    for rec in recs:
+        validate_record(rec)
+    g = _timeline_goodput(recs)
+    assert sum(g[k] for k in ("startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "other_s",
+                              "after_last_step_s")) == pytest.approx(g["wall_s"])
+
+
+def test_summary_shows_where_the_wall_clock_went_from_run_end() -> None:
+    recs = lf.timeline_run()
+    g = _timeline_goodput(recs)
+    s = summarize(recs)
+    good = s["goodput"]
+    assert good["source"] == "run_end" and good["from"] == "process_start" and good["ranks"] == 1
+    for key in ("wall_s", "startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "other_s", "after_last_step_s"):
+        assert good[key] == pytest.approx(g[key]), key
+    assert good["training_pct"] == pytest.approx(g["training_pct"])
+    assert good["parts_pct"]["checkpoint"] == pytest.approx(100 * g["checkpoint_s"] / g["wall_s"])
+    assert sum(good["parts_pct"].values()) == pytest.approx(100.0)
+    # the interval records: 3 checkpoints before steps and one after the last, 2 evaluations
+    assert s["intervals"]["checkpoint"] == {"count": 4, "total_s": pytest.approx(2.5), "max_s": 1.5, "inside_step": 0}
+    assert s["intervals"]["eval"] == {"count": 2, "total_s": pytest.approx(0.205), "max_s": 0.2, "inside_step": 1}
+    assert "other" not in s["intervals"]
+    assert s["runq"]["total_ms"] == pytest.approx(0.25 * 15) and s["runq"]["readings"] == 15
+
+    text = format_summary(s)
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("wall clock"))
+    assert lines[head].split() == ["wall", "clock", "seconds", "share", "intervals"]
+    rows = {ln.rsplit("  ", 1)[0].split("  ")[0].strip(): ln for ln in lines[head + 1:head + 9]}
+    assert list(rows) == ["startup", "steps (training)", "data", "eval", "checkpoint", "other", "after last step",
+                          "total (from process start)"]
+    assert rows["checkpoint"].split()[1:] == ["2.500", f"{100 * 2.5 / g['wall_s']:.1f}%", "4,", "longest", "1.50", "s"]
+    assert rows["eval"].split()[-4:] == ["2,", "longest", "200.00", "ms"]
+    assert rows["total (from process start)"].split()[-2:] == [f"{g['wall_s']:.3f}", "100.0%"]
+    assert f"training share (goodput): {g['training_pct']:.1f}% of the wall clock" in lines
+    runq = next(ln for ln in lines if ln.startswith("run-queue wait"))
+    assert "3.75 ms" in runq and "1 host_contention alert" in runq
+
+
+def test_summary_lists_other_beside_data_and_the_iteration_leaves_out_intervals() -> None:
+    s = summarize(lf.timeline_run())
+    # every step waited 1 ms for its batch; after the first, 0.5 ms of other host work
+    assert s["data"]["p50_ms"] == 1.0
+    assert s["other"]["p50_ms"] == 0.5 and s["other"]["max_ms"] == 0.5 and s["other"]["count"] == 30
+    # step 15 ran a 5 ms evaluation inside it: its step is 15 ms, its iteration is not
+    assert s["step"]["max_ms"] == 15.0
+    assert s["iteration"]["max_ms"] == pytest.approx(11.5) and s["iteration"]["p50_ms"] == pytest.approx(11.5)
+    lines = format_summary(s).splitlines()
+    assert [ln.split()[0] for ln in lines[2:11]] == ["data", "other", "forward", "loss", "backward", "clip",
+                                                     "optimizer", "step", "iteration"]
+    assert lines[11] == "" and lines[12].startswith("wall clock")
+    # an older log (no other_ms) keeps its table and gets no wall-clock section
+    old = summarize(_known_run())
+    assert old["other"] is None and old["goodput"] is None and old["intervals"] == {} and old["runq"] is None
+    assert "wall clock" not in format_summary(old) and "run-queue" not in format_summary(old)
+
+
+def test_summary_of_a_crashed_run_computes_the_wall_clock_from_its_records() -> None:
+    full = _timeline_goodput(lf.timeline_run())
+    s = summarize(lf.timeline_run(end=False))
+    good = s["goodput"]
+    assert good["source"] == "steps" and good["from"] == "profiler_start"
+    # the same account, but from the profiler's start (2 s later than the process's) to
+    # the end of the checkpoint after the last step (no run_end: nothing after it)
+    assert good["startup_s"] == pytest.approx(full["startup_s"] - 2.0)
+    for key in ("steps_s", "data_s", "eval_s", "checkpoint_s", "other_s"):
+        assert good[key] == pytest.approx(full[key]), key
+    assert good["after_last_step_s"] == 0.0
+    assert good["wall_s"] == pytest.approx(full["wall_s"] - 2.0 - full["after_last_step_s"])
+    parts = sum(good[k] for k in ("startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "other_s",
+                                  "after_last_step_s"))
+    assert parts == pytest.approx(good["wall_s"])
+    assert good["training_pct"] == pytest.approx(100 * good["steps_s"] / good["wall_s"])
+    text = format_summary(s)
+    assert "total (from profiler start)" in text
+    assert "(computed from the step records: no run_end)" in text
+
+
+def test_goodput_of_two_ranks_is_summed_and_a_rank_without_run_end_is_computed() -> None:
+    recs = lf.timeline_run(world_size=2) + lf.timeline_run(rank=1, world_size=2, end=False)
+    s = summarize(recs)
+    good = s["goodput"]
+    assert good["ranks"] == 2 and good["source"] == "mixed" and good["from"] == "mixed"
+    by = good["by_rank"]
+    assert by["0"]["source"] == "run_end" and by["1"]["source"] == "steps"
+    assert good["wall_s"] == pytest.approx(by["0"]["wall_s"] + by["1"]["wall_s"])
+    assert good["training_pct"] == pytest.approx(100 * (by["0"]["steps_s"] + by["1"]["steps_s"]) / good["wall_s"])
+    assert format_summary(s).splitlines()[12].startswith("wall clock (2 ranks, summed)")
+
+
+def test_alert_list_shows_host_contention_and_slow_checkpoint() -> None:
+    s = summarize(lf.timeline_run())
+    assert s["alerts"] == {"host_contention": {"count": 1, "first_step": 12},
+                           "slow_checkpoint": {"count": 1, "first_step": 24}}
+    assert s["alert_first"]["host_contention"]["phase"] is None
+    lines = format_summary(s).splitlines()
+    contention = next(ln for ln in lines if ln.startswith("host_contention"))
+    assert contention.split()[1:3] == ["1", "12"] and "waited 8.00 ms of it for a CPU" in contention
+    checkpoint = next(ln for ln in lines if ln.startswith("slow_checkpoint"))
+    assert checkpoint.split()[1:3] == ["1", "24"] and "took 1.50 s" in checkpoint
+
+
+def test_cli_summary_json_and_rich_show_the_wall_clock(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "run" / "rank0.jsonl", lf.timeline_run())
+    proc = _cli("summary", str(path.parent), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["goodput"]["training_pct"] == pytest.approx(_timeline_goodput(lf.timeline_run())["training_pct"])
+    assert data["other"]["p50_ms"] == 0.5 and data["intervals"]["checkpoint"]["count"] == 4
+
+    from io import StringIO
+
+    from rich.console import Console
+
+    from steptrace.summary import render_rich
+
+    buf = StringIO()
+    render_rich(data, Console(file=buf, width=160, color_system=None))
+    out = buf.getvalue()
+    assert "steps (training)" in out and "training share (goodput)" in out and "slow_checkpoint" in out

@@ -223,3 +223,65 @@ def test_cli_compare_gate_exit_codes(tmp_path: Path) -> None:
     assert proc.returncode == 1
     res = json.loads(proc.stdout)
     assert res["regressed"] == ["backward"] and res["threshold_pct"] == 5.0
+
+
+# --------------------------------------------------------------------------- the time between steps
+
+
+def test_other_is_compared_beside_data_and_is_part_of_the_iteration() -> None:
+    base = collect(lf.timeline_run(n=40))
+    slow = collect(lf.timeline_run(n=40, other_ms=2.0))  # 1.5 ms more host work between steps
+    res = compare_tables(base, slow, warmup=0)
+    assert list(res["phases"])[:2] == ["data", "other"]
+    other = res["phases"]["other"]
+    assert (other["base_p50_ms"], other["new_p50_ms"]) == (0.5, 2.0) and other["verdict"] == "regressed"
+    it = res["phases"]["iteration"]
+    # data 1 + other + step 10; the 5 ms evaluation inside step 15 is not part of it
+    assert (it["base_p50_ms"], it["new_p50_ms"]) == (pytest.approx(11.5), pytest.approx(13.0))
+    assert res["phases"]["step"]["verdict"] == "same" and res["phases"]["data"]["verdict"] == "same"
+    assert set(res["regressed"]) == {"other", "iteration"}
+
+
+def test_compare_shows_the_goodput_difference(tmp_path: Path) -> None:
+    base_recs = lf.timeline_run(n=40)
+    # the new run spends 1.5 ms more between steps: less of its wall clock is training
+    new_recs = lf.timeline_run(n=40, other_ms=2.0)
+    gb = next(r for r in base_recs if r["kind"] == "run_end")["goodput"]
+    gn = next(r for r in new_recs if r["kind"] == "run_end")["goodput"]
+    res = compare_tables(collect(base_recs), collect(new_recs), warmup=0)
+    parts = res["goodput"]["parts"]
+    assert list(parts) == ["training", "data", "eval", "checkpoint", "other", "startup", "after_last_step"]
+    assert parts["training"]["base_pct"] == pytest.approx(gb["training_pct"])
+    assert parts["training"]["new_pct"] == pytest.approx(gn["training_pct"])
+    assert parts["training"]["delta_pts"] == pytest.approx(gn["training_pct"] - gb["training_pct"])
+    assert parts["other"]["delta_pts"] == pytest.approx(100 * (gn["other_s"] / gn["wall_s"] - gb["other_s"] / gb["wall_s"]))
+    assert parts["other"]["delta_pts"] > 0 > parts["training"]["delta_pts"]
+    assert parts["checkpoint"]["base_s"] == pytest.approx(2.5) and parts["checkpoint"]["new_s"] == pytest.approx(2.5)
+    assert res["goodput"]["base"]["from"] == "process_start"
+    json.dumps(res)
+
+    text = format_compare(res)
+    lines = text.splitlines()
+    head = lines.index(next(ln for ln in lines if ln.startswith("wall clock share")))
+    assert lines[head].split() == ["wall", "clock", "share", "base", "new", "change"]
+    rows = {ln[:18].strip(): ln[18:].split() for ln in lines[head + 1:head + 9]}
+    assert list(rows) == ["training (steps)", "data", "eval", "checkpoint", "other", "startup", "after last step",
+                          "wall clock"]
+    d = parts["training"]["delta_pts"]
+    assert rows["training (steps)"] == [f"{gb['training_pct']:.1f}%", f"{gn['training_pct']:.1f}%", f"{d:+.1f}", "pts"]
+    assert f"training share of the wall clock: {gb['training_pct']:.1f}% -> {gn['training_pct']:.1f}% " \
+           f"({d:+.1f} points)" in lines
+    assert lines[-1].startswith("REGRESSION: ")  # other and the iteration, not the goodput
+
+    # the CLI prints the same section; a run without goodput (an older log) shows "-"
+    old = lf.write_log(tmp_path / "old" / "rank0.jsonl", lf.run_records(40))
+    new = lf.write_log(tmp_path / "new" / "rank0.jsonl", new_recs)
+    proc = lf.run_cli("compare", old.parent, new.parent, "--gate", "forward")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(ln for ln in proc.stdout.splitlines() if ln.startswith("training (steps)"))
+    assert row.split()[2:4] == ["-", f"{gn['training_pct']:.1f}%"]
+    assert "(base has no goodput: an older log)" in proc.stdout
+    proc = lf.run_cli("compare", old.parent, old.parent)
+    assert proc.returncode == 0 and "wall clock share" not in proc.stdout
+    proc = lf.run_cli("compare", old.parent, new.parent, "--json", "--gate", "forward")
+    assert json.loads(proc.stdout)["goodput"]["parts"]["training"]["base_pct"] is None

@@ -53,7 +53,7 @@ def test_seeds_are_valid_logs_that_every_command_reads(seeds, oracle):
     kinds = {r["kind"] for r in steptrace.read(seeds["real"])}
     assert {"run_start", "step", "alert", "resolved", "run_end"} <= kinds
     kinds = {r["kind"] for r in steptrace.read(seeds["factory0"].parent)}
-    assert {"cluster", "alert_update", "resolved", "alert"} <= kinds
+    assert {"cluster", "alert_update", "resolved", "alert", "interval"} <= kinds
 
 
 def test_mutants(tmp_path, seeds, oracle):

@@ -91,3 +91,15 @@ def test_missing_matplotlib_gives_a_clear_message(tmp_path: Path, monkeypatch: p
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(MissingDependencyError, match=r"needs matplotlib.*pip install 'steptrace\[plot\]'"):
         plot_run(_run(tmp_path))
+
+
+def test_the_time_between_steps_is_stacked_above_data(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", lf.timeline_run())
+    fig = plot_run(path, tmp_path / "p.png")
+    top = _labels(fig.get_axes()[0])
+    assert top[:3] == ["data", "other (between steps)", "forward"]
+    # step 15's evaluation inside the step is step time no phase covers
+    assert "no phase" in top
+    # an older log has no between-steps layer
+    old = plot_run(lf.write_log(tmp_path / "old" / "rank0.jsonl", lf.run_records(30)), tmp_path / "o.png")
+    assert "other (between steps)" not in _labels(old.get_axes()[0])

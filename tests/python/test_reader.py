@@ -40,6 +40,65 @@ def test_validate_record_rejects_unknown_field_and_kind() -> None:
         validate_record({"kind": "nonsense", "rank": 0})
 
 
+def test_interval_records_and_the_time_between_steps_are_read_and_validated(tmp_path: Path) -> None:
+    recs = lf.timeline_run()
+    path = lf.write_log(tmp_path / "rank0.jsonl", recs)
+    read_back = _read_all(path, validate=True)
+    assert read_back == recs
+    intervals = [r for r in read_back if r["kind"] == "interval"]
+    assert [(r["interval"], r["step"], r["inside_step"]) for r in intervals] == [
+        ("checkpoint", 8, False), ("eval", 10, False), ("eval", 15, True), ("checkpoint", 16, False),
+        ("checkpoint", 24, False), ("checkpoint", 30, False)]
+    # each is written before the step record that lists it (the last before run_end)
+    for i, rec in enumerate(read_back):
+        if rec["kind"] == "interval":
+            listed = next(r for r in read_back[i:] if r["kind"] in ("step", "run_end"))
+            assert listed.get("step", listed.get("steps")) == rec["step"]
+    step15 = next(r for r in read_back if r["kind"] == "step" and r["step"] == 15)
+    assert step15["eval_ms"] == 5.0 and step15["interval_in_step_ms"] == 5.0
+    assert read_back[-1]["goodput"]["from"] == "process_start"
+
+
+def test_older_logs_without_the_between_step_fields_still_validate() -> None:
+    for rec in lf.run_records(3):  # no other_ms, no host, no goodput: a log of an older steptrace
+        assert "other_ms" not in rec and "goodput" not in rec
+        validate_record(rec)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"interval": "lunch"}, r"interval record does not match schema steptrace/1 at interval: 'lunch' is not one of"),
+    ({"duration_ms": -3.0}, r"interval record .* at duration_ms: -3.0 is less than the minimum of 0"),
+    ({"inside_step": "yes"}, r"interval record .* at inside_step: 'yes' is not of type 'boolean'"),
+    ({"step": None}, r"interval record .* at step: None is not of type 'integer'"),
+    ({"extra": 1}, r"interval record .*'extra' was unexpected"),
+])
+def test_a_malformed_interval_record_is_rejected_naming_the_field(change: dict, needle: str) -> None:
+    with pytest.raises(LogFormatError, match=needle):
+        validate_record({**lf.interval("eval", 3, 12.5), **change})
+
+
+def test_a_missing_interval_field_is_named(tmp_path: Path) -> None:
+    bad = lf.interval("checkpoint", 3, 1200.0)
+    del bad["duration_ms"]
+    path = lf.write_log(tmp_path / "rank0.jsonl", [lf.run_start(), lf.step(0), bad, lf.step(1)])
+    with pytest.raises(LogFormatError, match=r"rank0\.jsonl:3: interval record .*'duration_ms' is a required property"):
+        _read_all(path, validate=True)
+    assert len(_read_all(path)) == 4  # not validated by default: read, and ignored by the summary
+
+
+def test_malformed_between_step_fields_and_goodput_are_named() -> None:
+    with pytest.raises(LogFormatError, match=r"step record .* at other_ms: -1.0 is less than the minimum"):
+        validate_record(lf.step(0, other_ms=-1.0))
+    with pytest.raises(LogFormatError, match=r"step record .* at host: 'runq_span_ms' is a required property"):
+        validate_record(lf.step(0, host={"runq_ms": 1.0}))
+    with pytest.raises(LogFormatError, match=r"run_end record .* at goodput/from: 'boot' is not one of"):
+        validate_record(lf.run_end(3, goodput=lf.goodput(**{"from": "boot"})))
+    bad = lf.goodput()
+    del bad["steps_s"]
+    with pytest.raises(LogFormatError, match=r"run_end record .* at goodput: 'steps_s' is a required property"):
+        validate_record(lf.run_end(3, goodput=bad))
+
+
 def test_public_api_exports_reader() -> None:
     assert steptrace.read is read
     assert steptrace.validate_record is validate_record
