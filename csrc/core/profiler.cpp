@@ -792,7 +792,7 @@ class ProfilerImpl final : public SignalClosable {
       longest.store(duration, std::memory_order_relaxed);
     }
     into.interval_ns[static_cast<std::size_t>(kind)] += duration;
-    if (inside) {
+    if (inside && kind != IntervalKind::kOther) {  // other host work inside a step is the step's
       into.inside_step_ns += duration;
       inflight_excluded_ns_.store(into.inside_step_ns, std::memory_order_relaxed);
     }

@@ -181,7 +181,9 @@ void RunTotals::add(const StepRecord& r) noexcept {
   data_ns_sum += r.data_ns;
   if (steps == 1) {
     first_start_unix_ns = r.start_unix_ns;
-    before_first_ns = r.between.eval_ns() + r.between.checkpoint_ns() - r.between.inside_step_ns;
+    // what came before the first step and is counted in its own part: not startup
+    before_first_ns =
+        r.data_ns + r.between.eval_ns() + r.between.checkpoint_ns() - r.between.inside_step_ns;
   }
   last_end_unix_ns = std::max(last_end_unix_ns, r.start_unix_ns + r.host_ns);
   training_ns_sum += r.host_ns - r.between.inside_step_ns;

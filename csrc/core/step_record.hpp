@@ -87,7 +87,7 @@ inline constexpr std::size_t kMaxStepIntervals = 4;  // listed per step; more ar
 struct BetweenSteps {
   std::array<std::int64_t, kIntervalKinds> interval_ns{};  // by IntervalKind
   std::int64_t other_ns = 0;        // the gap less data and the eval / checkpoint intervals
-  std::int64_t inside_step_ns = 0;  // the part of interval_ns that ran inside the step
+  std::int64_t inside_step_ns = 0;  // the eval / checkpoint intervals that ran inside the step
   std::uint8_t listed = 0;          // entries in `intervals`
   std::uint16_t unlisted = 0;       // intervals beyond kMaxStepIntervals (in the sums only)
   std::array<IntervalEntry, kMaxStepIntervals> intervals{};

@@ -158,7 +158,8 @@ class STEPTRACE_API Profiler {
   /// Time outside training work: evaluation, checkpoint saving, other named host work.
   /// An interval's time is its own kind in the next step's record ("between") and in
   /// run_end's goodput, never data, and the slow-step, stall and hang rules leave it out
-  /// of the training iteration (also when it runs inside a step). Each interval is
+  /// of the training iteration (also when it runs inside a step; an "other" interval inside
+  /// a step stays part of it: host work of the iteration). Each interval is
   /// written as an `interval` record. Intervals do not nest: beginning one while another
   /// is open ends that one; a step beginning ends the open one; end_interval(kind) ends
   /// the open interval when it is of `kind` and does nothing otherwise. Training thread.

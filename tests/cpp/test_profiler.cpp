@@ -190,6 +190,9 @@ TEST(Profiler, AnIntervalPausesTheDataWaitAndOwnsItsLoader) {
 TEST(Profiler, IntervalsInsideStepsAndAfterTheLastStepAndGoodput) {
   TempDir tmp;
   Fixture f(tmp);
+  f.prof->begin_data();  // the first batch's wait: data, not startup
+  f.clock->advance(7 * kMs);
+  f.prof->end_data();
   for (int i = 0; i < 3; ++i) {
     auto s = f.prof->step();
     f.clock->advance(10 * kMs);
@@ -198,25 +201,32 @@ TEST(Profiler, IntervalsInsideStepsAndAfterTheLastStepAndGoodput) {
       f.clock->advance(40 * kMs);
     }
   }
+  {
+    auto s = f.prof->step();  // an "other" interval inside a step stays the step's time
+    auto log = f.prof->interval(IntervalKind::kOther);
+    f.clock->advance(10 * kMs);
+  }
   f.clock->advance(5 * kMs);
   f.prof->begin_interval(IntervalKind::kCheckpoint);
   f.clock->advance(100 * kMs);  // still open at close: ended there
   const auto records = f.close_and_read();
   const auto steps = of_kind(records, "step");
-  ASSERT_EQ(steps.size(), 3u);
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_FALSE(steps[3].contains("interval_in_step_ms"));
   EXPECT_DOUBLE_EQ(steps[1]["step_ms"].get<double>(), 50.0);
   EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 40.0);
   EXPECT_DOUBLE_EQ(steps[1]["interval_in_step_ms"].get<double>(), 40.0);
   const auto intervals = of_kind(records, "interval");
-  ASSERT_EQ(intervals.size(), 2u);
+  ASSERT_EQ(intervals.size(), 3u);
   EXPECT_EQ(intervals[0]["inside_step"], true);
   EXPECT_EQ(intervals[0]["step"], 1);
-  EXPECT_EQ(intervals[1]["interval"], "checkpoint");
-  EXPECT_EQ(intervals[1]["step"], 3);  // after the last step: the index the next would have
-  EXPECT_DOUBLE_EQ(intervals[1]["duration_ms"].get<double>(), 100.0);
+  EXPECT_EQ(intervals[2]["interval"], "checkpoint");
+  EXPECT_EQ(intervals[2]["step"], 4);  // after the last step: the index the next would have
+  EXPECT_DOUBLE_EQ(intervals[2]["duration_ms"].get<double>(), 100.0);
   const auto& g = records.back()["goodput"];
-  EXPECT_NEAR(g["steps_s"].get<double>(), 0.030, 1e-6);
+  EXPECT_NEAR(g["steps_s"].get<double>(), 0.040, 1e-6);
   EXPECT_NEAR(g["eval_s"].get<double>(), 0.040, 1e-6);
+  EXPECT_NEAR(g["data_s"].get<double>(), 0.007, 1e-6);
   EXPECT_NEAR(g["checkpoint_s"].get<double>(), 0.100, 1e-6);
   EXPECT_NEAR(g["after_last_step_s"].get<double>(), 0.005, 2e-3);  // + the close's own time
   double parts = 0;
