@@ -163,8 +163,11 @@ def test_lightning_validation_is_not_data_wait(tmp_path, records_of):
     trainer.fit(WithValidation(), loader, loader)
     steps = _steps(records_of(tmp_path / "run" / "rank0.jsonl"))
     assert len(steps) == 4
-    # validation ran after step 1 (and after step 3): step 2 waited only for its batch
+    # validation ran after step 1 (and after step 3): step 2 waited only for its batch, and
+    # the validation is its own kind
     assert steps[2]["data_ms"] < 50, [s["data_ms"] for s in steps]
+    assert steps[2]["eval_ms"] >= 100 * 0.95  # sleep never returns early; 5% for clock rounding
+    assert steps[2]["other_ms"] < 50
 
 
 def test_lightning_exception_closes_the_run_as_failed(tmp_path, records_of):
