@@ -197,12 +197,18 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
               iteration_ms > config_.regression_threshold * noise.p95_ms;
     }
     // Most of the excess spent waiting for a CPU is the host's doing, not the model's.
+    // It alerts where the step would have (a stall, or a regression's run of slow steps).
     if (slow && r.runq_ns >= 0 &&
         static_cast<double>(r.runq_ns) / kNsPerMs >= kContentionShare * excess) {
+      ++contention_streak_;
+      const bool alert = stall || contention_streak_ >= regression_steps(median);
       slow = stall = false;
-      contention(r, iteration_ms, median, out);
-    } else if (contention_active_ && r.step - contention_last_ > config_.window) {
-      out.push_back(contention_end(r.step));
+      contention(r, iteration_ms, median, alert, out);
+    } else {
+      contention_streak_ = 0;
+      if (contention_active_ && r.step - contention_last_ > config_.window) {
+        out.push_back(contention_end(r.step));
+      }
     }
     if (slow) {
       if (slow_streak_++ == 0) streak_start_ = r.step;
@@ -260,11 +266,15 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
 }
 
 void SlowStepDetector::contention(const StepRecord& r, double iteration_ms, double median,
-                                  std::vector<AlertEvent>& out) {
+                                  bool alert, std::vector<AlertEvent>& out) {
   const double runq_ms = static_cast<double>(r.runq_ns) / kNsPerMs;
+  if (contention_active_) {  // folded into the open episode
+    contention_last_ = r.step;
+    ++contention_steps_;
+    return;
+  }
+  if (!alert) return;  // one contended step: noise of a busy host, like one slow step
   contention_last_ = r.step;
-  ++contention_steps_;
-  if (contention_active_) return;  // folded into the open episode
   contention_active_ = true;
   contention_start_ = r.step;
   contention_steps_ = 1;

@@ -35,8 +35,9 @@ namespace steptrace::detail {
 /// evaluation and checkpoint intervals are never part of it.
 /// host_contention: a slow step whose run-queue wait (StepRecord::runq_ns) is at least
 /// kContentionShare of its excess is the host's doing: it is neither slow for these rules
-/// nor a stall, and opens a host_contention episode instead (one alert; resolved after a
-/// window of steps without another such step).
+/// nor a stall; where the step would have alerted (a stall, or the K-th such step in a row)
+/// it opens a host_contention episode instead (one alert; resolved after a window of steps
+/// without another such step).
 class SlowStepDetector {
  public:
   SlowStepDetector(const Config& config, const PhaseNames& names);
@@ -60,7 +61,7 @@ class SlowStepDetector {
   };
   Noise window_noise();
   Grew grew_most(const StepRecord& r, double data_ms, double other_ms) const;
-  void contention(const StepRecord& r, double iteration_ms, double median,
+  void contention(const StepRecord& r, double iteration_ms, double median, bool alert,
                   std::vector<AlertEvent>& out);
   AlertEvent contention_end(std::int64_t step);
   static constexpr double kContentionShare = 0.5;
@@ -88,6 +89,7 @@ class SlowStepDetector {
   std::int64_t contention_start_ = 0;
   std::int64_t contention_last_ = 0;
   std::int64_t contention_steps_ = 0;
+  int contention_streak_ = 0;  // consecutive slow steps that waited for a CPU
 };
 
 /// memory_growth: after warmup, memory (torch allocated bytes, else the C heap's in-use

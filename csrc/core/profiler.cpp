@@ -388,7 +388,18 @@ class ProfilerImpl final : public SignalClosable {
     }
     if (heap_) heap_->sample(current_.step, current_.memory);
     current_.runq_ns = -1;
-    if (now - runq_read_ns_ >= kRunQueueInterval) {
+    // Read at most every 10 ms, and at every iteration much longer than the recent ones, so
+    // that a slow step always has the figure that tells contention from the model.
+    const std::int64_t iteration =
+        last_step_end_ns_ == kUnset ? current_.step_ns : now - last_step_end_ns_;
+    const bool long_iteration = iteration_ewma_ns_ > 0 && iteration > 2 * iteration_ewma_ns_;
+    // one long iteration moves the average a little, a lasting slowdown becomes its level
+    iteration_ewma_ns_ =
+        iteration_ewma_ns_ == 0
+            ? iteration
+            : iteration_ewma_ns_ +
+                  (std::min(iteration, 4 * iteration_ewma_ns_) - iteration_ewma_ns_) / 16;
+    if (now - runq_read_ns_ >= kRunQueueInterval || long_iteration) {
       const std::int64_t wait = run_queue_.read();
       if (wait >= 0 && runq_read_ns_ != kUnset) {
         current_.runq_ns = std::max<std::int64_t>(0, wait - runq_wait_ns_);
@@ -1273,6 +1284,7 @@ class ProfilerImpl final : public SignalClosable {
   RunQueueReader run_queue_;
   std::int64_t runq_read_ns_ = kUnset;  // when it was last read, and the wait then
   std::int64_t runq_wait_ns_ = 0;
+  std::int64_t iteration_ewma_ns_ = 0;  // recent iterations (the gap and the step), smoothed
   bool data_ignored_ = false;  // begin_data came inside a step: its end_data is ignored too
   std::atomic<std::int64_t> data_inside_step_{0};  // read by close() on any thread
   bool in_step_ = false;

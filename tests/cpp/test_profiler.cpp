@@ -155,6 +155,22 @@ TEST(Profiler, IntervalsBetweenStepsAreAccountedByKind) {
             intervals[0]["start_unix_ns"].get<std::int64_t>());
 }
 
+// A long iteration is read at once, so that a slow step always carries the figure.
+TEST(Profiler, RunQueueWaitIsReadAtALongIteration) {
+  TempDir tmp;
+  Fixture f(tmp);
+  for (int i = 0; i < 13; ++i) {
+    auto s = f.prof->step();
+    f.clock->advance((i == 12 ? 3 : 1) * kMs);
+  }
+  std::vector<int> read;
+  for (const auto& s : of_kind(f.close_and_read(), "step")) {
+    if (s.contains("host")) read.push_back(s["step"].get<int>());
+  }
+  // ends at 1 (the baseline), 11 (10 ms later) and 15: 3x the iterations before it
+  EXPECT_EQ(read, (std::vector<int>{10, 12}));
+}
+
 // A data wait open when an interval begins pauses for it (a validation run between the
 // loader's bracketing calls), and a loader advanced inside an interval is the interval's.
 TEST(Profiler, AnIntervalPausesTheDataWaitAndOwnsItsLoader) {

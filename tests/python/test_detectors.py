@@ -85,8 +85,11 @@ def test_clean_run_raises_no_alert(tmp_path):
         run(prof, Loader(500, lambda i: 0.005))
     records = list(steptrace.read(tmp_path, validate=True))
     assert sum(r["kind"] == "step" for r in records) == 500
-    assert [r for r in records if r["kind"] == "alert"] == []
-    assert records[-1]["alerts"] == {}
+    # a busy host (a CPU hog beside the tests) may say so; nothing else is ever raised
+    alerts = [r for r in records if r["kind"] == "alert"]
+    assert [a for a in alerts if a["type"] != "host_contention"] == []
+    assert all(a["details"]["runq_ms"] >= 0.5 * a["details"]["excess_ms"] for a in alerts)
+    assert set(records[-1]["alerts"]) <= {"host_contention"}
 
 
 def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
