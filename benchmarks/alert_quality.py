@@ -1,21 +1,48 @@
 """Alert quality of steptrace's detectors: false alerts on clean loops, and detection of
 injected faults, on real CPU training loops (torch, one thread).
 
-    ~/.cache/steptrace/venv/bin/python benchmarks/alert_quality.py            # full run (about 3.5 minutes on 2 cores)
-    ~/.cache/steptrace/venv/bin/python benchmarks/alert_quality.py --quick    # a smoke run (about 40 s)
+    ~/.cache/steptrace/venv/bin/python benchmarks/alert_quality.py            # full run (about 8 minutes on 2 cores)
+    ~/.cache/steptrace/venv/bin/python benchmarks/alert_quality.py --quick    # a smoke run (about 100 s)
+    ~/.cache/steptrace/venv/bin/python benchmarks/alert_quality.py --only real --real-loops gpt,hf
     ~/.cache/steptrace/venv/bin/python benchmarks/alert_quality.py --only faults --faults-under-hog --json out.json
 
 It is a benchmark, not a test: it never asserts and exits 0; whatever the detectors say
 is reported as it is.
 
-**Clean loops.** An MLP (64 -> H -> H -> 10, batch 64, SGD with momentum) at three step
-sizes: sub-millisecond, about 5 ms and about 50 ms. H is calibrated at start by compute
-(matmuls, no sleeps) so that the median step of a plain loop lands near the target.
-Each size runs with and without a CPU hog beside it (one ``yes > /dev/null`` per core).
-Every ``alert`` record there is a false alert; the table gives them by type and per
-10,000 steps. Step counts: 10,000 / 3,000 / 600 (``--scale``; ``--quick`` is 0.1), about
-2.5 minutes of the full run. The step medians drift by 10-20% between runs on a small
-VM; the table prints the median each run measured under steptrace.
+**Clean loops.** Every ``alert`` record of a clean loop is a false alert; the table gives
+their count and rate per 10,000 steps by type (stall, step_regression, hang,
+host_contention, slow_checkpoint, and any other type), with the run's step and iteration
+medians, the share of the measured time the training thread spent runnable but not
+running (``runq``: the steps' ``host.runq_ms`` over ``runq_span_ms``), the evaluation and
+checkpoint intervals recorded, the training steps' share of the wall clock from the
+first step on (``run_end.goodput``) and the load average at the end of the run. Each
+loop runs without and with a CPU hog beside it (one ``yes > /dev/null`` per core);
+beside the hog, slow steps are expected to be ``host_contention`` (the excess was
+run-queue wait), never stall or step_regression, and a line per loop counts which they
+were. The text of every false alert other than host_contention is printed under the
+table. Two families:
+
+* *MLP loops* (``--only mlp``): an MLP (64 -> H -> H -> 10, batch 64, SGD with momentum)
+  at three step sizes: sub-millisecond, about 5 ms and about 50 ms. H is calibrated at
+  start by compute (matmuls, no sleeps) so that the median step of a plain loop lands
+  near the target. Step counts: 10,000 / 3,000 / 600 (``--scale``; ``--quick`` is 0.1).
+  The step medians drift by 10-20% between runs on a small VM; the table prints the
+  median each run measured under steptrace.
+* *Real-shaped loops* (``--only real``; ``--real-loops`` picks some of them), where time
+  between steps is evaluation, checkpoints, logging and callbacks, not only data:
+  ``gpt``: the nanoGPT-style loop of tests/python/gpt_loop.py (explicit phases,
+  gradient accumulation, evaluation every 50 iterations under ``prof.interval("eval")``,
+  ``torch.save`` checkpoints under ``prof.interval("checkpoint")``); ``gpt-run``: the same
+  script unmodified under ``steptrace run`` (intervals found automatically); ``hf``: the
+  Hugging Face Trainer on a tiny GPT-2 (evaluation every 50 steps, a save every 100,
+  ``SteptraceCallback``); ``lightning``: Lightning with a validation loop every 50
+  steps and ``ModelCheckpoint(every_n_train_steps=100)`` (its ``SteptraceCallback``).
+  Steps: 1,500 / 1,500 / 2,000 / 5,000 at ``--scale`` 1, never fewer than 150 / 150 /
+  150 / 300 (so a quick run still evaluates and saves a few times). All run in this
+  process except ``gpt-run`` (a child process, which includes interpreter start-up).
+
+``--only clean`` runs both families. The MLP loops take about 3 minutes of the full run,
+the real-shaped loops about 4.5 (2 cores, load average about 3).
 
 **Injected faults**, on the 5 ms loop (no hog; also under the hog with
 ``--faults-under-hog``), each in its own 400-step run, starting at step 200. Sleeps are
@@ -46,6 +73,8 @@ import argparse
 import contextlib
 import datetime
 import gc
+import importlib.metadata
+import io
 import json
 import logging
 import math
@@ -58,6 +87,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,6 +107,10 @@ FAULT_RUN_STEPS = 400
 LEAK_BYTES_PER_STEP = 512 * 1024  # one float32 BATCH x LEAK_COLS tensor kept per step
 LEAK_COLS = LEAK_BYTES_PER_STEP // 4 // BATCH
 HANG_POLL_S = 0.05
+REPO = Path(__file__).resolve().parent.parent
+GPT_SCRIPT = REPO / "tests" / "python" / "gpt_loop.py"
+SLOW_STEP_TYPES = ("stall", "step_regression", "hang")
+KINDS = SLOW_STEP_TYPES + ("host_contention", "slow_checkpoint")  # the table's columns; the rest: "other"
 
 pc = time.perf_counter
 
@@ -330,6 +364,9 @@ class RunResult:
     baseline: Optional[Baseline] = None
     hang_seen_after_s: Optional[float] = None
     error: Optional[str] = None
+    runq_pct: Optional[float] = None  # run-queue wait over the time it was measured over, %
+    intervals: Dict[str, int] = field(default_factory=dict)  # interval records by kind
+    training_pct: Optional[float] = None  # steps' share of the wall clock after start-up (run_end.goodput)
 
 
 def alerts_of(records: List[dict]) -> List[Alert]:
@@ -380,30 +417,204 @@ def run_loop(work: Workload, steps: int, hog: bool, fault: Optional[Fault] = Non
                 last = now
         wall = pc() - t_start
         records = list(steptrace.read(log_dir))
-    step_recs = [r for r in records if r.get("kind") == "step"]
+    r = summarize(records, wall)
+    r.baseline = inj.baseline
+    r.hang_seen_after_s = inj.hang_seen_after_s
+    return r
+
+
+def summarize(records: List[dict], wall_s: float) -> RunResult:
+    """A run's figures from its log: step and iteration medians (iteration: data + other +
+    step, what the slow-step rules judge), alerts, run-queue share, intervals, goodput."""
+    steps = [r for r in records if r.get("kind") == "step"]
+    nan = float("nan")
+    hosts = [r["host"] for r in steps if isinstance(r.get("host"), dict)]
+    span = sum(h.get("runq_span_ms", 0.0) for h in hosts)
+    goodput = next((r.get("goodput") for r in reversed(records) if r.get("kind") == "run_end"), None) or {}
     return RunResult(
-        steps=len(step_recs),
-        median_step_ms=statistics.median(r["step_ms"] for r in step_recs) if step_recs else float("nan"),
-        median_iteration_ms=statistics.median(r["step_ms"] + r.get("data_ms", 0.0) for r in step_recs)
-        if step_recs else float("nan"),
-        wall_s=wall,
+        steps=len(steps),
+        median_step_ms=statistics.median(r["step_ms"] for r in steps) if steps else nan,
+        median_iteration_ms=statistics.median(r["step_ms"] + r.get("data_ms", 0.0) + r.get("other_ms", 0.0)
+                                              for r in steps) if steps else nan,
+        wall_s=wall_s,
         alerts=alerts_of(records),
-        baseline=inj.baseline,
-        hang_seen_after_s=inj.hang_seen_after_s,
+        runq_pct=sum(h.get("runq_ms", 0.0) for h in hosts) / span * 100 if span > 0 else None,
+        intervals=dict(Counter(r.get("interval") for r in records if r.get("kind") == "interval")),
+        training_pct=training_share(goodput),
     )
 
 
-def guarded_run(label: str, work: Workload, steps: int, hog: bool, fault: Optional[Fault] = None) -> RunResult:
-    """run_loop with progress lines; an error is reported in the result, not raised."""
-    progress(f"start {label}: hidden {work.hidden}, {steps} steps{', CPU hog' if hog else ''}")
+def training_share(goodput: dict) -> Optional[float]:
+    """The share of the wall clock from the first step to the run's end spent in training
+    steps, in % (run_end's training_pct also counts the start-up, which for a run inside
+    this long-lived process is the benchmark's own earlier runs)."""
     try:
-        r = run_loop(work, steps, hog, fault)
+        span = goodput["wall_s"] - goodput["startup_s"]
+        return goodput["steps_s"] / span * 100 if span > 0 else None
+    except (KeyError, TypeError):
+        return None
+
+
+def guarded(label: str, what: str, run: Callable[[], RunResult]) -> RunResult:
+    """Runs one run with progress lines; an error is reported in the result, not raised."""
+    progress(f"start {label}: {what}")
+    try:
+        r = run()
     except Exception as e:  # a broken run must not lose the others' results
         traceback.print_exc()
         r = RunResult(0, float("nan"), float("nan"), 0.0, [], error=f"{type(e).__name__}: {e}")
     progress(f"end   {label}: {r.steps} steps in {r.wall_s:.1f} s, median step {r.median_step_ms:.3f} ms, "
-             f"{len(r.alerts)} alerts" + (f", ERROR {r.error}" if r.error else ""))
+             f"{len(r.alerts)} alerts" + (f" ({fmt_types(dict(Counter(a.type for a in r.alerts)))})" if r.alerts else "")
+             + (f", ERROR {r.error}" if r.error else ""))
     return r
+
+
+def guarded_run(label: str, work: Workload, steps: int, hog: bool, fault: Optional[Fault] = None) -> RunResult:
+    return guarded(label, f"hidden {work.hidden}, {steps} steps{', CPU hog' if hog else ''}",
+                   lambda: run_loop(work, steps, hog, fault))
+
+
+# --------------------------------------------------------------------------------------
+# real-shaped loops: time between steps is evaluation, checkpoints and callbacks
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RealLoop:
+    name: str
+    description: str
+    steps: int  # at --scale 1
+    min_steps: int  # at any scale: enough for a few evaluations and checkpoints
+    train: Callable[[int, Path], Path]  # (steps, scratch folder) -> the run's log folder
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """The loops' own printing (losses, framework banners, warnings) kept off the report."""
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _gpt_loop():
+    if str(GPT_SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(GPT_SCRIPT.parent))
+    import gpt_loop  # tests/python/gpt_loop.py
+
+    return gpt_loop
+
+
+def train_gpt(steps: int, tmp: Path) -> Path:
+    gpt_loop = _gpt_loop()
+    with quiet(), steptrace.Profiler(tmp / "run") as prof:
+        gpt_loop.train(prof, iters=steps, out_dir=str(tmp), intervals=True)
+    return tmp / "run"
+
+
+def train_gpt_run(steps: int, tmp: Path) -> Path:
+    """The script unmodified, in a child process under `steptrace run`."""
+    cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp / "logs"), str(GPT_SCRIPT),
+           "--iters", str(steps), "--out", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"steptrace run exited with {proc.returncode}: {proc.stderr[-2000:]}")
+    return tmp / "logs"
+
+
+def train_hf(steps: int, tmp: Path) -> Path:
+    """The Hugging Face Trainer on a tiny GPT-2: evaluation every 50 steps, a save every 100
+    (the last two kept), the train loader's fetches as data."""
+    import transformers
+    from steptrace.integrations.transformers import SteptraceCallback
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self, n: int) -> None:
+            g = torch.Generator().manual_seed(n)
+            self.ids = torch.randint(0, 64, (n, 16), generator=g)
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, i: int) -> dict:
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32,
+                                                                 n_layer=2, n_head=2))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp / "hf"), per_device_train_batch_size=4, per_device_eval_batch_size=8,
+        learning_rate=1e-3, logging_steps=10, report_to=[], eval_strategy="steps", eval_steps=50,
+        save_strategy="steps", save_steps=100, save_total_limit=2, use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0, max_steps=steps)
+    with quiet():
+        transformers.Trainer(model=model, args=args, train_dataset=Tokens(640), eval_dataset=Tokens(96),
+                             callbacks=[SteptraceCallback(tmp / "run")]).train()
+    return tmp / "run"
+
+
+def train_lightning(steps: int, tmp: Path) -> Path:
+    """Lightning: a small classifier, validation every 50 steps (and the sanity check),
+    ModelCheckpoint every 100 training steps."""
+    import lightning.pytorch as L
+    from steptrace.integrations.lightning import SteptraceCallback
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    class Classifier(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def loader(n: int, seed: int) -> torch.utils.data.DataLoader:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, 8, generator=g)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, :2].sum(1) > 0).long()),
+                                           batch_size=8)
+
+    ckpt = L.callbacks.ModelCheckpoint(dirpath=str(tmp / "ckpt"), every_n_train_steps=100, save_top_k=-1)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, max_steps=steps, val_check_interval=50,
+                        callbacks=[SteptraceCallback(tmp / "run"), ckpt], default_root_dir=str(tmp))
+    with quiet():
+        trainer.fit(Classifier(), loader(1600, 0), loader(400, 1))
+    return tmp / "run"
+
+
+REAL_LOOPS = (
+    RealLoop("gpt", "GPT-style loop, explicit phases, prof.interval eval every 50 + torch.save",
+             1500, 150, train_gpt),
+    RealLoop("gpt-run", "the same script unmodified under `steptrace run`", 1500, 150, train_gpt_run),
+    RealLoop("hf", "HF Trainer, tiny GPT-2, eval every 50, save every 100, SteptraceCallback", 2000, 150, train_hf),
+    RealLoop("lightning", "Lightning, validation every 50, ModelCheckpoint every 100, SteptraceCallback",
+             5000, 300, train_lightning),
+)
+
+
+def run_real(loop: RealLoop, steps: int, hog: bool) -> RunResult:
+    with tempfile.TemporaryDirectory(prefix="steptrace-alerts-real-") as tmp:
+        t0 = pc()
+        with cpu_hog(hog):
+            log_dir = loop.train(steps, Path(tmp))
+        wall = pc() - t0
+        return summarize(list(steptrace.read(log_dir)), wall)
 
 
 # --------------------------------------------------------------------------------------
@@ -413,9 +624,9 @@ def guarded_run(label: str, work: Workload, steps: int, hog: bool, fault: Option
 
 @dataclass
 class CleanResult:
-    size: str
+    loop: str  # "MLP 5 ms", "gpt", "hf", ...
     hog: bool
-    hidden: int
+    hidden: Optional[int]  # the MLP's width; None for the real-shaped loops
     steps: int
     median_step_ms: float
     median_iteration_ms: float
@@ -425,6 +636,10 @@ class CleanResult:
     wall_s: float
     alert_list: List[Alert] = field(default_factory=list)
     error: Optional[str] = None
+    runq_pct: Optional[float] = None
+    intervals: Dict[str, int] = field(default_factory=dict)
+    training_pct: Optional[float] = None
+    load_1min: Optional[float] = None  # the load average at the end of the run
 
 
 @dataclass
@@ -450,6 +665,14 @@ class FaultResult:
     error: Optional[str] = None
 
 
+def clean_result(loop: str, hog: bool, hidden: Optional[int], r: RunResult) -> CleanResult:
+    n = len(r.alerts)
+    return CleanResult(loop, hog, hidden, r.steps, r.median_step_ms, r.median_iteration_ms, n,
+                       dict(Counter(a.type for a in r.alerts)), n / r.steps * 10_000 if r.steps else float("nan"),
+                       r.wall_s, r.alerts, r.error, r.runq_pct, r.intervals, r.training_pct,
+                       round(os.getloadavg()[0], 2))
+
+
 def clean_section(works: Dict[str, Workload], scale: float) -> List[CleanResult]:
     results = []
     for size in SIZES:
@@ -457,11 +680,19 @@ def clean_section(works: Dict[str, Workload], scale: float) -> List[CleanResult]
         steps = max(50, int(round(size.steps * scale)))
         for hog in (False, True):
             r = guarded_run(f"clean {size.name}{' + hog' if hog else ''}", work, steps, hog)
-            n = len(r.alerts)
-            results.append(CleanResult(
-                size.name, hog, work.hidden, r.steps, r.median_step_ms, r.median_iteration_ms, n,
-                dict(Counter(a.type for a in r.alerts)), n / r.steps * 10_000 if r.steps else float("nan"),
-                r.wall_s, r.alerts, r.error))
+            results.append(clean_result(f"MLP {size.name}", hog, work.hidden, r))
+    return results
+
+
+def real_section(loops: List[RealLoop], scale: float) -> List[CleanResult]:
+    results = []
+    for loop in loops:
+        steps = max(loop.min_steps, int(round(loop.steps * scale)))
+        for hog in (False, True):
+            r = guarded(f"clean {loop.name}{' + hog' if hog else ''}",
+                        f"{loop.description}, {steps} steps{', CPU hog' if hog else ''}",
+                        lambda: run_real(loop, steps, hog))
+            results.append(clean_result(loop.name, hog, None, r))
     return results
 
 
@@ -513,6 +744,17 @@ def machine() -> Dict[str, object]:
                 break
     except OSError:
         pass
+    versions = {}
+    for dist in ("transformers", "lightning"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
@@ -522,6 +764,8 @@ def machine() -> Dict[str, object]:
         "steptrace": steptrace.__version__,
         "torch_threads": torch.get_num_threads(),
         "load_average": [round(v, 2) for v in os.getloadavg()],
+        "commit": commit,
+        **versions,
     }
 
 
@@ -537,18 +781,57 @@ def dash(v: Optional[object], spec: str = "") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def fmt_kind(n: int, steps: int) -> str:
+    """A count and its rate per 10,000 steps: "0", or "3 (12.5)"."""
+    return "0" if n == 0 else f"{n} ({n / steps * 10_000:.1f})" if steps else str(n)
+
+
 def print_clean(rows: List[CleanResult]) -> None:
-    print("\n== clean loops (every alert is a false alert) ==")
-    print(f"{'loop':8s} {'hog':>3s} {'hidden':>6s} {'steps':>6s} {'step p50 ms':>11s} {'iter p50 ms':>11s} "
-          f"{'alerts':>6s} {'per 10k':>8s}  by type")
+    print("\n== clean loops: false alerts by type, count (per 10,000 steps); every alert is a false alert ==")
+    print(f"{'loop':12s} {'hog':>3s} {'steps':>6s} {'step p50':>8s} {'iter p50':>8s} {'runq':>5s} {'ev/ckpt':>7s} "
+          f"{'train':>5s} {'load':>4s} {'alerts':>6s} {'per 10k':>7s} "
+          + " ".join(f"{k:>12.12s}" for k in KINDS) + f" {'other':>10s}")
     for c in rows:
-        print(f"{c.size:8s} {'yes' if c.hog else 'no':>3s} {c.hidden:6d} {c.steps:6d} {c.median_step_ms:11.3f} "
-              f"{c.median_iteration_ms:11.3f} {c.alerts:6d} {c.per_10k_steps:8.1f}  {fmt_types(c.by_type)}"
+        other = {k: v for k, v in c.by_type.items() if k not in KINDS}
+        print(f"{c.loop:12s} {'yes' if c.hog else 'no':>3s} {c.steps:6d} {c.median_step_ms:8.2f} "
+              f"{c.median_iteration_ms:8.2f} {dash(c.runq_pct, '4.0f') + '%' if c.runq_pct is not None else '-':>5s} "
+              f"{str(c.intervals.get('eval', 0)) + '/' + str(c.intervals.get('checkpoint', 0)):>7s} "
+              f"{dash(c.training_pct, '4.0f') + '%' if c.training_pct is not None else '-':>5s} "
+              f"{dash(c.load_1min, '4.1f'):>4s} {c.alerts:6d} {c.per_10k_steps:7.1f} "
+              + " ".join(f"{fmt_kind(c.by_type.get(k, 0), c.steps):>12s}" for k in KINDS)
+              + f" {fmt_kind(sum(other.values()), c.steps):>10s}"
+              + (f"  {fmt_types(other)}" if other else "")
               + (f"  ERROR {c.error}" if c.error else ""))
+    print("(step/iter p50 in ms; iter = data + other + step, what the slow-step rules judge; runq: the share of "
+          "the measured time the training thread waited for a CPU; ev/ckpt: eval and checkpoint intervals "
+          "recorded; train: the steps' share of the wall clock from the first step on (run_end goodput); "
+          "load: 1-minute load average at the run's end)")
     total_steps = sum(c.steps for c in rows)
     total = sum(c.alerts for c in rows)
     if total_steps:
+        for label, part in (("without the hog", [c for c in rows if not c.hog]),
+                            ("beside the hog", [c for c in rows if c.hog])):
+            n, st = sum(c.alerts for c in part), sum(c.steps for c in part)
+            slow = sum(c.by_type.get(k, 0) for c in part for k in SLOW_STEP_TYPES)
+            print(f"all clean runs {label}: {n} alerts in {st} steps = "
+                  f"{n / st * 10_000 if st else float('nan'):.1f} per 10k steps "
+                  f"(stall/step_regression/hang {slow})")
         print(f"all clean runs: {total} alerts in {total_steps} steps = {total / total_steps * 10_000:.1f} per 10k steps")
+    hogged = [c for c in rows if c.hog]
+    if hogged:
+        print("beside the hog, slow-step alerts: host_contention vs stall/step_regression (hang):")
+        for c in hogged:
+            hc = c.by_type.get("host_contention", 0)
+            sr = c.by_type.get("stall", 0) + c.by_type.get("step_regression", 0)
+            print(f"  {c.loop:12s} host_contention {hc:3d}, stall/step_regression {sr:3d}, hang "
+                  f"{c.by_type.get('hang', 0)}"
+                  + (f"  ({hc / (hc + sr) * 100:.0f}% host_contention)" if hc + sr else ""))
+    shown = [(c, a) for c in rows for a in c.alert_list if a.type != "host_contention"]
+    if shown:
+        print("false alerts other than host_contention (the log's text):")
+        for c, a in shown:
+            print(f"  [{c.loop}{' + hog' if c.hog else ''}] {a.type} at step {a.step}"
+                  + (f" ({a.phase})" if a.phase else "") + f": {a.message}")
 
 
 def print_faults(rows: List[FaultResult]) -> None:
@@ -581,22 +864,38 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="false alerts and fault detection of steptrace's detectors")
     parser.add_argument("--quick", action="store_true", help="a smoke run: clean step counts x 0.1")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the clean loops' step counts")
-    parser.add_argument("--only", choices=("clean", "faults"), help="run one section")
+    parser.add_argument("--only", choices=("clean", "mlp", "real", "faults"),
+                        help="run one section: clean (the MLP and the real-shaped loops), mlp (the MLP clean "
+                             "loops), real (the real-shaped loops), faults")
+    parser.add_argument("--real-loops", default=",".join(loop.name for loop in REAL_LOOPS),
+                        help="the real-shaped loops to run, comma-separated (default: %(default)s)")
     parser.add_argument("--faults-under-hog", action="store_true", help="also run the faults beside the CPU hog")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = parser.parse_args()
     scale = 0.1 if args.quick else args.scale
+    wanted = [name.strip() for name in args.real_loops.split(",") if name.strip()]
+    unknown = sorted(set(wanted) - {loop.name for loop in REAL_LOOPS})
+    if unknown:
+        parser.error(f"unknown real loops {', '.join(unknown)}; choose from "
+                     f"{', '.join(loop.name for loop in REAL_LOOPS)}")
+    real_loops = [loop for loop in REAL_LOOPS if loop.name in wanted]
+    run_mlp = args.only in (None, "clean", "mlp")
+    run_real_loops = args.only in (None, "clean", "real") and real_loops
+    run_faults = args.only in (None, "faults")
     torch.set_num_threads(1)
     t0 = pc()
 
     head = machine()
     print("== steptrace alert quality ==")
     print(f"{head['date']}  cpus {head['cpus']} ({head['cpu_model']})  python {head['python']}  "
-          f"torch {head['torch']}  steptrace {head['steptrace']}  torch threads {head['torch_threads']}")
+          f"torch {head['torch']}  steptrace {head['steptrace']} (repo at {head['commit']})  "
+          f"torch threads {head['torch_threads']}")
+    if run_real_loops:
+        print(f"transformers {head['transformers']}  lightning {head['lightning']}")
     print(f"load average {' '.join(str(v) for v in head['load_average'])}; clean step scale {scale:g}; "
           f"steptrace default options")
 
-    sizes = SIZES if args.only != "faults" else (FAULT_SIZE,)
+    sizes = SIZES if run_mlp else (FAULT_SIZE,) if run_faults else ()
     works: Dict[str, Workload] = {}
     for size in sizes:
         progress(f"calibrating {size.name} (target {size.target_ms} ms)")
@@ -606,10 +905,15 @@ def main() -> int:
 
     out: Dict[str, object] = {"machine": head, "scale": scale,
                               "workloads": {k: asdict(v) for k, v in works.items()}}
-    if args.only != "faults":
-        out["clean"] = clean = clean_section(works, scale)
+    clean: List[CleanResult] = []
+    if run_mlp:
+        clean += clean_section(works, scale)
+    if run_real_loops:
+        clean += real_section(real_loops, scale)
+    if clean:
+        out["clean"] = clean
         print_clean(clean)
-    if args.only != "clean":
+    if run_faults:
         out["faults"] = faults = fault_section(works[FAULT_SIZE.name], args.faults_under_hog)
         print_faults(faults)
     out["wall_s"] = pc() - t0

@@ -23,16 +23,30 @@
 //   BM_CounterAlignment/<n>      the writer thread's join of n counter samples to one step
 //                                (DeviceActivityStage), per sample, against
 //                                BM_AggregateSamples/<n> (the averaging alone).
+//   BM_RunQueueRead              one reading of the training thread's run-queue wait
+//                                (RunQueueReader::read(): pread of /proc/thread-self/schedstat
+//                                on a file kept open), against BM_RunQueueOpenRead (open +
+//                                read + close each time, the obvious alternative).
+//   BM_Step5PhasesRunQueueEveryStep  BM_Step5Phases (by id, rss off) plus one extra reading
+//                                after every step: the read's cost next to a real step's
+//                                bookkeeping. The profiler reads at a step's end at most every
+//                                10 ms, so the summary also gives the amortized cost per step.
+//   BM_AfterUserWork/<call>      one call after 10 ms of user-space work (cold kernel paths),
+//                                as the profiler meets it: getppid (the cold entry alone), the
+//                                run-queue reading alone, the RSS reading (statm), and the
+//                                run-queue reading right after statm (default options).
 //
 // Logs go to /tmp/steptrace-bench-<pid>/ (overwrite=true) and are removed at exit unless
 // --keep_logs is given. After the Google Benchmark table (console format only) a summary
 // prints per-op costs net of the empty loop, ratios and the budget check (< 1 us/phase).
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +61,7 @@
 #include "backends/fake/fake_device_activity.hpp"
 #include "backends/fake/fake_device_timer.hpp"
 #include "core/device_activity.hpp"
+#include "core/run_queue.hpp"
 #include "core/sample_aggregation.hpp"
 #include "steptrace/steptrace.hpp"
 
@@ -319,6 +334,119 @@ void BM_AggregateSamples(benchmark::State& state) {
 }
 BENCHMARK(BM_AggregateSamples)->Arg(10)->Arg(100)->Arg(1000);
 
+// ---- (k) the run-queue wait reading (issue 24: at most 0.5 us per step) ----
+void BM_RunQueueRead(benchmark::State& state) {
+  steptrace::detail::RunQueueReader reader;
+  std::int64_t wait = reader.read();  // the first call opens the file (once per profiler)
+  if (wait < 0) {
+    state.SkipWithError("no /proc/thread-self/schedstat here");
+    return;
+  }
+  for (auto _ : state) {
+    wait = reader.read();
+    benchmark::DoNotOptimize(wait);
+  }
+}
+BENCHMARK(BM_RunQueueRead);
+
+void BM_RunQueueOpenRead(benchmark::State& state) {
+  char buf[96];
+  for (auto _ : state) {
+    const int fd = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    const ssize_t n = fd >= 0 ? ::read(fd, buf, sizeof buf) : -1;
+    if (fd >= 0) ::close(fd);
+    auto wait =
+        n > 0 ? steptrace::detail::parse_schedstat_wait(buf, static_cast<std::size_t>(n)) : -1;
+    benchmark::DoNotOptimize(wait);
+  }
+}
+BENCHMARK(BM_RunQueueOpenRead);
+
+void BM_Step5PhasesRunQueueEveryStep(benchmark::State& state) {
+  steptrace::Profiler prof(make_config("step5_runq", /*sample_rss=*/false));
+  steptrace::detail::RunQueueReader reader;
+  reader.read();
+  std::array<steptrace::PhaseId, 5> ids{};
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
+  int since_flush = 0;
+  for (auto _ : state) {
+    {
+      auto step = prof.step();
+      for (const auto id : ids) {
+        auto p = step.phase(id);
+        benchmark::DoNotOptimize(p);
+      }
+    }
+    auto wait = reader.read();
+    benchmark::DoNotOptimize(wait);
+    drain_now_and_then(prof, state, since_flush);
+  }
+  prof.close();
+}
+BENCHMARK(BM_Step5PhasesRunQueueEveryStep);
+
+// The reading as the profiler meets it: at a step's end, 10 ms or more after the last
+// one, after user-space work (a busy wait here, no system call) that left the kernel's
+// paths cold. Each iteration busy-waits 10 ms, then times one call (manual time); the
+// counter p50_ns is the median of those calls (the mean is hostage to preemptions).
+//   getppid            the cheapest system call: what entering the kernel cold costs
+//   runq_read          RunQueueReader::read() (RSS and heap sampling off)
+//   statm_read         the RSS reading (/proc/self/statm, pread), also every 10 ms
+//   runq_after_statm   RunQueueReader::read() right after a statm read, as with the
+//                      default options (RSS sampled): the reading's marginal cost there
+enum class AfterUserWork { kGetppid, kRunQueue, kStatm, kRunQueueAfterStatm };
+
+void BM_AfterUserWork(benchmark::State& state, AfterUserWork what) {
+  steptrace::detail::RunQueueReader reader;
+  reader.read();
+  const int statm = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  char buf[128];
+  std::vector<double> ns;
+  for (auto _ : state) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    std::int64_t v = 0;
+    if (what == AfterUserWork::kRunQueueAfterStatm) v += ::pread(statm, buf, sizeof buf, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    switch (what) {
+      case AfterUserWork::kGetppid:
+        v += ::getppid();
+        break;
+      case AfterUserWork::kStatm:
+        v += ::pread(statm, buf, sizeof buf, 0);
+        break;
+      default:
+        v += reader.read();
+        break;
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(v);
+    const double elapsed = std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(elapsed);
+    ns.push_back(elapsed * 1e9);
+  }
+  if (statm >= 0) ::close(statm);
+  std::nth_element(ns.begin(), ns.begin() + static_cast<std::ptrdiff_t>(ns.size() / 2), ns.end());
+  state.counters["p50_ns"] = ns.empty() ? 0.0 : ns[ns.size() / 2];
+}
+BENCHMARK_CAPTURE(BM_AfterUserWork, getppid, AfterUserWork::kGetppid)
+    ->UseManualTime()
+    ->Iterations(200)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_AfterUserWork, runq_read, AfterUserWork::kRunQueue)
+    ->UseManualTime()
+    ->Iterations(200)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_AfterUserWork, statm_read, AfterUserWork::kStatm)
+    ->UseManualTime()
+    ->Iterations(200)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_AfterUserWork, runq_after_statm, AfterUserWork::kRunQueueAfterStatm)
+    ->UseManualTime()
+    ->Iterations(200)
+    ->Unit(benchmark::kMicrosecond);
+
 // ---- (f) writer throughput ----
 // Args: {steps per run, phases per step, flush_interval_ms}. RSS sampling is off (its cost is
 // the training thread's, measured by BM_Step5Phases). flush_interval_ms=100 is the default a
@@ -421,6 +549,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       if (run.counters.count("items_per_second") != 0) {
         items_per_s_[name] = run.counters.at("items_per_second").value;
       }
+      if (run.counters.count("p50_ns") != 0) p50_ns_[name] = run.counters.at("p50_ns").value;
     }
   }
 
@@ -504,6 +633,60 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                     n, ours / std::stod(n), ours / agg);
       }
     }
+    const double runq = net(get("BM_RunQueueRead"));
+    if (runq > 0) {
+      const double open_read = net(get("BM_RunQueueOpenRead"));
+      const double step_plain = net(get("BM_Step5Phases/by_name:0/rss:0"));
+      const double step_runq = net(get("BM_Step5PhasesRunQueueEveryStep"));
+      std::printf("  run-queue wait reading (pread, file kept open) %9.1f ns", runq);
+      if (open_read > 0) std::printf("  (open + read + close each time: %.1f ns)", open_read);
+      std::printf("\n");
+      if (step_plain > 0 && step_runq > 0) {
+        std::printf(
+            "  step + 5 phases with a reading after every step: %.1f ns vs %.1f ns without "
+            "(+%.1f ns)\n",
+            step_runq, step_plain, step_runq - step_plain);
+      }
+      const auto p50 = [&](const char* n) {
+        const std::string prefix = std::string("BM_AfterUserWork/") + n;  // then /iterations:...
+        for (const auto& [name, v] : p50_ns_) {
+          if (name == prefix || name.rfind(prefix + "/", 0) == 0) return v;
+        }
+        return -1.0;
+      };
+      if (p50("runq_read") > 0) {
+        std::printf(
+            "  after 10 ms of user-space work (median call): getppid %.0f ns, run-queue reading "
+            "%.0f ns, statm (RSS) reading %.0f ns, run-queue reading right after statm %.0f ns\n",
+            p50("getppid"), p50("runq_read"), p50("statm_read"), p50("runq_after_statm"));
+      }
+      // The profiler reads at a step's end when 10 ms have passed since the last reading: a
+      // step of T ms pays the reading once every ceil(10 / T) steps.
+      constexpr double kIntervalMs = 10.0;
+      struct Cost {
+        const char* label;
+        double ns;
+      };
+      const Cost costs[] = {{"warm reading", runq},
+                            {"cold, after statm (default options)", p50("runq_after_statm")},
+                            {"cold, alone (rss off)", p50("runq_read")}};
+      for (const Cost& c : costs) {
+        if (c.ns <= 0) continue;
+        std::printf("  amortized per step, %-36s", c.label);
+        for (const double t_ms : {0.1, 0.5, 1.0, 5.0, 10.0}) {
+          const double every = std::max(1.0, std::ceil(kIntervalMs / t_ms));
+          std::printf("  %g ms: %.3f us", t_ms, c.ns / every / 1000.0);
+        }
+        const double at_half_ms = c.ns / std::ceil(kIntervalMs / 0.5) / 1000.0;
+        std::printf("  | < 0.5 us on a 0.5 ms step: %s\n", at_half_ms < 0.5 ? "PASS" : "FAIL");
+      }
+      std::printf(
+          "  (a step of T ms pays one reading every ceil(10 / T) steps; from %.1f ms (warm) a "
+          "step pays more than 0.5 us, at most one reading per step of 10 ms or more: "
+          "%.4f%% of it)\n",
+          runq > 500.0 ? kIntervalMs * 500.0 / runq : kIntervalMs,
+          runq / (kIntervalMs * 1e6) * 100.0);
+    }
     std::printf("  C++ per-phase budget (< 1 us, host clock): %s\n", all_pass ? "PASS" : "FAIL");
   }
 
@@ -511,6 +694,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   std::map<std::string, double> ns_;
   std::map<std::string, double> medians_;
   std::map<std::string, double> items_per_s_;
+  std::map<std::string, double> p50_ns_;  // BM_AfterUserWork: the median call
 };
 
 }  // namespace
