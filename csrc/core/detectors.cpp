@@ -198,8 +198,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     }
     // Most of the excess spent waiting for a CPU is the host's doing, not the model's.
     // It alerts where the step would have (a stall, or a regression's run of slow steps).
-    if (slow && r.runq_ns >= 0 &&
-        static_cast<double>(r.runq_ns) / kNsPerMs >= kContentionShare * excess) {
+    if (slow && runq_in_iteration_ms(r) >= kContentionShare * excess) {
       ++contention_streak_;
       const bool alert = stall || contention_streak_ >= regression_steps(median);
       slow = stall = false;
@@ -265,9 +264,19 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   }
 }
 
+// The reading spans the time since the previous one, which may reach before the iteration:
+// at least this much of the wait fell inside it (all of the rest may have fallen before).
+double SlowStepDetector::runq_in_iteration_ms(const StepRecord& r) {
+  if (r.runq_ns < 0) return -1;
+  const std::int64_t host_iteration =
+      r.data_ns + r.between.other_ns + r.host_ns - r.between.inside_step_ns;
+  const std::int64_t before = std::max<std::int64_t>(0, r.runq_span_ns - host_iteration);
+  return static_cast<double>(std::max<std::int64_t>(0, r.runq_ns - before)) / kNsPerMs;
+}
+
 void SlowStepDetector::contention(const StepRecord& r, double iteration_ms, double median,
                                   bool alert, std::vector<AlertEvent>& out) {
-  const double runq_ms = static_cast<double>(r.runq_ns) / kNsPerMs;
+  const double runq_ms = runq_in_iteration_ms(r);
   if (contention_active_) {  // folded into the open episode
     contention_last_ = r.step;
     ++contention_steps_;
@@ -286,11 +295,12 @@ void SlowStepDetector::contention(const StepRecord& r, double iteration_ms, doub
   a.threshold = kContentionShare * (iteration_ms - median);
   a.message = fmt::format(
       "step {} took {:.2f} ms vs the trailing median {:.2f} ms, and the training thread waited "
-      "{:.2f} ms for a CPU (runnable, not running) in the {:.2f} ms up to its end: the host is "
-      "oversubscribed, not the model; check other processes on the node, DataLoader workers "
-      "and OMP/MKL threads (torch.set_num_threads) against the cores",
-      r.step, iteration_ms, median, runq_ms, static_cast<double>(r.runq_span_ns) / kNsPerMs);
+      "at least {:.2f} ms of it for a CPU (runnable, not running): the host is oversubscribed, "
+      "not the model; check other processes on the node, DataLoader workers and OMP/MKL "
+      "threads (torch.set_num_threads) against the cores",
+      r.step, iteration_ms, median, runq_ms);
   a.details = {{"runq_ms", runq_ms},
+               {"runq_read_ms", static_cast<double>(r.runq_ns) / kNsPerMs},
                {"runq_span_ms", static_cast<double>(r.runq_span_ns) / kNsPerMs},
                {"excess_ms", iteration_ms - median},
                {"iteration_ms", iteration_ms},

@@ -363,9 +363,12 @@ TEST(SlowStepDetector, RunQueueWaitMakesASlowStepHostContention) {
   EXPECT_EQ(events[0].step, 60);
   EXPECT_DOUBLE_EQ(events[0].value, 80.0);
   EXPECT_DOUBLE_EQ(events[0].details["runq_ms"].get<double>(), 80.0);
-  EXPECT_NE(events[0].message.find("waited 80.00 ms for a CPU"), std::string::npos)
+  EXPECT_NE(events[0].message.find("waited at least 80.00 ms of it for a CPU"), std::string::npos)
       << events[0].message;
-  d.observe(step(63, 1505, 2), events);  // a real stall under the same conditions
+  // a real stall after a reading that spans waits from before it: they are not its own
+  StepRecord before = step(63, 1505, 1000);
+  before.runq_span_ns += 1000 * kMs;
+  d.observe(before, events);
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[1].type, "stall");
   EXPECT_EQ(events[1].phase, "backward");
