@@ -8,15 +8,41 @@ DeviceTiming::DeviceTiming(std::unique_ptr<DeviceTimer> timer, std::size_t max_i
 }
 
 int DeviceTiming::record() noexcept {
+  if (building_.captured) return -1;
   const int e = timer_->record(stream_);
+  if (e == kRecordCaptured) {
+    enter_capture();
+    return -1;
+  }
   if (e < 0) step_ok_ = false;
   return e;
+}
+
+void DeviceTiming::enter_capture() noexcept {
+  // The events recorded before the capture began are not captured; they are returned
+  // unread (a host-timed step needs none of them). The capture may end before the step
+  // does: the step stays on the host clock, since its start is unknown to the device.
+  building_.captured = true;
+  if (building_.begin >= 0) timer_->release(building_.begin);
+  building_.begin = -1;
+  for (std::size_t i = 0; i < building_.interval_count; ++i) {
+    timer_->release(building_.intervals[i].begin);
+    timer_->release(building_.intervals[i].end);
+  }
+  building_.interval_count = 0;
+  building_.folded_ns.fill(0);
+  for (int& b : open_begin_) {
+    if (b >= 0) timer_->release(b);
+    b = -1;
+  }
 }
 
 void DeviceTiming::begin_step() noexcept {
   building_.interval_count = 0;
   building_.folded_ns.fill(0);
   building_.waited = false;
+  building_.captured = false;
+  building_.begin = -1;
   step_ok_ = true;
   building_.begin = record();
   building_.end = -1;
@@ -82,6 +108,7 @@ bool DeviceTiming::fold(Pending& p) noexcept {
 void DeviceTiming::end_step(const StepRecord& host_record, StepRecordQueue& writer) noexcept {
   building_.record = host_record;
   if (step_ok_) building_.end = record();
+  if (building_.captured) ++captured_steps_;
   if (!step_ok_) {
     // An event failed mid-step: this step and all after it use the host clock.
     release(building_);
@@ -111,6 +138,7 @@ void DeviceTiming::end_step(const StepRecord& host_record, StepRecordQueue& writ
 }
 
 bool DeviceTiming::ready(const Pending& p) noexcept {
+  if (p.captured) return true;  // no events
   // Streams may differ between events, so every event is checked, last ones first.
   if (timer_->query(p.end) != DeviceTimer::Status::kReady) return false;
   for (std::size_t i = p.interval_count; i-- > 0;) {
@@ -136,6 +164,13 @@ void DeviceTiming::poll(StepRecordQueue& writer) noexcept {
 
 bool DeviceTiming::resolve(Pending& p, StepRecordQueue& writer) noexcept {
   StepRecord& r = p.record;
+  if (p.captured) {  // the host record as it came, in its place in step order
+    r.device_clock = false;
+    r.waited = waited_ || p.waited;
+    waited_ = false;
+    write(r, writer);
+    return true;
+  }
   float ms = 0;
   if (!timer_->elapsed_ms(p.begin, p.end, &ms)) {
     fail(r.step, writer);
@@ -175,6 +210,7 @@ void DeviceTiming::drain(StepRecordQueue& writer) noexcept {
 }
 
 bool DeviceTiming::wait_for(const Pending& p) noexcept {
+  if (p.captured) return true;
   // Every event: the phases may have run on other streams than the step's end.
   bool ok = timer_->synchronize(p.begin);
   for (std::size_t i = 0; ok && i < p.interval_count; ++i) {

@@ -7,7 +7,10 @@
 // phase intervals than its list holds (micro-batches under gradient accumulation) folds
 // its completed intervals into per-slot sums as it goes, waiting for the oldest when none
 // has completed (that record then says "waited"); that is not a device error.
-// Training thread only.
+// A step during which the stream is capturing a CUDA graph (the timer records nothing on
+// a capturing stream: kRecordCaptured) is timed on the host clock: the events it had
+// already are returned, and its record keeps its place in step order (captured_steps()
+// counts them). Training thread only.
 #pragma once
 
 #include <array>
@@ -21,6 +24,10 @@
 #include "steptrace/backend.hpp"
 
 namespace steptrace::detail {
+
+/// DeviceTimer::record's answer when the stream is capturing a CUDA graph: no event was
+/// recorded, and that is not a failure (CudaTimer's kCapturedStream).
+inline constexpr int kRecordCaptured = -2;
 
 class DeviceTiming {
  public:
@@ -52,6 +59,8 @@ class DeviceTiming {
   /// Empty while device timing works; else why it stopped, and from which step on.
   const std::string& failure() const noexcept { return failure_; }
   std::int64_t failed_at_step() const noexcept { return failed_at_step_; }
+  /// Steps timed on the host because their stream was capturing a CUDA graph.
+  std::int64_t captured_steps() const noexcept { return captured_steps_; }
   DeviceTimer& timer() noexcept { return *timer_; }
 
  private:
@@ -65,14 +74,17 @@ class DeviceTiming {
     StepRecord record;
     int begin = -1;
     int end = -1;
-    bool waited = false;  // the step waited for the device to make room for intervals
+    bool waited = false;    // the step waited for the device to make room for intervals
+    bool captured = false;  // the stream captured a CUDA graph: host times, no events
     std::size_t interval_count = 0;
     std::array<Interval, kMaxIntervals> intervals;
     std::array<std::int64_t, kMaxPhases> folded_ns{};  // per slot: intervals already resolved
   };
 
-  // One record, or the failure; -1 on failure.
+  // One record, or the failure; -1 on failure and once the step is captured.
   int record() noexcept;
+  // The stream is capturing: the step in progress returns its events and uses host times.
+  void enter_capture() noexcept;
   bool ready(const Pending& p) noexcept;
   // Makes room in the step's full interval list (see the top); false on a device error.
   bool fold(Pending& p) noexcept;
@@ -98,6 +110,7 @@ class DeviceTiming {
   bool failed_ = false;
   std::string failure_;
   std::int64_t failed_at_step_ = -1;
+  std::int64_t captured_steps_ = 0;
 };
 
 }  // namespace steptrace::detail

@@ -5,6 +5,7 @@
 
 #include "backends/fake/fake_backends.hpp"
 #include "backends/fake/fake_device_timer.hpp"
+#include "device_timing_fixture.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"
@@ -16,45 +17,19 @@ using testing::of_kind;
 using testing::read_jsonl;
 using testing::TempDir;
 
-constexpr std::int64_t kMs = 1'000'000;
+using testing::kMs;
 
-struct DeviceFixture {
-  explicit DeviceFixture(const TempDir& tmp, int max_inflight = 8) {
-    Config config = testing::run_config(tmp);
-    config.max_inflight_steps = max_inflight;
-    Backends backends;
-    auto c = std::make_unique<fake::FakeClock>();
-    clock = c.get();
-    backends.clock = std::move(c);
-    auto d = std::make_unique<fake::FakeDeviceTimer>();
-    device = d.get();
-    backends.device_timer = std::move(d);
-    prof = std::make_unique<Profiler>(config, RunInfo{}, std::move(backends));
-    path = prof->log_path();
-    prof->set_stream(42);
-  }
-  // A step whose forward takes 1 ms on the host and 3 ms on the device, backward 1 / 5.
-  void step() {
-    auto s = prof->step();
-    {
-      auto p = s.phase("forward");
-      clock->advance(kMs);
-      device->advance_device(3 * kMs);
-    }
-    {
-      auto p = s.phase("backward");
-      clock->advance(kMs);
-      device->advance_device(5 * kMs);
-    }
-  }
-  std::vector<nlohmann::json> steps_written() {
-    prof->flush();
-    return of_kind(read_jsonl(path), "step");
-  }
-  fake::FakeClock* clock;
+// The shared run (device_timing_fixture.hpp) on the FakeDeviceTimer, on stream 42.
+struct DeviceFixture : testing::DeviceTimingRun {
+  explicit DeviceFixture(const TempDir& tmp, int max_inflight = 8)
+      : DeviceFixture(tmp, max_inflight, new fake::FakeDeviceTimer) {}
   fake::FakeDeviceTimer* device;
-  std::unique_ptr<Profiler> prof;
-  std::string path;
+
+ private:
+  DeviceFixture(const TempDir& tmp, int max_inflight, fake::FakeDeviceTimer* d)
+      : DeviceTimingRun(tmp, std::unique_ptr<DeviceTimer>(d), max_inflight, 42,
+                        [d](double ms) { d->advance_device(static_cast<std::int64_t>(ms * kMs)); }),
+        device(d) {}
 };
 
 TEST(DeviceTiming, StepsAreWrittenOnceTheirEventsComplete) {

@@ -50,6 +50,8 @@ bool Driver::load(std::string* why) {
   resolve(cuEventSynchronize, "cuEventSynchronize");
   resolve(cuEventElapsedTime, "cuEventElapsedTime");
   resolve(cuEventDestroy, "cuEventDestroy");
+  resolve(cuStreamIsCapturing, "cuStreamIsCapturing");  // both since CUDA 10.1
+  resolve(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
   resolve(cuGetErrorName, "cuGetErrorName");
   if (!ok) return false;
   const CUresult init = cuInit(0);

@@ -16,6 +16,12 @@ using CUstream = struct CUstream_st*;
 
 inline constexpr CUresult kSuccess = 0;
 inline constexpr CUresult kNotReady = 600;
+// cuStreamIsCapturing on the legacy stream while a blocking stream is capturing.
+inline constexpr CUresult kStreamCaptureImplicit = 906;
+
+// CUstreamCaptureStatus and CUstreamCaptureMode (cuda.h).
+inline constexpr int kCaptureStatusNone = 0;
+inline constexpr int kCaptureModeRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
 
 struct Driver {
   CUresult (*cuInit)(unsigned int) = nullptr;
@@ -30,6 +36,8 @@ struct Driver {
   CUresult (*cuEventSynchronize)(CUevent) = nullptr;
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
   CUresult (*cuEventDestroy)(CUevent) = nullptr;
+  CUresult (*cuStreamIsCapturing)(CUstream, int*) = nullptr;      // CUstreamCaptureStatus*
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;  // CUstreamCaptureMode*
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   int version = 0;  // e.g. 12040 or 13000
 

@@ -1,71 +1,472 @@
-// The libcuda half of the range-profiler fake (fake_profiler.hpp): the entry points
-// cuda::Driver resolves, through cuGetProcAddress_v2, and a current context the test sets.
+// A stand-in libcuda.so.1: a fake device that follows the CUDA driver API's documented
+// behaviour for the entry points steptrace uses (cuda::Driver resolves them through
+// cuGetProcAddress_v2), so that CudaTimer's success path and its CUDA graph capture rules
+// run on machines without a GPU. The test drives the device (fake_cuda.hpp): it queues
+// work of a given duration on a stream and advances the device clock; events complete
+// when their stream reaches them. Also the libcuda half of the range-profiler fake
+// (fake_profiler.hpp).
+//
+// Sources, quoted where each behaviour is modelled: the CUDA Driver API reference
+// (docs.nvidia.com/cuda/cuda-driver-api, group__CUDA__EVENT, group__CUDA__STREAM), whose
+// text is the doxygen of cuda.h (CUDA 13.0: cuda.h lines cited as "cuda.h:N").
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
 
+#include "fake_cuda.hpp"
 #include "fake_profiler.hpp"
 
 namespace {
-std::atomic<void*> g_ctx{nullptr};
-std::atomic<int> g_device{0};
+
+using CUresult = int;
+
+// Values from cuda.h (CUDA 13.0), enum cudaError_enum / CUstreamCaptureStatus /
+// CUstreamCaptureMode.
+constexpr CUresult kSuccess = 0;
+constexpr CUresult kInvalidValue = 1;
+constexpr CUresult kInvalidContext = 201;
+constexpr CUresult kInvalidHandle = 400;
+constexpr CUresult kNotFound = 500;
+constexpr CUresult kNotReady = 600;
+constexpr CUresult kCaptureUnsupported = 900;  // "not permitted when the stream is capturing"
+constexpr CUresult kCaptureInvalidated = 901;  // "capture sequence ... has been invalidated"
+constexpr CUresult kCaptureUnmatched = 903;    // "capture was not initiated in this stream"
+constexpr CUresult kCaptureImplicit = 906;     // "implicit dependency ... from cudaStreamLegacy"
+constexpr CUresult kCapturedEvent = 907;  // "event which was last recorded in a capturing stream"
+constexpr CUresult kCaptureWrongThread = 908;
+constexpr int kStatusNone = 0, kStatusActive = 1, kStatusInvalidated = 2;
+constexpr int kModeGlobal = 0, kModeThreadLocal = 1, kModeRelaxed = 2;
+
+struct Event {
+  void* ctx = nullptr;
+  bool recorded = false;  // cuEventRecord was called on it
+  bool captured = false;  // last recorded in a capturing stream
+  std::int64_t complete_at_ns = 0;
+};
+
+struct Capture {
+  int mode = kModeGlobal;
+  std::thread::id owner;  // the thread that began it
+  bool invalidated = false;
+};
+
+struct Stream {
+  std::int64_t busy_until_ns = 0;  // when the device reaches the end of its queue
+  bool capturing = false;          // a capture sequence is open on it
+  Capture capture;
+};
+
+struct Device {
+  std::mutex mu;
+  std::int64_t now_ns = 0;
+  std::unordered_map<std::uintptr_t, Stream> streams;  // by handle, created on first use
+  std::unordered_map<void*, Event*> events;            // live events
+  std::map<void*, int> context_device;                 // fake_cuda_set_current's devices
+  int invalidations = 0;
+  int unsafe_calls_during_capture = 0;
+  int event_records = 0, event_queries = 0, event_syncs = 0;
+};
+
+Device& dev() {
+  static Device* d = new Device;  // never destroyed: callers may run during exit
+  return *d;
+}
+
+std::atomic<void*> g_default_ctx{nullptr};  // fake_cuda_set_current: threads without their own
 std::atomic<int> g_device_count{8};
+thread_local void* t_ctx = nullptr;  // cuCtxSetCurrent's, per thread
+thread_local bool t_ctx_set = false;
+thread_local int t_mode = kModeGlobal;  // "This is the default mode" (cuda.h:15454)
+
+void* current_ctx() { return t_ctx_set ? t_ctx : g_default_ctx.load(); }
+
+bool any_capture_live(Device& d) {
+  for (auto& [h, s] : d.streams) {
+    if (s.capturing) return true;
+  }
+  return false;
+}
+
+// A potentially unsafe call (an event query or wait: PyTorch's NCCL watchdog's
+// cudaEventQuery broke captures on other threads until it ran in thread-local mode,
+// pytorch/pytorch#104555, #148594) from this thread. cuThreadExchangeStreamCaptureMode's
+// documentation (cuda.h:15453-15465): in GLOBAL mode a thread "is prohibited from
+// potentially unsafe API calls" if "the local thread has an ongoing capture sequence that
+// was not initiated with CU_STREAM_CAPTURE_MODE_RELAXED" or "any other thread has a
+// concurrent capture sequence initiated with CU_STREAM_CAPTURE_MODE_GLOBAL"; in
+// THREAD_LOCAL only the first applies; in RELAXED neither. The prohibited call fails with
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it conflicts with
+// (their cuStreamEndCapture then fails). Returns kSuccess when the call may go on.
+CUresult unsafe_call(Device& d) {
+  const auto self = std::this_thread::get_id();
+  CUresult r = kSuccess;
+  for (auto& [h, s] : d.streams) {
+    if (!s.capturing || s.capture.invalidated) continue;
+    const bool own =
+        s.capture.owner == self && s.capture.mode != kModeRelaxed && t_mode != kModeRelaxed;
+    const bool other =
+        s.capture.owner != self && s.capture.mode == kModeGlobal && t_mode == kModeGlobal;
+    if (own || other) {
+      s.capture.invalidated = true;
+      ++d.invalidations;
+      r = kCaptureUnsupported;
+    }
+  }
+  if (r == kSuccess && any_capture_live(d)) ++d.unsafe_calls_during_capture;
+  return r;
+}
+
+Event* find_event(Device& d, void* h) {
+  auto it = d.events.find(h);
+  return it == d.events.end() ? nullptr : it->second;
+}
+
 }  // namespace
 
 extern "C" {
 
-using CUresult = int;
-CUresult cuInit(unsigned int) { return 0; }
+CUresult cuInit(unsigned int) { return kSuccess; }
 CUresult cuDriverGetVersion(int* v) {
   *v = 13000;
-  return 0;
+  return kSuccess;
 }
+
+// ---- contexts ----
+
 void fake_cuda_set_current(void* ctx, int device) {
-  g_ctx.store(ctx);
-  g_device.store(device);
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  g_default_ctx.store(ctx);
+  if (ctx != nullptr) d.context_device[ctx] = device;
 }
-void* fake_cuda_current() { return g_ctx.load(); }
+void* fake_cuda_current() { return current_ctx(); }
 void fake_cuda_set_device_count(int n) { g_device_count.store(n); }
 
 CUresult cuDeviceGetCount(int* n) {
   *n = g_device_count.load();
-  return 0;
+  return kSuccess;
 }
 
-CUresult cuCtxGetCurrent(void** ctx) {
-  *ctx = g_ctx.load();
-  return 0;
+// "Binds the specified CUDA context to the calling CPU thread" (cuCtxSetCurrent); the
+// current context is per thread.
+CUresult cuCtxSetCurrent(void* ctx) {
+  t_ctx = ctx;
+  t_ctx_set = true;
+  return kSuccess;
 }
-CUresult cuCtxGetDevice(int* dev) {
-  if (g_ctx.load() == nullptr) return 201;  // CUDA_ERROR_INVALID_CONTEXT
-  *dev = g_device.load();
-  return 0;
+CUresult cuCtxGetCurrent(void** ctx) {
+  *ctx = current_ctx();
+  return kSuccess;
+}
+CUresult cuCtxGetDevice(int* device) {
+  void* ctx = current_ctx();
+  if (ctx == nullptr) return kInvalidContext;
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.context_device.find(ctx);
+  *device = it == d.context_device.end() ? 0 : it->second;
+  return kSuccess;
 }
 CUresult cuDeviceGetName(char* name, int len, int) {
   std::strncpy(name, "Fake H200", static_cast<std::size_t>(len));
-  return 0;
+  return kSuccess;
 }
 CUresult cuDeviceTotalMem(std::size_t* bytes, int) {
-  *bytes = 0;
-  return 0;
+  *bytes = 141ULL << 30;
+  return kSuccess;
 }
-CUresult cuEventCreate(void**, unsigned int) { return 999; }
-CUresult cuEventRecord(void*, void*) { return 999; }
-CUresult cuEventQuery(void*) { return 999; }
-CUresult cuEventSynchronize(void*) { return 999; }
-CUresult cuEventElapsedTime(float*, void*, void*) { return 999; }
-CUresult cuEventDestroy(void*) { return 999; }
-CUresult cuGetErrorName(CUresult, const char** name) {
-  *name = "CUDA_ERROR_FAKE";
-  return 0;
+
+// ---- the test's device controls (fake_cuda.hpp) ----
+
+void fake_cuda_reset() {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.now_ns = 0;
+  d.streams.clear();
+  d.invalidations = 0;
+  d.unsafe_calls_during_capture = 0;
+  d.event_records = d.event_queries = d.event_syncs = 0;
 }
+void fake_cuda_enqueue(std::uintptr_t stream, double ms) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Stream& s = d.streams[stream];
+  if (s.capturing) return;  // captured into the graph, not executed
+  const auto ns = static_cast<std::int64_t>(ms * 1e6);
+  s.busy_until_ns = std::max(s.busy_until_ns, d.now_ns) + ns;
+}
+void fake_cuda_advance(double ms) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.now_ns += static_cast<std::int64_t>(ms * 1e6);
+}
+double fake_cuda_now_ms() {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return static_cast<double>(d.now_ns) / 1e6;
+}
+int fake_cuda_invalidated_captures() {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.invalidations;
+}
+int fake_cuda_unsafe_calls_during_capture() {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.unsafe_calls_during_capture;
+}
+int fake_cuda_live_events() {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return static_cast<int>(d.events.size());
+}
+int fake_cuda_event_records() {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.event_records;
+}
+int fake_cuda_event_queries() {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.event_queries;
+}
+int fake_cuda_event_syncs() {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.event_syncs;
+}
+
+// ---- events (group__CUDA__EVENT) ----
+
+// "Creates an event *phEvent for the current context" (cuEventCreate); without one,
+// CUDA_ERROR_INVALID_CONTEXT (its documented returns).
+CUresult cuEventCreate(void** event, unsigned int) {
+  void* ctx = current_ctx();
+  if (ctx == nullptr) return kInvalidContext;
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* e = new Event;
+  e->ctx = ctx;
+  d.events[e] = e;
+  *event = e;
+  return kSuccess;
+}
+
+CUresult cuEventDestroy(void* event) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Event* e = find_event(d, event);
+  if (e == nullptr) return kInvalidHandle;
+  d.events.erase(event);
+  delete e;
+  return kSuccess;
+}
+
+// "Captures in hEvent the contents of hStream at the time of this call ... Uses of hStream
+// after this call do not modify hEvent" and "can be called multiple times on the same
+// event and will overwrite the previously captured state" (cuEventRecord, cuda.h:15950+):
+// the event completes when the device reaches the end of what the stream has queued now.
+// On a capturing stream the record is captured into the graph: the event is then "last
+// recorded in a capturing stream" (CUDA_ERROR_CAPTURED_EVENT). The legacy stream (0)
+// while a blocking stream is capturing: "the legacy stream is in an unusable state until
+// the blocking stream capture is terminated ... attempted use would have an implicit
+// dependency on the capturing stream(s)" (cuStreamIsCapturing), which breaks the capture.
+// Fake streams are all blocking ones.
+CUresult cuEventRecord(void* event, void* stream) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  ++d.event_records;
+  Event* e = find_event(d, event);
+  if (e == nullptr) return kInvalidHandle;
+  const auto h = reinterpret_cast<std::uintptr_t>(stream);
+  if (h == 0 && any_capture_live(d)) {
+    for (auto& [sh, s] : d.streams) {
+      if (s.capturing && !s.capture.invalidated) {
+        s.capture.invalidated = true;
+        ++d.invalidations;
+      }
+    }
+    return kCaptureImplicit;
+  }
+  Stream& s = d.streams[h];
+  e->recorded = true;
+  if (s.capturing) {
+    e->captured = true;
+    return kSuccess;
+  }
+  e->captured = false;
+  std::int64_t at = std::max(s.busy_until_ns, d.now_ns);
+  if (h == 0) {  // "recorded after all preceding operations in the CUDA context"
+    for (auto& [sh, other] : d.streams) at = std::max(at, other.busy_until_ns);
+  }
+  e->complete_at_ns = at;
+  return kSuccess;
+}
+
+// "Returns CUDA_SUCCESS if all captured work has been completed, or CUDA_ERROR_NOT_READY
+// if any captured work is incomplete"; "Before the first call to cuEventRecord(), an event
+// represents an empty set of work, so for example cuEventQuery() would return
+// CUDA_SUCCESS" (cuEventQuery, cuEventRecord). Even a relaxed thread may not query an
+// event "last recorded inside a capture sequence" (cuda.h:15463-15465).
+CUresult cuEventQuery(void* event) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  ++d.event_queries;
+  Event* e = find_event(d, event);
+  if (e == nullptr) return kInvalidHandle;
+  if (e->captured) return kCapturedEvent;
+  if (const CUresult r = unsafe_call(d); r != kSuccess) return r;
+  if (!e->recorded) return kSuccess;
+  return d.now_ns >= e->complete_at_ns ? kSuccess : kNotReady;
+}
+
+// "Waits until the completion of all work currently captured in hEvent" (cuEventSynchronize):
+// the host waits, so the fake device clock moves on to the event's completion.
+CUresult cuEventSynchronize(void* event) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  ++d.event_syncs;
+  Event* e = find_event(d, event);
+  if (e == nullptr) return kInvalidHandle;
+  if (e->captured) return kCapturedEvent;
+  if (const CUresult r = unsafe_call(d); r != kSuccess) return r;
+  if (e->recorded) d.now_ns = std::max(d.now_ns, e->complete_at_ns);
+  return kSuccess;
+}
+
+// "If cuEventRecord() has not been called on either event then CUDA_ERROR_INVALID_HANDLE
+// is returned. If cuEventRecord() has been called on both events but one or both of them
+// has not yet been completed ..., CUDA_ERROR_NOT_READY is returned" (cuEventElapsedTime,
+// cuda.h:16152-16156). Not permitted on a captured event (CUDA_ERROR_CAPTURED_EVENT).
+CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Event* a = find_event(d, start);
+  Event* b = find_event(d, end);
+  if (a == nullptr || b == nullptr || !a->recorded || !b->recorded) return kInvalidHandle;
+  if (a->captured || b->captured) return kCapturedEvent;
+  if (d.now_ns < a->complete_at_ns || d.now_ns < b->complete_at_ns) return kNotReady;
+  *ms = static_cast<float>(static_cast<double>(b->complete_at_ns - a->complete_at_ns) / 1e6);
+  return kSuccess;
+}
+
+// ---- stream capture (group__CUDA__STREAM) ----
+
+// "Capture may not be initiated if stream is CU_STREAM_LEGACY ... it may only be initiated
+// if the stream is not already in capture mode" (cuStreamBeginCapture).
+CUresult cuStreamBeginCapture_v2(void* stream, int mode) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const auto h = reinterpret_cast<std::uintptr_t>(stream);
+  if (h == 0) return kCaptureUnsupported;
+  Stream& s = d.streams[h];
+  if (s.capturing) return kInvalidValue;
+  s.capturing = true;
+  s.capture = Capture{mode, std::this_thread::get_id(), false};
+  return kSuccess;
+}
+
+// "If capture was invalidated, due to a violation of the rules of stream capture, then a
+// NULL graph will be returned"; "If the mode argument to cuStreamBeginCapture was not
+// CU_STREAM_CAPTURE_MODE_RELAXED, this call must be from the same thread"
+// (cuStreamEndCapture, cuda.h:15485-15492). The runtime's cudaStreamEndCapture reports an
+// invalidated capture as cudaErrorStreamCaptureInvalidated, which is what the fake returns.
+CUresult cuStreamEndCapture(void* stream, void** graph) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *graph = nullptr;
+  auto it = d.streams.find(reinterpret_cast<std::uintptr_t>(stream));
+  if (it == d.streams.end() || !it->second.capturing) return kCaptureUnmatched;
+  Stream& s = it->second;
+  if (s.capture.mode != kModeRelaxed && s.capture.owner != std::this_thread::get_id()) {
+    return kCaptureWrongThread;
+  }
+  s.capturing = false;
+  if (s.capture.invalidated) return kCaptureInvalidated;
+  static int graph_token = 0;
+  *graph = &graph_token;
+  return kSuccess;
+}
+
+// NONE / ACTIVE / INVALIDATED; "if this is called on CU_STREAM_LEGACY (the 'null stream')
+// while a blocking stream in the same context is capturing, it will return
+// CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and *captureStatus is unspecified" (cuStreamIsCapturing).
+CUresult cuStreamIsCapturing(void* stream, int* status) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const auto h = reinterpret_cast<std::uintptr_t>(stream);
+  if (h == 0) {
+    if (any_capture_live(d)) return kCaptureImplicit;
+    *status = kStatusNone;
+    return kSuccess;
+  }
+  auto it = d.streams.find(h);
+  if (it == d.streams.end() || !it->second.capturing) {
+    *status = kStatusNone;
+  } else {
+    *status = it->second.capture.invalidated ? kStatusInvalidated : kStatusActive;
+  }
+  return kSuccess;
+}
+
+// "Sets the calling thread's stream capture interaction mode to the value contained in
+// *mode, and overwrites *mode with the previous mode for the thread" (cuda.h:15432-15433).
+CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
+  if (mode == nullptr || *mode < kModeGlobal || *mode > kModeRelaxed) return kInvalidValue;
+  std::swap(t_mode, *mode);
+  return kSuccess;
+}
+
+CUresult cuGetErrorName(CUresult r, const char** name) {
+  switch (r) {
+    case kNotReady:
+      *name = "CUDA_ERROR_NOT_READY";
+      break;
+    case kInvalidHandle:
+      *name = "CUDA_ERROR_INVALID_HANDLE";
+      break;
+    case kInvalidContext:
+      *name = "CUDA_ERROR_INVALID_CONTEXT";
+      break;
+    case kCaptureUnsupported:
+      *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+      break;
+    case kCaptureImplicit:
+      *name = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT";
+      break;
+    case kCapturedEvent:
+      *name = "CUDA_ERROR_CAPTURED_EVENT";
+      break;
+    default:
+      *name = "CUDA_ERROR_FAKE";
+      break;
+  }
+  return kSuccess;
+}
+
+// Entry points by name: this library's own first (it may be loaded RTLD_LOCAL, as
+// cuda::Driver loads libcuda, where RTLD_DEFAULT does not see it), then the process's.
 CUresult cuGetProcAddress_v2(const char* symbol, void** fn, int, std::uint64_t, int* status) {
-  *fn = dlsym(RTLD_DEFAULT, symbol);
+  static void* self = [] {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&cuInit), &info) == 0 || info.dli_fname == nullptr) {
+      return static_cast<void*>(nullptr);
+    }
+    return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  }();
+  *fn = self != nullptr ? dlsym(self, symbol) : nullptr;
+  if (*fn == nullptr) *fn = dlsym(RTLD_DEFAULT, symbol);
   if (status != nullptr) *status = *fn != nullptr ? 0 : 1;
-  return *fn != nullptr ? 0 : 500;  // CUDA_ERROR_NOT_FOUND
+  return *fn != nullptr ? kSuccess : kNotFound;
 }
 
 }  // extern "C"

@@ -14,7 +14,8 @@ extern "C" {
 void fake_rp_reset();
 /// cuptiProfilerInitialize fails with `result` (0: succeeds).
 void fake_rp_fail_initialize(int result);
-/// The context cuCtxGetCurrent returns (any thread; null: none) and its device; the
+/// The context cuCtxGetCurrent returns (null: none) on every thread that has not called
+/// cuCtxSetCurrent itself (contexts are per thread, fake_cuda.hpp), and its device; the
 /// libcuda half (fake_cuda.cpp, soname libcuda.so.1).
 void fake_cuda_set_current(void* ctx, int device);
 void* fake_cuda_current();

@@ -1,0 +1,92 @@
+"""A Python training loop on the CUDA clock, against the stand-in libcuda.so.1 of the C++
+tests (tests/cpp/fake_cupti/fake_cuda.cpp, compiled here): the extension loads it as it
+would the NVIDIA driver (dlopen of libcuda.so.1, found through LD_LIBRARY_PATH in a child
+process, since the dynamic loader reads that variable at start-up and the fake must not
+leak into this process), and the loop queues each phase's device work on the fake
+device. Step records come back on the CUDA clock with the queued times, a step or more
+after the step ran, and the schema validates them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+_SRC = Path(__file__).parent.parent / "cpp" / "fake_cupti"
+
+_LOOP = textwrap.dedent(
+    """
+    import ctypes, json, sys
+    import torch
+    fake = ctypes.CDLL("libcuda.so.1")  # the stand-in, through LD_LIBRARY_PATH
+    fake.fake_cuda_enqueue.argtypes = [ctypes.c_size_t, ctypes.c_double]
+    fake.fake_cuda_advance.argtypes = [ctypes.c_double]
+    fake.fake_cuda_set_current.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    ctx = ctypes.c_int(0)
+    fake.fake_cuda_set_current(ctypes.addressof(ctx), 0)  # a current context, as torch makes
+    import steptrace
+
+    STREAM = 0x5100  # what torch.cuda.current_stream().cuda_stream would be
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 16), torch.randn(64, 4)
+    with steptrace.Profiler(sys.argv[1], clock="cuda", kernel_activity="off", counters="off",
+                            nvml="off", detect=False) as prof:
+        prof.set_stream(STREAM)
+        for i in range(8):
+            with prof.step():
+                with prof.phase("forward"):
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    fake.fake_cuda_enqueue(STREAM, 3.0)
+                with prof.phase("backward"):
+                    loss.backward()
+                    fake.fake_cuda_enqueue(STREAM, 5.0)
+                with prof.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+                    fake.fake_cuda_enqueue(STREAM, 1.0)
+            if i % 2 == 1:
+                fake.fake_cuda_advance(18.0)  # the device catches up every other step
+    print(json.dumps({"torch_cuda": torch.cuda.is_available()}))  # False: torch's runtime refuses the fake
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def fake_cuda_dir(tmp_path_factory):
+    """A folder holding the stand-in libcuda.so.1, compiled from the C++ tests' source."""
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the stand-in libcuda.so.1 (tests/cpp/fake_cupti/fake_cuda.cpp)")
+    folder = tmp_path_factory.mktemp("fake_cuda")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-std=c++17", f"-I{_SRC.parent}",
+                    "-o", str(folder / "libcuda.so.1"), str(_SRC / "fake_cuda.cpp"), "-ldl"], check=True)
+    return folder
+
+
+def test_a_training_loop_on_the_fake_driver_is_timed_on_the_cuda_clock(tmp_path, fake_cuda_dir, records_of):
+    env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
+        p for p in (str(fake_cuda_dir), os.environ.get("LD_LIBRARY_PATH", "")) if p))
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", _LOOP, str(run)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = records_of(run / "rank0.jsonl")
+    start = records[0]
+    assert start["backends"]["timer"]["active"][0] == "cuda", start["backends"]["timer"]
+    assert start["device"]["name"] == "Fake H200"
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s["step"] for s in steps] == list(range(8))
+    for s in steps:
+        assert s["clock"] == "cuda", s
+        assert s["phases_ms"] == pytest.approx({"forward": 3.0, "backward": 5.0, "optimizer": 1.0})
+        assert s["step_ms"] == pytest.approx(9.0)
+        assert "waited" not in s
+    assert not [r for r in records if r["kind"] == "alert" and r["type"] == "timer_fallback"]
