@@ -367,9 +367,10 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
         if first is None or (st is not None and (first["step"] is None or st < first["step"])):
             alert_first[typ] = {
                 "step": st,
-                "rank": a.get("rank"),
+                "rank": a.get("rank") if _is_num(a.get("rank")) else None,
                 "phase": a.get("phase") if isinstance(a.get("phase"), str) else None,
-                "message": str(a.get("message", "")),
+                # only a string: str() of a deeply nested value (a corrupt log) recurses
+                "message": a.get("message") if isinstance(a.get("message"), str) else "",
             }
 
     run_id: Optional[str] = None
