@@ -496,16 +496,15 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def _gpt_loop():
+def _test_module(name: str):
+    """A module of tests/python (the real-shaped loops the tests run too)."""
     if str(GPT_SCRIPT.parent) not in sys.path:
         sys.path.insert(0, str(GPT_SCRIPT.parent))
-    import gpt_loop  # tests/python/gpt_loop.py
-
-    return gpt_loop
+    return importlib.import_module(name)
 
 
 def train_gpt(steps: int, tmp: Path) -> Path:
-    gpt_loop = _gpt_loop()
+    gpt_loop = _test_module("gpt_loop")
     with quiet(), steptrace.Profiler(tmp / "run") as prof:
         gpt_loop.train(prof, iters=steps, out_dir=str(tmp), intervals=True)
     return tmp / "run"
@@ -523,79 +522,20 @@ def train_gpt_run(steps: int, tmp: Path) -> Path:
 
 def train_hf(steps: int, tmp: Path) -> Path:
     """The Hugging Face Trainer on a tiny GPT-2: evaluation every 50 steps, a save every 100
-    (the last two kept), the train loader's fetches as data."""
-    import transformers
-    from steptrace.integrations.transformers import SteptraceCallback
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-    class Tokens(torch.utils.data.Dataset):
-        def __init__(self, n: int) -> None:
-            g = torch.Generator().manual_seed(n)
-            self.ids = torch.randint(0, 64, (n, 16), generator=g)
-
-        def __len__(self) -> int:
-            return len(self.ids)
-
-        def __getitem__(self, i: int) -> dict:
-            return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32,
-                                                                 n_layer=2, n_head=2))
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp / "hf"), per_device_train_batch_size=4, per_device_eval_batch_size=8,
-        learning_rate=1e-3, logging_steps=10, report_to=[], eval_strategy="steps", eval_steps=50,
-        save_strategy="steps", save_steps=100, save_total_limit=2, use_cpu=True, disable_tqdm=True,
-        dataloader_num_workers=0, max_steps=steps)
+    (the last two kept), the train loader's fetches as data (tests/python/framework_loops.py)."""
     with quiet():
-        transformers.Trainer(model=model, args=args, train_dataset=Tokens(640), eval_dataset=Tokens(96),
-                             callbacks=[SteptraceCallback(tmp / "run")]).train()
-    return tmp / "run"
+        return _test_module("framework_loops").hf_trainer_run(tmp, max_steps=steps, eval_steps=50, save_steps=100,
+                                                              save_total_limit=2)
 
 
 def train_lightning(steps: int, tmp: Path) -> Path:
     """Lightning: a small classifier, validation every 50 steps (and the sanity check),
-    ModelCheckpoint every 100 training steps."""
-    import lightning.pytorch as L
-    from steptrace.integrations.lightning import SteptraceCallback
-
+    ModelCheckpoint every 100 training steps (tests/python/framework_loops.py)."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-
-    class Classifier(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            loss = nn.functional.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss)
-            return loss
-
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def loader(n: int, seed: int) -> torch.utils.data.DataLoader:
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randn(n, 8, generator=g)
-        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, :2].sum(1) > 0).long()),
-                                           batch_size=8)
-
-    ckpt = L.callbacks.ModelCheckpoint(dirpath=str(tmp / "ckpt"), every_n_train_steps=100, save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, max_steps=steps, val_check_interval=50,
-                        callbacks=[SteptraceCallback(tmp / "run"), ckpt], default_root_dir=str(tmp))
     with quiet():
-        trainer.fit(Classifier(), loader(1600, 0), loader(400, 1))
-    return tmp / "run"
+        return _test_module("framework_loops").lightning_run(tmp, max_steps=steps, val_every=50,
+                                                             checkpoint_every=100)[0]
 
 
 REAL_LOOPS = (

@@ -166,6 +166,7 @@ bool DeviceTiming::resolve(Pending& p, StepRecordQueue& writer) noexcept {
   StepRecord& r = p.record;
   if (p.captured) {  // the host record as it came, in its place in step order
     r.device_clock = false;
+    r.captured = true;
     r.waited = waited_ || p.waited;
     waited_ = false;
     write(r, writer);

@@ -289,6 +289,7 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
     out.push_back('}');
   }
   if (r.waited) out.append(std::string_view(",\"waited\":true"));
+  if (r.captured) out.append(std::string_view(",\"captured\":true"));
   if (r.device_clock) {
     out.append(std::string_view(",\"host_phases_ms\":"));
     append_phase_map(out, r, r.host_phase_ns, names);

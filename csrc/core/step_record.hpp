@@ -112,6 +112,7 @@ struct StepRecord {
   bool failed = false;
   bool device_clock = false;  // true: phase_ns are CUDA-event times, host_phase_ns host
   bool waited = false;        // the profiler waited for the device before this record
+  bool captured = false;      // a CUDA graph capture was live in the step: host-timed
   std::uint16_t phase_count = 0;
   std::array<std::uint16_t, kMaxPhases> phase_ids{};
   std::array<std::int64_t, kMaxPhases> phase_ns{};

@@ -60,7 +60,8 @@ class STEPTRACE_API DeviceTimer {
   /// "cuda", "fake", ...
   virtual const char* name() const noexcept = 0;
   /// Records an event on `stream` (a CUstream / cudaStream_t as an integer, 0 the
-  /// legacy default stream). Returns its handle, or -1 on failure.
+  /// legacy default stream). Returns its handle, -1 on failure, or -2 when the stream is
+  /// capturing a CUDA graph (no event may be recorded there: the step is host-timed).
   virtual int record(std::uintptr_t stream) noexcept = 0;
   /// kReady once the device has passed the event (never blocks).
   virtual Status query(int event) noexcept = 0;

@@ -392,6 +392,8 @@ TEST_F(CudaTimerFake, AStepInsideACaptureOnItsStreamIsTimedOnTheHost) {
   ASSERT_EQ(steps.size(), 3u);
   EXPECT_EQ(steps[0]["clock"], "cuda");
   EXPECT_EQ(steps[1]["clock"], "host");
+  EXPECT_EQ(steps[1]["captured"], true);
+  EXPECT_FALSE(steps[0].contains("captured"));
   EXPECT_DOUBLE_EQ(steps[1]["phases_ms"]["forward"].get<double>(), 1.0);
   EXPECT_EQ(steps[2]["clock"], "cuda");
   EXPECT_DOUBLE_EQ(steps[2]["step_ms"].get<double>(), 8.0);

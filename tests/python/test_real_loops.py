@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import framework_loops
 import gpt_loop
 import steptrace
 from training import batches, train
@@ -76,9 +77,12 @@ def test_gpt_loop_without_marked_intervals_blames_host_work_not_data(tmp_path, r
     # steps, and the alert says so instead of blaming the input pipeline
     with steptrace.Profiler(tmp_path / "run") as prof:
         gpt_loop.train(prof, iters=120, out_dir=None, intervals=False)
-    stalls = _alerts(records_of(prof.log_path), {"stall", "step_regression"})
-    assert stalls and all(a["phase"] == "other" for a in stalls), stalls
-    assert all("input pipeline" not in a["message"] for a in stalls)
+    alerts = _alerts(records_of(prof.log_path), {"stall", "step_regression", "host_contention"})
+    assert alerts  # the unexplained evaluations are noticed
+    # (beside a CPU hog, half of such a stretch may be run-queue wait: host_contention)
+    slow = [a for a in alerts if a["type"] != "host_contention"]
+    assert all(a["phase"] == "other" for a in slow), slow
+    assert all("input pipeline" not in a["message"] for a in alerts)
 
 
 def test_gpt_loop_injected_stall_is_caught_with_its_phase(tmp_path, records_of, one_thread):
@@ -142,32 +146,9 @@ def test_cpu_hog_slow_steps_are_host_contention(tmp_path, records_of, one_thread
 
 def test_hf_trainer_with_evaluation_and_saves(tmp_path, records_of):
     transformers = pytest.importorskip("transformers")
-    from steptrace.integrations.transformers import SteptraceCallback
 
-    class Tokens(torch.utils.data.Dataset):
-        def __init__(self, n):
-            g = torch.Generator().manual_seed(n)
-            self.ids = torch.randint(0, 64, (n, 16), generator=g)
-
-        def __len__(self):
-            return len(self.ids)
-
-        def __getitem__(self, i):
-            return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32,
-                                                                 n_layer=2, n_head=2))
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, per_device_eval_batch_size=8,
-        learning_rate=1e-3, logging_steps=10, report_to=[], eval_strategy="steps", eval_steps=40,
-        save_strategy="steps", save_steps=50, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
-        max_steps=160)
-    cb = SteptraceCallback(tmp_path / "run")
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(640), eval_dataset=Tokens(96),
-                                   callbacks=[cb])
-    trainer.train()
-    records = records_of(tmp_path / "run" / "rank0.jsonl")
+    log_dir = framework_loops.hf_trainer_run(tmp_path, max_steps=160, eval_steps=40, save_steps=50)
+    records = records_of(log_dir / "rank0.jsonl")
     assert _alerts(records) == []
     assert len(_intervals(records, "eval")) == 4  # steps 40, 80, 120, 160
     assert len(_intervals(records, "checkpoint")) == 4  # steps 50, 100, 150 and the last one, 160
@@ -177,51 +158,17 @@ def test_hf_trainer_with_evaluation_and_saves(tmp_path, records_of):
     goodput = records[-1]["goodput"]
     assert goodput["eval_s"] > 0 and goodput["checkpoint_s"] > 0
     _assert_goodput_accounts(goodput)
-    assert transformers.Trainer.evaluate.__name__ == "evaluate" and not hasattr(transformers.Trainer.evaluate,
-                                                                                "__wrapped__")
+    assert not hasattr(transformers.Trainer.evaluate, "__wrapped__")  # put back at close
 
 
 # ---------------------------------------------------------------- Lightning
 
 
 def test_lightning_with_validation_and_model_checkpoint(tmp_path, records_of):
-    L = pytest.importorskip("lightning.pytorch")
-    from torch import nn
+    pytest.importorskip("lightning.pytorch")
 
-    from steptrace.integrations.lightning import SteptraceCallback
-
-    class Classifier(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
-
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            loss = nn.functional.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss)
-            return loss
-
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def loader(n, seed):
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randn(n, 8, generator=g)
-        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, (x[:, :2].sum(1) > 0).long()),
-                                           batch_size=8)
-
-    cb = SteptraceCallback(tmp_path / "run")
-    ckpt = L.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=40, save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, max_steps=200, val_check_interval=50,
-                        callbacks=[cb, ckpt], default_root_dir=str(tmp_path))
-    trainer.fit(Classifier(), loader(1600, 0), loader(400, 1))
-    records = records_of(tmp_path / "run" / "rank0.jsonl")
+    log_dir, trainer = framework_loops.lightning_run(tmp_path, max_steps=200, val_every=50, checkpoint_every=40)
+    records = records_of(log_dir / "rank0.jsonl")
     assert _alerts(records) == []
     evals = _intervals(records, "eval")
     assert len(evals) == 5  # the sanity check and steps 50, 100, 150, 200
