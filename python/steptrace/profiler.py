@@ -176,6 +176,7 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
         return cuda.current_stream().cuda_stream if cuda.is_initialized() else None
 
     memory_stats = getattr(torch._C, "_cuda_memoryStats", None)  # one dict, not four
+    capturing = getattr(cuda, "is_current_stream_capturing", lambda: False)
     reset_peak = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
 
     def end() -> Optional[tuple]:
@@ -192,6 +193,8 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
             allocated, reserved = cuda.memory_allocated(device), cuda.memory_reserved(device)
             peak = cuda.max_memory_allocated(device)
             cuda.reset_peak_memory_stats(device)
+        if capturing():  # no driver call inside a graph capture (it could invalidate it)
+            return allocated, reserved, peak, -1, -1
         free, total = cuda.mem_get_info(device)  # device-wide: NCCL and raw cudaMalloc too
         return allocated, reserved, peak, total - free, total
 
