@@ -134,6 +134,12 @@ class OtlpExporter:
                                                  description="Time of each phase within a step.")
         self.data_wait = m.create_counter("steptrace.data_wait", unit="s",
                                           description="Time spent waiting on the data loader.")
+        self.time = m.create_counter("steptrace.time", unit="s",
+                                     description="Wall clock by kind: step (less intervals inside it), "
+                                                 "data, eval, checkpoint, other (as Prometheus' "
+                                                 "steptrace_time_seconds_total).")
+        self.runq_wait = m.create_counter("steptrace.runq_wait", unit="s",
+                                          description="The training thread's run-queue wait (waiting for a CPU).")
         self.memory = m.create_gauge("steptrace.memory", unit="By", description="Memory at the end of the last step.")
         self.alerts = m.create_counter("steptrace.alerts", unit="{alert}", description="Alerts written, by type.")
         self.gpu_power = m.create_gauge("steptrace.gpu.power", unit="W",
@@ -230,6 +236,14 @@ class OtlpExporter:
                 self._phases.add(name)
                 self.phase_duration.record(float(ms) / 1e3, {"phase": name})
         self.data_wait.add(max(0.0, float(rec.get("data_ms", 0.0))) / 1e3)
+        inside = _ms(rec, "interval_in_step_ms")
+        parts = {"step": _ms(rec, "host_ms") - inside, "data": _ms(rec, "data_ms"), "eval": _ms(rec, "eval_ms"),
+                 "checkpoint": _ms(rec, "checkpoint_ms"), "other": _ms(rec, "other_ms")}
+        for part, ms in parts.items():
+            self.time.add(max(0.0, ms) / 1e3, {"kind": part})
+        runq = (rec.get("host") or {}).get("runq_ms")
+        if isinstance(runq, (int, float)) and runq > 0:
+            self.runq_wait.add(runq / 1e3)
         memory = rec.get("memory") or {}
         for k in _MEMORY_KINDS:
             v = memory.get(f"{k}_bytes")
@@ -248,6 +262,11 @@ class OtlpExporter:
 
     def _cluster(self, rec: dict) -> None:
         self._rows = _cluster_rows(rec)  # one assignment: the export thread reads either list
+
+
+def _ms(rec: Mapping[str, Any], key: str) -> float:
+    v = rec.get(key, 0.0)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
 def _subject(row: Mapping[str, Any]) -> dict:

@@ -135,6 +135,11 @@ def test_a_training_loop_exports_its_metrics_with_its_identity(tmp_path, receive
     phases = {_attrs(p)["phase"]: p for p in metrics["steptrace.phase.duration"][2]}
     assert set(phases) == {"forward", "backward", "optimizer"}
     assert all(p.count == steps for p in phases.values())
+    # the wall clock by kind, as the records account it
+    by_kind = {_attrs(p)["kind"]: p.as_double for p in metrics["steptrace.time"][2]}
+    step_records = [r for r in records if r["kind"] == "step"]
+    assert by_kind["step"] == pytest.approx(sum(r["host_ms"] for r in step_records) / 1e3, rel=1e-6)
+    assert by_kind["other"] == pytest.approx(sum(r["other_ms"] for r in step_records) / 1e3, rel=1e-6, abs=1e-9)
     [rss] = [p for p in metrics["steptrace.memory"][2] if _attrs(p)["kind"] == "rss"]
     assert rss.as_int > 1 << 20 or rss.as_double > 1 << 20
     # the cross-rank rows, by the rank they describe
