@@ -57,7 +57,7 @@ def test_gpt_loop_with_eval_and_checkpoints_raises_nothing(tmp_path, records_of,
     with steptrace.Profiler(tmp_path / "run") as prof:
         gpt_loop.train(prof, iters=300, out_dir=str(tmp_path))
     records = records_of(prof.log_path)
-    assert _alerts(records) == []
+    assert _alerts(records) == [], [a["message"] for a in _alerts(records)]
     evals, checkpoints = _intervals(records, "eval"), _intervals(records, "checkpoint")
     assert len(evals) == 6 and len(checkpoints) >= 1
     goodput = records[-1]["goodput"]
@@ -149,7 +149,7 @@ def test_hf_trainer_with_evaluation_and_saves(tmp_path, records_of):
 
     log_dir = framework_loops.hf_trainer_run(tmp_path, max_steps=160, eval_steps=40, save_steps=50)
     records = records_of(log_dir / "rank0.jsonl")
-    assert _alerts(records) == []
+    assert _alerts(records) == [], [a["message"] for a in _alerts(records)]
     assert len(_intervals(records, "eval")) == 4  # steps 40, 80, 120, 160
     assert len(_intervals(records, "checkpoint")) == 4  # steps 50, 100, 150 and the last one, 160
     steps = [r for r in records if r["kind"] == "step"]
@@ -169,7 +169,7 @@ def test_lightning_with_validation_and_model_checkpoint(tmp_path, records_of):
 
     log_dir, trainer = framework_loops.lightning_run(tmp_path, max_steps=200, val_every=50, checkpoint_every=40)
     records = records_of(log_dir / "rank0.jsonl")
-    assert _alerts(records) == []
+    assert _alerts(records) == [], [a["message"] for a in _alerts(records)]
     evals = _intervals(records, "eval")
     assert len(evals) == 5  # the sanity check and steps 50, 100, 150, 200
     assert len(_intervals(records, "checkpoint")) >= 5  # every 40 steps (and at validation's end)
