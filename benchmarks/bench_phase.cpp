@@ -56,6 +56,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "backends/fake/fake_device_activity.hpp"
@@ -113,9 +114,11 @@ std::int64_t writer_waits(const std::string& path) {
   return std::stoll(last.substr(pos + key.size()));
 }
 
-// The timed loop of the fake-backend step benchmarks: a step with the five phases by id,
-// then close.
-void time_5_phase_steps(steptrace::Profiler& prof, benchmark::State& state) {
+// The timed loop of the fake-backend step benchmarks: a step with the five phases by id
+// (and `after_step` after each, when given), then close.
+template <typename AfterStep = void (*)()>
+void time_5_phase_steps(steptrace::Profiler& prof, benchmark::State& state,
+                        AfterStep after_step = nullptr) {
   std::array<steptrace::PhaseId, 5> ids{};
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
   int since_flush = 0;
@@ -127,6 +130,7 @@ void time_5_phase_steps(steptrace::Profiler& prof, benchmark::State& state) {
         benchmark::DoNotOptimize(p);
       }
     }
+    if constexpr (!std::is_pointer_v<AfterStep>) after_step();
     drain_now_and_then(prof, state, since_flush);
   }
   prof.close();
@@ -198,17 +202,47 @@ void BM_Step5Phases(benchmark::State& state) {
     {
       auto step = prof.step();
       if (by_name) {
-        { auto p = step.phase(kPhaseNames[0]); benchmark::DoNotOptimize(p); }
-        { auto p = step.phase(kPhaseNames[1]); benchmark::DoNotOptimize(p); }
-        { auto p = step.phase(kPhaseNames[2]); benchmark::DoNotOptimize(p); }
-        { auto p = step.phase(kPhaseNames[3]); benchmark::DoNotOptimize(p); }
-        { auto p = step.phase(kPhaseNames[4]); benchmark::DoNotOptimize(p); }
+        {
+          auto p = step.phase(kPhaseNames[0]);
+          benchmark::DoNotOptimize(p);
+        }
+        {
+          auto p = step.phase(kPhaseNames[1]);
+          benchmark::DoNotOptimize(p);
+        }
+        {
+          auto p = step.phase(kPhaseNames[2]);
+          benchmark::DoNotOptimize(p);
+        }
+        {
+          auto p = step.phase(kPhaseNames[3]);
+          benchmark::DoNotOptimize(p);
+        }
+        {
+          auto p = step.phase(kPhaseNames[4]);
+          benchmark::DoNotOptimize(p);
+        }
       } else {
-        { auto p = step.phase(ids[0]); benchmark::DoNotOptimize(p); }
-        { auto p = step.phase(ids[1]); benchmark::DoNotOptimize(p); }
-        { auto p = step.phase(ids[2]); benchmark::DoNotOptimize(p); }
-        { auto p = step.phase(ids[3]); benchmark::DoNotOptimize(p); }
-        { auto p = step.phase(ids[4]); benchmark::DoNotOptimize(p); }
+        {
+          auto p = step.phase(ids[0]);
+          benchmark::DoNotOptimize(p);
+        }
+        {
+          auto p = step.phase(ids[1]);
+          benchmark::DoNotOptimize(p);
+        }
+        {
+          auto p = step.phase(ids[2]);
+          benchmark::DoNotOptimize(p);
+        }
+        {
+          auto p = step.phase(ids[3]);
+          benchmark::DoNotOptimize(p);
+        }
+        {
+          auto p = step.phase(ids[4]);
+          benchmark::DoNotOptimize(p);
+        }
       }
     }
     drain_now_and_then(prof, state, since_flush);
@@ -216,11 +250,7 @@ void BM_Step5Phases(benchmark::State& state) {
   prof.close();
   state.counters["writer_waits"] = static_cast<double>(writer_waits(prof.log_path()));
 }
-BENCHMARK(BM_Step5Phases)
-    ->ArgNames({"by_name", "rss"})
-    ->Args({0, 0})
-    ->Args({0, 1})
-    ->Args({1, 1});
+BENCHMARK(BM_Step5Phases)->ArgNames({"by_name", "rss"})->Args({0, 0})->Args({0, 1})->Args({1, 1});
 
 // ---- (g) the CUDA-event path's bookkeeping, on the fake device ----
 // A step with five phases recorded as device events (12 per step) on a device that
@@ -261,9 +291,9 @@ std::vector<steptrace::KernelRecord> kernels_of_a_step(std::int64_t n) {
     k.step = 0;
     k.start_ns = i * 1000 + (i % 3) * 200;  // some overlap, some gaps
     k.end_ns = k.start_ns + 900;
-    k.work = i % 5 == 0 ? steptrace::KernelWork::kCommunication
-                        : (i % 2 == 0 ? steptrace::KernelWork::kMatmul
-                                      : steptrace::KernelWork::kCompute);
+    k.work = i % 5 == 0
+                 ? steptrace::KernelWork::kCommunication
+                 : (i % 2 == 0 ? steptrace::KernelWork::kMatmul : steptrace::KernelWork::kCompute);
     ks.push_back(k);
   }
   std::reverse(ks.begin(), ks.end());  // delivered out of order
@@ -324,7 +354,8 @@ BENCHMARK(BM_CounterAlignment)->Arg(10)->Arg(100)->Arg(1000);
 void BM_AggregateSamples(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   std::vector<steptrace::detail::PmSample> samples;
-  for (std::int64_t i = 0; i < n; ++i) samples.push_back({i * 1000, (i + 1) * 1000, {40, 60, 70, 50}});
+  for (std::int64_t i = 0; i < n; ++i)
+    samples.push_back({i * 1000, (i + 1) * 1000, {40, 60, 70, 50}});
   const std::vector<steptrace::detail::StepWindow> window = {{0, 0, n * 1000}};
   for (auto _ : state) {
     auto r = steptrace::detail::aggregate_samples(samples, window, steptrace::kCounterCount);
@@ -366,22 +397,10 @@ void BM_Step5PhasesRunQueueEveryStep(benchmark::State& state) {
   steptrace::Profiler prof(make_config("step5_runq", /*sample_rss=*/false));
   steptrace::detail::RunQueueReader reader;
   reader.read();
-  std::array<steptrace::PhaseId, 5> ids{};
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = prof.phase_id(kPhaseNames[i]);
-  int since_flush = 0;
-  for (auto _ : state) {
-    {
-      auto step = prof.step();
-      for (const auto id : ids) {
-        auto p = step.phase(id);
-        benchmark::DoNotOptimize(p);
-      }
-    }
+  time_5_phase_steps(prof, state, [&reader] {
     auto wait = reader.read();
     benchmark::DoNotOptimize(wait);
-    drain_now_and_then(prof, state, since_flush);
-  }
-  prof.close();
+  });
 }
 BENCHMARK(BM_Step5PhasesRunQueueEveryStep);
 
@@ -538,8 +557,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       if (aggregate && run.aggregate_name != "median") continue;
       const std::string name = run.run_name.str();
       if (!aggregate && medians_.count(name) != 0) continue;  // a median wins over a repetition
-      const double ns = run.GetAdjustedRealTime() *
-                        (1e9 / benchmark::GetTimeUnitMultiplier(run.time_unit));
+      const double ns =
+          run.GetAdjustedRealTime() * (1e9 / benchmark::GetTimeUnitMultiplier(run.time_unit));
       if (aggregate) {
         medians_[name] = ns;
         ns_[name] = ns;
@@ -564,7 +583,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                 empty < 0 ? 0.0 : empty);
     auto net = [&](double v) { return v < 0 ? v : v - (empty < 0 ? 0.0 : empty); };
     const double clock_net = net(clock_pair);
-    if (clock_pair >= 0) std::printf("  %-44s %9.1f ns\n", "steady_clock::now() x2 (alternative)", clock_net);
+    if (clock_pair >= 0)
+      std::printf("  %-44s %9.1f ns\n", "steady_clock::now() x2 (alternative)", clock_net);
     struct Row {
       const char* label;
       const char* name;
@@ -611,26 +631,29 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     const double plain = net(get("BM_Step5Phases/by_name:0/rss:0"));
     const double with_activity = net(get("BM_Step5PhasesFakeActivity"));
     if (plain > 0 && with_activity > 0) {
-      std::printf("  kernel activity + counters add %.1f ns per step on the training thread "
-                  "(fake backends; %.2fx the plain step)\n",
-                  with_activity - plain, with_activity / plain);
+      std::printf(
+          "  kernel activity + counters add %.1f ns per step on the training thread "
+          "(fake backends; %.2fx the plain step)\n",
+          with_activity - plain, with_activity / plain);
     }
     for (const char* n : {"16", "256", "4096"}) {
       const double ours = get(std::string("BM_KernelStats/") + n);
       const double sum = get(std::string("BM_KernelDurationSum/") + n);
       if (ours > 0 && sum > 0) {
-        std::printf("  per-step kernel figures, %4s kernels: %7.1f ns per kernel (%.1fx a plain "
-                    "duration sum)\n",
-                    n, ours / std::stod(n), ours / sum);
+        std::printf(
+            "  per-step kernel figures, %4s kernels: %7.1f ns per kernel (%.1fx a plain "
+            "duration sum)\n",
+            n, ours / std::stod(n), ours / sum);
       }
     }
     for (const char* n : {"10", "100", "1000"}) {
       const double ours = get(std::string("BM_CounterAlignment/") + n);
       const double agg = get(std::string("BM_AggregateSamples/") + n);
       if (ours > 0 && agg > 0) {
-        std::printf("  counter samples joined to a step, %4s samples: %7.1f ns per sample "
-                    "(%.1fx the averaging alone)\n",
-                    n, ours / std::stod(n), ours / agg);
+        std::printf(
+            "  counter samples joined to a step, %4s samples: %7.1f ns per sample "
+            "(%.1fx the averaging alone)\n",
+            n, ours / std::stod(n), ours / agg);
       }
     }
     const double runq = net(get("BM_RunQueueRead"));
