@@ -15,10 +15,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <unordered_map>
 
@@ -182,6 +184,41 @@ CUresult cuDeviceGetName(char* name, int len, int) {
 }
 CUresult cuDeviceTotalMem(std::size_t* bytes, int) {
   *bytes = 141ULL << 30;
+  return kSuccess;
+}
+
+// ---- device identity (the NVML backend maps CUDA devices to NVML through the PCI bus id) ----
+
+// "Returns a handle to a compute device": ordinals 0 .. count-1, else
+// CUDA_ERROR_INVALID_DEVICE (101).
+CUresult cuDeviceGet(int* device, int ordinal) {
+  if (ordinal < 0 || ordinal >= g_device_count.load()) return 101;
+  *device = ordinal;
+  return kSuccess;
+}
+// "Returns an ASCII string identifying the device ... in the following format
+// [domain]:[bus]:[device].[function] where domain, bus, device, and function are all
+// hexadecimal values" (13 characters with the NUL). Device i: 0000:<1B+16i>:00.0 unless the
+// test set another (fake_cuda_set_pci_bus_id), as CUDA's order may differ from the bus order.
+std::mutex g_pci_mu;
+std::map<int, std::string> g_pci_bus_ids;
+void fake_cuda_set_pci_bus_id(int device, const char* bus_id) {
+  std::lock_guard<std::mutex> lock(g_pci_mu);
+  if (bus_id == nullptr) {
+    g_pci_bus_ids.erase(device);
+  } else {
+    g_pci_bus_ids[device] = bus_id;
+  }
+}
+CUresult cuDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
+  if (device < 0 || device >= g_device_count.load()) return 101;
+  if (pci_bus_id == nullptr || len <= 0) return kInvalidValue;
+  char id[16];
+  std::snprintf(id, sizeof id, "0000:%02X:00.0", 0x1B + 16 * device);
+  std::lock_guard<std::mutex> lock(g_pci_mu);
+  const auto it = g_pci_bus_ids.find(device);
+  std::snprintf(pci_bus_id, static_cast<std::size_t>(len), "%s",
+                it != g_pci_bus_ids.end() ? it->second.c_str() : id);
   return kSuccess;
 }
 

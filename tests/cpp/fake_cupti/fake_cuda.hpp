@@ -27,6 +27,9 @@ int fake_cuda_live_events();
 int fake_cuda_event_records();
 int fake_cuda_event_queries();
 int fake_cuda_event_syncs();
+/// The PCI bus id cuDeviceGetPCIBusId gives for `device` (nullptr: back to the default,
+/// 0000:<1B+16 device>:00.0, the bus of the fake NVML's GPU `device`).
+void fake_cuda_set_pci_bus_id(int device, const char* bus_id);
 
 // The driver's own entry points (CUstream as void*, CUstreamCaptureMode as int).
 int cuStreamBeginCapture_v2(void* stream, int mode);
