@@ -408,6 +408,12 @@ class ProfilerImpl final : public SignalClosable {
       runq_wait_ns_ = wait;
       runq_read_ns_ = now;
     }
+    if (telemetry_) {  // device-wide memory at the sampler's latest reading: no driver call
+      MemorySample device;
+      if (telemetry_->device_memory(&device.device_used_bytes, &device.device_total_bytes)) {
+        merge(current_.memory, device);
+      }
+    }
     merge(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
     if (current_.activity_begin_ns >= 0) {
@@ -954,6 +960,9 @@ class ProfilerImpl final : public SignalClosable {
     if (std::string device = telemetry_->device(); !device.empty()) j["device"] = device;
     if (telemetry_->power_limit_w() > 0) j["power_limit_w"] = telemetry_->power_limit_w();
     j["interval_ms"] = config_.nvml_interval_ms;
+    std::int64_t used = -1, total = -1;
+    if (telemetry_->device_memory(&used, &total)) j["device_memory"] = true;
+    if (auto board = telemetry_->board_wide(); !board.empty()) j["board_wide"] = board;
     return j;
   }
 

@@ -268,10 +268,22 @@ class STEPTRACE_API TelemetrySource {
   virtual void finish() noexcept = 0;
   /// "" while sampling; else why it stopped.
   virtual std::string status() const = 0;
+  /// The sample figures that are the whole board's rather than the device's the steps run
+  /// on (a MIG slice: power, energy, temperature, clocks, PCIe, NVLink); empty otherwise.
+  virtual std::vector<std::string> board_wide() const { return {}; }
+  /// Device-wide used and total memory (every process's) at the latest reading: false when
+  /// the source does not read it; -1 until its first reading. Training thread, at step
+  /// ends: must be cheap (no driver call).
+  virtual bool device_memory(std::int64_t* used, std::int64_t* total) const noexcept {
+    (void)used;
+    (void)total;
+    return false;
+  }
 };
 
-/// NVML telemetry of device `device_index` (NVML's enumeration after mapping through
-/// CUDA_VISIBLE_DEVICES; -1: $LOCAL_RANK, else 0), from libnvidia-ml.so.1 loaded at run
+/// NVML telemetry of CUDA device `device_index` (-1: $LOCAL_RANK, else 0), found through
+/// its PCI bus id where libcuda is there, else through CUDA_VISIBLE_DEVICES (a GPU UUID,
+/// whole or a prefix; a MIG UUID: its board; an index), from libnvidia-ml.so.1 loaded at run
 /// time ($STEPTRACE_NVML_LIBRARY overrides the path). `interval_ms` > 0: a sampler thread
 /// reads every interval_ms once start() is called; 0: no thread, sample_nvml_now() reads
 /// (deterministic tests). `clock`: the samples' clock (not owned; null: CLOCK_MONOTONIC).

@@ -2,8 +2,12 @@
 // libnvidia-ml (tests/cpp/fake_nvml), loaded through STEPTRACE_NVML_LIBRARY. The source is
 // sampled by hand (interval 0) on the profiler's fake clock: one reading per one-second
 // step, so every scripted series plays out the same way each run, without waiting.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+
+#include <chrono>
+#include <thread>
 
 #include <map>
 #include <string>
@@ -131,13 +135,19 @@ TEST(Nvml, SteadyRunHasHwInEveryStepAndRaisesNothing) {
     // the optional readings the fake device has: 2,000,000 / 1,000,000 KB/s
     EXPECT_EQ(hw.at("pcie_tx_mb_s"), 2000);
     EXPECT_EQ(hw.at("pcie_rx_mb_s"), 1000);
-    // 4 links x 1,000,000 / 500,000 KiB a one-second reading: 4096 / 2048 MB/s
+    // 4 links x 1,000,000 / 500,000 KiB a one-second reading: 4096 / 2048 MB/s, read from
+    // the all-links scope (the fake, like the driver, answers each link's scope with the
+    // all-links total too: summing the links would read 4x this)
     EXPECT_EQ(hw.at("nvlink_tx_mb_s"), 4096);
     EXPECT_EQ(hw.at("nvlink_rx_mb_s"), 2048);
     EXPECT_EQ(hw.at("mem_clock_mhz"), 2619);
     EXPECT_EQ(hw.at("max_mem_temp_c"), 70);
     EXPECT_EQ(hw.at("util_pct"), 98);
+    // device-wide memory from NVML's sampler thread, not a per-step driver call
+    EXPECT_EQ(s.at("memory").at("device_used_bytes"), 80LL << 30) << s.dump();
+    EXPECT_EQ(s.at("memory").at("device_total_bytes"), 141LL << 30);
   }
+  EXPECT_EQ(backends.at("device_memory"), true);
   EXPECT_TRUE(run.alerts().empty()) << run.alerts().front().dump();
   const nlohmann::json hw_end = of_kind(run.records, "run_end").at(0).at("hw");
   EXPECT_EQ(hw_end.at("steps_with_hw"), 120);
@@ -278,6 +288,124 @@ TEST(Nvml, SamplerThreadFillsHwOnTheHostClock) {
   for (const auto& s : of_kind(records, "step")) with_hw += s.contains("hw") ? 1 : 0;
   EXPECT_GE(with_hw, 4);  // the first may come before the first reading
   EXPECT_GT(of_kind(records, "run_end").at(0).at("hw").at("samples").get<int>(), 0);
+}
+
+// One reading now, on the calling thread, of CUDA device 0's telemetry source.
+TelemetrySample read_once(const char* scenario, std::string* device = nullptr,
+                          std::unique_ptr<TelemetrySource>* keep = nullptr) {
+  setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", scenario, 1);
+  std::string why;
+  auto source = make_nvml_telemetry(0, 0, &why);
+  if (source == nullptr) {
+    ADD_FAILURE() << why;
+    return {};
+  }
+  EXPECT_TRUE(sample_nvml_now(*source));
+  std::vector<TelemetrySample> got;
+  source->take(got);
+  if (device != nullptr) *device = source->device();
+  if (keep != nullptr) *keep = std::move(source);
+  return got.empty() ? TelemetrySample{} : got.back();
+}
+
+TEST(Nvml, SamplerStampsPowerWhenReadAndKeepsItsPeriodDespiteSlowPcieReads) {
+  // nvmlDeviceGetPcieThroughput samples over 20 ms (the fake sleeps that long): the power
+  // and energy readings keep their own time, and the sampler its 100 ms period
+  setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady", 1);
+  setenv("STEPTRACE_FAKE_NVML_PCIE_MS", "20", 1);
+  std::string why;
+  auto source = make_nvml_telemetry(0, 100, &why);
+  unsetenv("STEPTRACE_FAKE_NVML_PCIE_MS");  // read at nvmlInit_v2, done
+  ASSERT_NE(source, nullptr) << why;
+  source->start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  source->finish();
+  std::vector<TelemetrySample> samples;
+  source->take(samples);
+  samples.pop_back();  // finish()'s closing reading comes off the period
+  ASSERT_GE(samples.size(), 10u);
+  void* lib = dlopen(STEPTRACE_FAKE_NVML_PATH, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  auto read_ns = reinterpret_cast<long long (*)(long)>(dlsym(lib, "fake_nvml_power_read_ns"));
+  ASSERT_NE(read_ns, nullptr);
+  for (const TelemetrySample& s : samples) {
+    long long read = -1;  // the last power reading at or before the stamp
+    for (long i = 0; read_ns(i) >= 0; ++i) {
+      if (read_ns(i) <= s.t_ns) read = read_ns(i);
+    }
+    ASSERT_GE(read, 0);
+    EXPECT_LT(s.t_ns - read, 2'000'000) << "stamped " << (s.t_ns - read) / 1e6 << " ms late";
+    EXPECT_TRUE(std::isfinite(s.pcie_tx_mb_s));  // slow fields: held between their readings
+  }
+  const double period_ms = static_cast<double>(samples.back().t_ns - samples.front().t_ns) /
+                           static_cast<double>(samples.size() - 1) / 1e6;
+  EXPECT_NEAR(period_ms, 100, 10);
+  dlclose(lib);
+}
+
+TEST(Nvml, AbbreviatedGpuUuidInCudaVisibleDevicesIsMatchedByPrefix) {
+  // CUDA accepts a unique UUID prefix; NVML's lookup wants the whole UUID
+  setenv("CUDA_VISIBLE_DEVICES", "GPU-1932f937", 1);
+  std::string device;
+  const TelemetrySample s = read_once("steady,hot", &device);
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_NEAR(s.temp_c, 75.5, 0.51);  // GPU 1 plays "hot" (75-76 C)
+  EXPECT_NE(device.find("GPU-1932f937-5b4c-4a2e-9d5e-012345678901"), std::string::npos) << device;
+}
+
+TEST(Nvml, FullGpuUuidInCudaVisibleDevices) {
+  setenv("CUDA_VISIBLE_DEVICES", "GPU-1932f937-5b4c-4a2e-9d5e-012345678901", 1);
+  const TelemetrySample s = read_once("steady,hot");
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_NEAR(s.temp_c, 75.5, 0.51);
+}
+
+TEST(Nvml, MigDeviceInCudaVisibleDevicesReadsItsBoardAndSaysWhichFiguresAreBoardWide) {
+  setenv("CUDA_VISIBLE_DEVICES", "MIG-1a5e3c91-7d2b-5f0e-8c4a-fedcba987651", 1);
+  std::string device;
+  std::unique_ptr<TelemetrySource> source;
+  const TelemetrySample s = read_once("steady,mig", &device, &source);
+  ASSERT_NE(source, nullptr);
+  EXPECT_NEAR(s.power_w, 650, 2.01);    // the parent board's power
+  EXPECT_TRUE(std::isnan(s.util_pct));  // not supported under MIG
+  EXPECT_NE(device.find("MIG"), std::string::npos) << device;
+  const std::vector<std::string> board = source->board_wide();
+  for (const char* figure :
+       {"power_w", "energy_j", "temp_c", "sm_clock_mhz", "pcie_tx_mb_s", "nvlink_tx_mb_s"}) {
+    EXPECT_NE(std::find(board.begin(), board.end(), figure), board.end()) << figure;
+  }
+  std::int64_t used = -1, total = -1;  // board-wide memory is no slice's: not taken
+  EXPECT_FALSE(source->device_memory(&used, &total));
+  source.reset();
+
+  // and run_start's telemetry section says so
+  TempDir tmp;
+  Config config = testing::run_config(tmp);
+  config.nvml_interval_ms = 1;
+  Profiler prof(config);
+  { auto step = prof.step(); }
+  prof.close();
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  const auto records = read_jsonl(prof.log_path());
+  const auto& telemetry = records.front().at("backends").at("telemetry");
+  ASSERT_TRUE(telemetry.contains("board_wide")) << telemetry.dump();
+  EXPECT_NE(telemetry.at("board_wide").dump().find("power_w"), std::string::npos);
+  EXPECT_FALSE(telemetry.contains("device_memory"));
+}
+
+TEST(Nvml, UnknownOrAmbiguousUuidSaysSo) {
+  std::string why;
+  setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady,hot", 1);
+  setenv("CUDA_VISIBLE_DEVICES", "GPU-7", 1);
+  EXPECT_EQ(make_nvml_telemetry(0, 0, &why), nullptr);
+  EXPECT_NE(why.find("GPU-7"), std::string::npos) << why;
+  setenv("CUDA_VISIBLE_DEVICES", "GPU-", 1);  // a prefix of both
+  EXPECT_EQ(make_nvml_telemetry(0, 0, &why), nullptr);
+  EXPECT_NE(why.find("ambiguous"), std::string::npos) << why;
+  unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
 }  // namespace

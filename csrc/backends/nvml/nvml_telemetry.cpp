@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -27,6 +29,11 @@ namespace detail::nvml {
 namespace {
 
 using Return = int;  // nvmlReturn_t
+struct Memory {      // nvmlMemory_t
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
 using Device = struct DeviceSt*;
 using EventSet = struct EventSetSt*;
 constexpr Return kSuccess = 0;
@@ -43,6 +50,16 @@ constexpr unsigned kPcieRxBytes = 1;                   // NVML_PCIE_UTIL_RX_BYTE
 constexpr unsigned kFieldMemoryTemp = 82;              // NVML_FI_DEV_MEMORY_TEMP
 constexpr unsigned kFieldNvLinkTxKib = 138;            // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB
 constexpr unsigned kFieldNvLinkRxKib = 139;            // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, KiB
+// The NVLink throughput fields' all-links scope: "A scopeId of UINT_MAX returns aggregate
+// value summed up across all links" (nvml.h). A link's own scopeId is answered with that
+// same all-links figure by the drivers seen so far, so links are never summed as they are.
+constexpr unsigned kAllLinksScope = 0xFFFFFFFFu;
+constexpr unsigned kMigEnabled = 1;  // NVML_DEVICE_MIG_ENABLE
+// Slow readings (PCIe throughput, which samples for 20 ms per counter; NVLink counters, one
+// call per link; ECC, row remapping, memory clock and temperature) are taken at most this
+// often; the fast ones (power, energy, temperature, SM clock, utilization, throttle
+// reasons, device memory) at every tick. Each slow figure holds until its next reading.
+constexpr std::int64_t kSlowPeriodNs = 1'000'000'000;
 // NVML_NVLINK_MAX_LINKS: 18 in CUDA 12's nvml.h, 36 in CUDA 13's; links past a device's
 // last answer INVALID_ARGUMENT, so probing the larger bound is safe with either driver.
 constexpr unsigned kNvLinkMaxLinks = 36;
@@ -108,6 +125,11 @@ struct Api {
   Return (*get_count)(unsigned*) = nullptr;
   Return (*get_handle)(unsigned, Device*) = nullptr;
   Return (*get_handle_by_uuid)(const char*, Device*) = nullptr;
+  Return (*get_handle_by_pci)(const char*, Device*) = nullptr;
+  Return (*get_uuid)(Device, char*, unsigned) = nullptr;
+  Return (*mig_mode)(Device, unsigned*, unsigned*) = nullptr;
+  Return (*mig_parent)(Device, Device*) = nullptr;
+  Return (*memory_info)(Device, Memory*) = nullptr;
   Return (*get_name)(Device, char*, unsigned) = nullptr;
   Return (*power_usage)(Device, unsigned*) = nullptr;
   Return (*power_limit)(Device, unsigned*) = nullptr;
@@ -162,6 +184,11 @@ bool load(Api& api, std::string* why) {
   resolve(api.get_handle, "nvmlDeviceGetHandleByIndex_v2");
   resolve(api.get_handle_by_uuid, "nvmlDeviceGetHandleByUUID", false);
   resolve(api.get_name, "nvmlDeviceGetName", false);
+  resolve(api.get_handle_by_pci, "nvmlDeviceGetHandleByPciBusId_v2", false);
+  resolve(api.get_uuid, "nvmlDeviceGetUUID", false);
+  resolve(api.mig_mode, "nvmlDeviceGetMigMode", false);
+  resolve(api.mig_parent, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", false);
+  resolve(api.memory_info, "nvmlDeviceGetMemoryInfo", false);
   resolve(api.power_usage, "nvmlDeviceGetPowerUsage");
   resolve(api.power_limit, "nvmlDeviceGetEnforcedPowerLimit", false);
   resolve(api.energy, "nvmlDeviceGetTotalEnergyConsumption", false);
@@ -191,64 +218,191 @@ bool load(Api& api, std::string* why) {
   return true;
 }
 
-// The NVML index of CUDA device `cuda_index`: CUDA_VISIBLE_DEVICES renumbers devices, NVML
-// does not. Numeric lists map by position; UUIDs are looked up. "" on success.
-std::string nvml_device(const Api& api, int cuda_index, Device* out, std::string* how) {
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  std::string entry;
-  if (visible != nullptr && *visible != '\0') {
-    std::string list = visible;
-    int i = 0;
-    std::size_t pos = 0;
-    while (true) {
-      const std::size_t comma = list.find(',', pos);
-      if (i == cuda_index) {
-        entry = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        break;
-      }
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-      ++i;
-    }
-    if (entry.empty()) {
-      return fmt::format("CUDA device {} is not in CUDA_VISIBLE_DEVICES={}", cuda_index, visible);
-    }
-  }
-  if (!entry.empty() && entry.rfind("GPU-", 0) == 0 && api.get_handle_by_uuid != nullptr) {
-    if (const Return r = api.get_handle_by_uuid(entry.c_str(), out); r != kSuccess) {
-      return fmt::format("nvmlDeviceGetHandleByUUID({}) failed: {}", entry, api.error(r));
-    }
-    *how += fmt::format(", {} in CUDA_VISIBLE_DEVICES", entry);
+// The PCI bus id of CUDA device `cuda_index` from the CUDA driver ("" with `why` when
+// there is none): cuDeviceGetPCIBusId gives "[domain]:[bus]:[device].[function]" in hex,
+// which nvmlDeviceGetHandleByPciBusId_v2 accepts. The driver the process already loaded
+// (torch's) is used; else it is loaded, as the CUDA timer does. CUDA's numbering is the one
+// the user means (after CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the container's cgroup
+// filter); the bus id is the same to CUDA and NVML, NVML's indices are not.
+std::string cuda_pci_bus_id(int cuda_index, std::string* why) {
+  using CuResult = int;
+  using GetProc = CuResult (*)(const char*, void**, int, std::uint64_t, int*);
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    *why = "no libcuda.so.1";
     return {};
   }
-  unsigned index = static_cast<unsigned>(cuda_index);
-  if (!entry.empty()) {
-    char* end = nullptr;
-    const long parsed = std::strtol(entry.c_str(), &end, 10);
-    if (*end != '\0' || parsed < 0) {
-      return fmt::format("CUDA_VISIBLE_DEVICES entry {:?} is neither an index nor a GPU UUID",
-                         entry);
+  auto get_proc = reinterpret_cast<GetProc>(dlsym(lib, "cuGetProcAddress_v2"));
+  CuResult (*cu_init)(unsigned) = nullptr;
+  CuResult (*device_get)(int*, int) = nullptr;
+  CuResult (*bus_id)(char*, int, int) = nullptr;
+  auto resolve = [&](auto& fn, const char* name) {
+    void* p = nullptr;
+    int status = 0;
+    if (get_proc != nullptr && get_proc(name, &p, 12000, 0, &status) == 0) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
     }
-    index = static_cast<unsigned>(parsed);
-    if (static_cast<int>(index) != cuda_index) *how += fmt::format(", NVML device {}", index);
+  };
+  resolve(cu_init, "cuInit");
+  resolve(device_get, "cuDeviceGet");
+  resolve(bus_id, "cuDeviceGetPCIBusId");
+  if (cu_init == nullptr || device_get == nullptr || bus_id == nullptr) {
+    *why = "libcuda.so.1 has no cuDeviceGetPCIBusId";
+    return {};
+  }
+  int device = 0;
+  char id[32] = {};
+  CuResult r = cu_init(0);
+  if (r == 0) r = device_get(&device, cuda_index);
+  if (r == 0) r = bus_id(id, sizeof(id), device);
+  if (r != 0) {
+    *why = fmt::format("cuDeviceGetPCIBusId({}) failed: CUDA error {}", cuda_index, r);
+    return {};
+  }
+  return id;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// A GPU UUID from CUDA_VISIBLE_DEVICES, whole or abbreviated ("GPU-8932f937": CUDA takes
+// any unique prefix, NVML's lookup only the whole UUID): the one NVML device whose UUID
+// starts with it. "" on success.
+std::string by_uuid_prefix(const Api& api, const std::string& entry, Device* out) {
+  if (api.get_handle_by_uuid != nullptr && api.get_handle_by_uuid(entry.c_str(), out) == kSuccess) {
+    return {};
   }
   unsigned count = 0;
-  if (const Return r = api.get_count(&count); r != kSuccess) {
-    return fmt::format("nvmlDeviceGetCount_v2 failed: {}", api.error(r));
+  if (api.get_uuid == nullptr || api.get_count(&count) != kSuccess) {
+    return fmt::format("nvmlDeviceGetHandleByUUID({}) found no device", entry);
   }
-  if (count == 0) return "NVML sees no GPU on this machine";
-  if (index >= count)
-    return fmt::format("NVML device {} does not exist ({} visible)", index, count);
-  if (const Return r = api.get_handle(index, out); r != kSuccess) {
-    return fmt::format("nvmlDeviceGetHandleByIndex_v2({}) failed: {}", index, api.error(r));
+  int matches = 0;
+  for (unsigned i = 0; i < count; ++i) {
+    Device d = nullptr;
+    char uuid[96] = {};
+    // a device the cgroup hides answers NO_PERMISSION: not ours, skipped
+    if (api.get_handle(i, &d) != kSuccess || api.get_uuid(d, uuid, sizeof(uuid)) != kSuccess) {
+      continue;
+    }
+    if (lower(uuid).rfind(lower(entry), 0) == 0) {
+      *out = d;
+      ++matches;
+    }
   }
+  if (matches == 1) return {};
+  return matches == 0
+             ? fmt::format("no NVML device has a UUID starting {}", entry)
+             : fmt::format("{} is ambiguous: {} NVML devices' UUIDs start with it", entry, matches);
+}
+
+// The NVML device of CUDA device `cuda_index`; `*mig` set when the device is a MIG slice
+// (the handle is then its parent board's). "" on success.
+std::string nvml_device(const Api& api, int cuda_index, Device* out, std::string* how, bool* mig) {
+  // 1. through the PCI bus id, where the CUDA driver is there
+  std::string cuda_why;
+  const std::string bus =
+      api.get_handle_by_pci != nullptr ? cuda_pci_bus_id(cuda_index, &cuda_why) : std::string();
+  if (!bus.empty()) {
+    if (const Return r = api.get_handle_by_pci(bus.c_str(), out); r != kSuccess) {
+      return fmt::format("nvmlDeviceGetHandleByPciBusId_v2({}) failed: {}", bus, api.error(r));
+    }
+    *how += fmt::format(", PCI {}", bus);
+  } else {
+    // 2. without the CUDA driver: CUDA_VISIBLE_DEVICES' entry for the device
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    std::string entry;
+    if (visible != nullptr && *visible != '\0') {
+      std::string list = visible;
+      int i = 0;
+      std::size_t pos = 0;
+      while (true) {
+        const std::size_t comma = list.find(',', pos);
+        if (i == cuda_index) {
+          entry = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+          break;
+        }
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+        ++i;
+      }
+      if (entry.empty()) {
+        return fmt::format("CUDA device {} is not in CUDA_VISIBLE_DEVICES={}", cuda_index, visible);
+      }
+    }
+    if (entry.rfind("MIG-", 0) == 0) {
+      // a MIG device: its handle, then its parent board's
+      Device slice = nullptr;
+      if (api.get_handle_by_uuid == nullptr || api.mig_parent == nullptr) {
+        return fmt::format("{} is a MIG device and this NVML cannot look it up", entry);
+      }
+      if (const Return r = api.get_handle_by_uuid(entry.c_str(), &slice); r != kSuccess) {
+        return fmt::format("nvmlDeviceGetHandleByUUID({}) failed: {}", entry, api.error(r));
+      }
+      if (const Return r = api.mig_parent(slice, out); r != kSuccess) {
+        return fmt::format("nvmlDeviceGetDeviceHandleFromMigDeviceHandle({}) failed: {}", entry,
+                           api.error(r));
+      }
+      *mig = true;
+      *how += fmt::format(", {} in CUDA_VISIBLE_DEVICES", entry);
+    } else if (entry.rfind("GPU-", 0) == 0) {
+      if (std::string why = by_uuid_prefix(api, entry, out); !why.empty()) return why;
+      *how += fmt::format(", {} in CUDA_VISIBLE_DEVICES", entry);
+    } else {
+      // an index: NVML's numbering is taken for CUDA's (PCI order; CUDA's default order
+      // is fastest first, which agrees on machines of one GPU model)
+      unsigned index = static_cast<unsigned>(cuda_index);
+      if (!entry.empty()) {
+        char* end = nullptr;
+        const long parsed = std::strtol(entry.c_str(), &end, 10);
+        if (*end != '\0' || parsed < 0) {
+          return fmt::format("CUDA_VISIBLE_DEVICES entry {:?} is neither an index nor a UUID",
+                             entry);
+        }
+        index = static_cast<unsigned>(parsed);
+      }
+      unsigned count = 0;
+      if (const Return r = api.get_count(&count); r != kSuccess) {
+        return fmt::format("nvmlDeviceGetCount_v2 failed: {}", api.error(r));
+      }
+      if (count == 0) return "NVML sees no GPU on this machine";
+      if (index >= count)
+        return fmt::format("NVML device {} does not exist ({} visible)", index, count);
+      if (const Return r = api.get_handle(index, out); r != kSuccess) {
+        return fmt::format("nvmlDeviceGetHandleByIndex_v2({}) failed: {}", index, api.error(r));
+      }
+      *how += fmt::format(", NVML device {} by index ({})", index, cuda_why);
+    }
+  }
+  char uuid[96] = {};
+  if (api.get_uuid != nullptr && api.get_uuid(*out, uuid, sizeof(uuid)) == kSuccess) {
+    *how += fmt::format(", {}", uuid);
+  }
+  unsigned current = 0, pending = 0;
+  if (api.mig_mode != nullptr && api.mig_mode(*out, &current, &pending) == kSuccess &&
+      current == kMigEnabled) {
+    *mig = true;
+  }
+  if (*mig) *how += ", MIG: board-wide figures";
   return {};
 }
 
 class NvmlTelemetry final : public TelemetrySource {
  public:
-  NvmlTelemetry(const Api& api, Device dev, std::string device, int interval_ms, Clock* clock)
-      : api_(api), dev_(dev), device_(std::move(device)), interval_ms_(interval_ms), clock_(clock) {
+  NvmlTelemetry(const Api& api, Device dev, std::string device, int interval_ms, Clock* clock,
+                bool mig)
+      : api_(api),
+        dev_(dev),
+        device_(std::move(device)),
+        interval_ms_(interval_ms),
+        clock_(clock),
+        mig_(mig) {
+    // device-wide memory, unless the handle is a MIG slice's board (whose memory is every
+    // slice's: the step's own is torch's mem_get_info then)
+    Memory m{};
+    reads_memory_ = !mig_ && api_.memory_info != nullptr && api_.memory_info(dev_, &m) == kSuccess;
     unsigned mw = 0;
     if (api_.power_limit != nullptr && api_.power_limit(dev_, &mw) == kSuccess) {
       power_limit_w_ = mw / 1000.0;
@@ -267,13 +421,12 @@ class NvmlTelemetry final : public TelemetrySource {
         }
       }
     }
-    // one field-value request for both throughput counters of every active link (scopeId:
-    // the link), made once
-    for (const unsigned link : nvlinks_) {
+    // one field-value request for both throughput counters, all links' scope
+    if (!nvlinks_.empty()) {
       for (const unsigned field : {kFieldNvLinkTxKib, kFieldNvLinkRxKib}) {
         FieldValue f{};
         f.field_id = field;
-        f.scope_id = link;
+        f.scope_id = kAllLinksScope;
         nvlink_fields_.push_back(f);
       }
     }
@@ -314,6 +467,19 @@ class NvmlTelemetry final : public TelemetrySource {
     std::lock_guard<std::mutex> lock(mu_);
     return status_;
   }
+  std::vector<std::string> board_wide() const override {
+    if (!mig_) return {};
+    // a MIG slice shares its board's power supply, sensors, clocks and links
+    return {"power_w",        "energy_j",       "temp_c",          "sm_clock_mhz",
+            "mem_clock_mhz",  "max_mem_temp_c", "pcie_tx_mb_s",    "pcie_rx_mb_s",
+            "nvlink_tx_mb_s", "nvlink_rx_mb_s", "throttle_reasons"};
+  }
+  bool device_memory(std::int64_t* used, std::int64_t* total) const noexcept override {
+    if (!reads_memory_) return false;
+    *used = mem_used_.load(std::memory_order_relaxed);
+    *total = mem_total_.load(std::memory_order_relaxed);
+    return true;
+  }
 
   // One reading of every figure; the hardware-error checks too. Sampler thread (or the
   // test's, with interval_ms = 0).
@@ -330,6 +496,9 @@ class NvmlTelemetry final : public TelemetrySource {
     s.power_w = v / 1000.0;
     unsigned long long mj = 0;
     s.energy_j = api_.energy != nullptr && api_.energy(dev_, &mj) == kSuccess ? mj / 1000.0 : kNaN;
+    // the reading's time: power and energy's, taken right after them (the other fast
+    // figures follow within microseconds; the slow ones come after, held until read again)
+    s.t_ns = now_ns();
     s.temp_c =
         api_.temperature != nullptr && api_.temperature(dev_, kTemperatureGpu, &v) == kSuccess
             ? v
@@ -343,10 +512,25 @@ class NvmlTelemetry final : public TelemetrySource {
     if (api_.throttle != nullptr && api_.throttle(dev_, &reasons) == kSuccess) {
       s.throttle_reasons = reasons;
     }
-    read_optional(s);
-    s.t_ns = now_ns();
-    read_nvlink_throughput(s);
-    check_errors(s);
+    if (reads_memory_) {
+      Memory m{};
+      if (api_.memory_info(dev_, &m) == kSuccess) {
+        mem_total_.store(static_cast<std::int64_t>(m.total), std::memory_order_relaxed);
+        mem_used_.store(static_cast<std::int64_t>(m.total - m.free), std::memory_order_relaxed);
+      }
+    }
+    if (slow_t_ns_ == INT64_MIN || s.t_ns - slow_t_ns_ >= kSlowPeriodNs) {
+      TelemetrySample& slow = slow_;
+      slow = TelemetrySample{};
+      slow.t_ns = s.t_ns;
+      read_nvlink_throughput(slow);  // first: its rate is over the time between readings
+      read_optional(slow);
+      slow_t_ns_ = s.t_ns;
+      check_errors(slow, true);
+    } else {
+      check_errors(s, false);  // the XID events only
+    }
+    hold_slow(s);
     std::lock_guard<std::mutex> lock(mu_);
     // Bounded: a writer that stopped taking must not grow this without end.
     if (pending_.size() < kMaxPending) pending_.push_back(s);
@@ -413,13 +597,37 @@ class NvmlTelemetry final : public TelemetrySource {
     const Return r =
         api_.field_values(dev_, static_cast<int>(nvlink_fields_.size()), nvlink_fields_.data());
     double kib[2] = {0, 0};  // tx, rx
+    double first[2] = {-1, -1};
+    bool same[2] = {true, true};
     for (const FieldValue& f : nvlink_fields_) {
       if (r != kSuccess || f.nvml_return != kSuccess) {
-        nvlink_rate_unsupported_ = r == kNotSupported || f.nvml_return == kNotSupported;
+        if (!per_link_ && r == kSuccess) {
+          // a driver without the all-links scope: each link's own, from the next reading
+          per_link_ = true;
+          nvlink_fields_.clear();
+          for (const unsigned link : nvlinks_) {
+            for (const unsigned field : {kFieldNvLinkTxKib, kFieldNvLinkRxKib}) {
+              FieldValue g{};
+              g.field_id = field;
+              g.scope_id = link;
+              nvlink_fields_.push_back(g);
+            }
+          }
+        } else {
+          nvlink_rate_unsupported_ = r == kNotSupported || f.nvml_return == kNotSupported;
+        }
         nvlink_kib_t_ns_ = INT64_MIN;  // no rate across a failed reading
         return;
       }
-      kib[f.field_id == kFieldNvLinkTxKib ? 0 : 1] += field_number(f);
+      const int i = f.field_id == kFieldNvLinkTxKib ? 0 : 1;
+      const double v = field_number(f);
+      if (first[i] < 0) first[i] = v;
+      same[i] = same[i] && v == first[i];
+      kib[i] += v;
+    }
+    for (int i = 0; i < 2; ++i) {
+      // per link, every link answering the same count is the all-links total on each
+      if (per_link_ && same[i] && nvlinks_.size() > 1) kib[i] = first[i];
     }
     if (nvlink_kib_t_ns_ != INT64_MIN && s.t_ns > nvlink_kib_t_ns_ && kib[0] >= nvlink_kib_[0] &&
         kib[1] >= nvlink_kib_[1]) {
@@ -461,10 +669,30 @@ class NvmlTelemetry final : public TelemetrySource {
     remap_failure_ = s.remap_failure;
   }
 
-  void check_errors(const TelemetrySample& s) {
+  // The slow figures of the last slow reading, into a fast one.
+  void hold_slow(TelemetrySample& s) const {
+    s.pcie_tx_mb_s = slow_.pcie_tx_mb_s;
+    s.pcie_rx_mb_s = slow_.pcie_rx_mb_s;
+    s.nvlink_tx_mb_s = slow_.nvlink_tx_mb_s;
+    s.nvlink_rx_mb_s = slow_.nvlink_rx_mb_s;
+    s.mem_clock_mhz = slow_.mem_clock_mhz;
+    s.mem_temp_c = slow_.mem_temp_c;
+    s.nvlink_crc_errors = slow_.nvlink_crc_errors;
+    s.nvlink_replay_errors = slow_.nvlink_replay_errors;
+    s.remap_corrected = slow_.remap_corrected;
+    s.remap_uncorrected = slow_.remap_uncorrected;
+    s.remap_pending = slow_.remap_pending;
+    s.remap_failure = slow_.remap_failure;
+  }
+
+  // XID events at every reading; the counters (NVLink CRC, row remapping, ECC) with the
+  // slow ones.
+  void check_errors(const TelemetrySample& s, bool counters) {
     const std::int64_t t_ns = s.t_ns;
-    check_nvlink(s);
-    check_remap(s);
+    if (counters) {
+      check_nvlink(s);
+      check_remap(s);
+    }
     if (events_ != nullptr) {
       EventData data{};
       // timeout 0: only what is pending; the sampler's own wait paces the loop
@@ -475,7 +703,7 @@ class NvmlTelemetry final : public TelemetrySource {
       }
     }
     unsigned long long count = 0;
-    if (api_.ecc != nullptr && !ecc_unsupported_) {
+    if (counters && api_.ecc != nullptr && !ecc_unsupported_) {
       const Return r = api_.ecc(dev_, kMemoryErrorUncorrected, kVolatileEcc, &count);
       if (r == kNotSupported) {
         ecc_unsupported_ = true;
@@ -490,13 +718,20 @@ class NvmlTelemetry final : public TelemetrySource {
   void report(const HardwareError& e) {
     if (on_error_) on_error_(e);
   }
+  // Readings on a fixed schedule (start + k x interval): a slow reading delays the next
+  // one, not every one after it; ticks missed altogether are skipped, not made up.
   void loop() {
+    const auto period = std::chrono::milliseconds(interval_ms_);
+    auto next = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       lock.unlock();
       sample();
+      next += period;
+      const auto now = std::chrono::steady_clock::now();
+      if (next < now) next += (now - next) / period * period + period;
       lock.lock();
-      wake_.wait_for(lock, std::chrono::milliseconds(interval_ms_), [this] { return stop_; });
+      wake_.wait_until(lock, next, [this] { return stop_; });
     }
   }
 
@@ -506,6 +741,12 @@ class NvmlTelemetry final : public TelemetrySource {
   std::string device_;
   const int interval_ms_;
   Clock* clock_;
+  const bool mig_;  // the device is a MIG slice; dev_ its board
+  bool reads_memory_ = false;
+  std::atomic<std::int64_t> mem_used_{-1};  // the latest reading's device memory
+  std::atomic<std::int64_t> mem_total_{-1};
+  TelemetrySample slow_;                // the latest slow reading
+  std::int64_t slow_t_ns_ = INT64_MIN;  // and its time; INT64_MIN: none yet
   double power_limit_w_ = 0;
   EventSet events_ = nullptr;
   bool ecc_unsupported_ = false;
@@ -517,7 +758,8 @@ class NvmlTelemetry final : public TelemetrySource {
   std::vector<unsigned> nvlinks_;          // the links active at creation
   std::vector<FieldValue> nvlink_fields_;  // their TX and RX throughput counters
   bool nvlink_rate_unsupported_ = false;
-  double nvlink_kib_[2] = {0, 0};             // the last reading's sums: tx, rx
+  bool per_link_ = false;          // the driver lacks the all-links scope: links' own counters
+  double nvlink_kib_[2] = {0, 0};  // the last reading's sums: tx, rx
   std::int64_t nvlink_kib_t_ns_ = INT64_MIN;  // and its time; INT64_MIN: none
   std::int64_t nvlink_t_ns_ = INT64_MIN;      // the last reading compared, and its CRC sum
   std::int64_t nvlink_crc_ = 0;
@@ -565,7 +807,8 @@ std::unique_ptr<TelemetrySource> make_nvml_telemetry(int device_index, int inter
   const int cuda_index = device_index >= 0 ? device_index : rank_device(&how);
   Device dev = nullptr;
   std::string detail = fmt::format("device {} ({}", cuda_index, how);
-  why = nvml_device(api, cuda_index, &dev, &detail);
+  bool mig = false;
+  why = nvml_device(api, cuda_index, &dev, &detail, &mig);
   if (!why.empty()) {
     if (why_not != nullptr) *why_not = why;
     return nullptr;
@@ -580,7 +823,7 @@ std::unique_ptr<TelemetrySource> make_nvml_telemetry(int device_index, int inter
     if (why_not != nullptr) *why_not = "nvmlDeviceGetPowerUsage failed: " + api.error(r);
     return nullptr;
   }
-  return std::make_unique<NvmlTelemetry>(api, dev, detail, interval_ms, clock);
+  return std::make_unique<NvmlTelemetry>(api, dev, detail, interval_ms, clock, mig);
 }
 
 bool sample_nvml_now(TelemetrySource& source) {

@@ -20,10 +20,49 @@
 //   nolinkerrors steady, but the NVLink error counters answer NVML_ERROR_NOT_SUPPORTED
 //   hot       steady, but 10 C hotter (75-76 C) at the same power: a GPU with poor cooling
 //   nodevice  NVML loads, but sees no GPU
+//   mig       steady, but the GPU is in MIG mode with one MIG device (MIG-<uuid> below);
+//             utilization answers NVML_ERROR_NOT_SUPPORTED
 // What a real device may lack is answered NVML_ERROR_NOT_SUPPORTED, as NVML does.
+//
+// Device identity: GPU i (the i-th scenario entry) sits at PCI bus id 00000000:<1B+16i>:00.0
+// and has UUID GPU-<i>932f937-5b4c-4a2e-9d5e-01234567890<i>; a "mig" GPU i has one MIG
+// device, MIG-<i>a5e3c91-7d2b-5f0e-8c4a-fedcba98765<i>.
+//
+// Vendor behaviour modelled, with its source (NVML API Reference, docs.nvidia.com/deploy/
+// nvml-api, and nvml.h, whose comments it is generated from):
+// - nvmlDeviceGetPcieThroughput "is querying a byte counter over a 20ms interval and thus
+//   is the PCIe throughput over that interval" (Device Queries): the call blocks for the
+//   interval. $STEPTRACE_FAKE_NVML_PCIE_MS sets how long it sleeps (default 0, so that
+//   scripted runs do not wait; the timing test sets 20).
+// - NVLink throughput fields (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX, 138/139): "Link ID
+//   needs to be specified in the scopeId field in nvmlFieldValue_t. A scopeId of UINT_MAX
+//   returns aggregate value summed up across all links" (nvml.h, "NVLink throughput
+//   counters field values"). Drivers answer a per-link scopeId with that same all-links
+//   figure on every link (reported for 12-link A100s: every link showed the GPU's total;
+//   github.com/XuehaiPan/nvitop/pull/87), so summing the links overcounts by the link
+//   count; the fake answers every scope with the all-links total.
+// - nvmlDeviceGetHandleByPciBusId_v2 accepts "domain:bus:device.function",
+//   "domain:bus:device" or "bus:device.function", all hexadecimal; NOT_FOUND otherwise.
+// - nvmlDeviceGetHandleByUUID takes "the UUID of the target GPU or MIG instance" and returns
+//   "the device handle or MIG device handle"; a UUID matching no device is NOT_FOUND (an
+//   abbreviated one included: CUDA_VISIBLE_DEVICES accepts prefixes, NVML does not).
+// - nvmlDeviceGetDeviceHandleFromMigDeviceHandle: the parent GPU of a MIG device handle.
+// - nvmlDeviceGetMigMode: current and pending mode, NVML_DEVICE_MIG_ENABLE (1) or _DISABLE.
+// - nvmlDeviceGetUtilizationRates: "On MIG-enabled GPUs, querying device utilization rates
+//   is not currently supported" (NOT_SUPPORTED).
+// - nvmlDeviceGetMemoryInfo (nvmlMemory_t: total, free, used bytes): device-wide, every
+//   process's allocations.
+// Test hook: fake_nvml_power_read_ns(i), the CLOCK_MONOTONIC time at which reading i's
+// nvmlDeviceGetPowerUsage returned (-1 when unknown), for the sampler-timing test.
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -58,6 +97,18 @@ struct EventData {
   unsigned gpu_instance_id;
   unsigned compute_instance_id;
 };
+
+constexpr Return kNotFound = 6;
+constexpr unsigned kAllLinks = 0xFFFFFFFFu;  // UINT_MAX: the all-links scope
+
+struct Gpu {
+  int index;
+};
+Gpu g_gpus[8] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+Gpu g_mig[8] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};  // each GPU's MIG device
+int g_pcie_sleep_ms = 0;                                  // $STEPTRACE_FAKE_NVML_PCIE_MS
+constexpr long kReadLog = 1 << 14;
+std::atomic<long long> g_power_read_ns[kReadLog];
 
 std::string g_list = "steady";      // $STEPTRACE_FAKE_NVML_SCENARIO
 std::string g_scenario = "steady";  // the series played: the opened GPU's entry
@@ -98,6 +149,24 @@ unsigned long long reasons(long i) {
   return 0;
 }
 long current() { return g_reading < 0 ? 0 : g_reading; }
+std::string uuid_of(unsigned i) {
+  char b[64];
+  std::snprintf(b, sizeof b, "GPU-%u932f937-5b4c-4a2e-9d5e-01234567890%u", i, i);
+  return b;
+}
+std::string mig_uuid_of(unsigned i) {
+  char b[64];
+  std::snprintf(b, sizeof b, "MIG-%ua5e3c91-7d2b-5f0e-8c4a-fedcba98765%u", i, i);
+  return b;
+}
+unsigned bus_of(unsigned i) { return 0x1B + 16 * i; }
+bool is_mig_handle(void* d) { return d >= static_cast<void*>(g_mig) && d < g_mig + 8; }
+Return open_gpu(unsigned index, void** device) {
+  if (index >= g_devices || index >= 8) return kInvalidArgument;
+  g_scenario = series_of(index);  // this process plays the series of the GPU it opened
+  *device = &g_gpus[index];
+  return kSuccess;
+}
 unsigned long long crc_flits(unsigned link, long i) {
   unsigned long long n = 5;
   if (link == 2 && g_scenario == "nvlink" && i >= 30) n += static_cast<unsigned long long>(i - 29);
@@ -118,6 +187,9 @@ __attribute__((visibility("default"))) Return nvmlInit_v2() {
   g_reading = -1;
   g_energy_mj = 1e9;  // the counter runs since driver load, not since the run started
   g_xid_delivered = false;
+  const char* pcie = std::getenv("STEPTRACE_FAKE_NVML_PCIE_MS");
+  g_pcie_sleep_ms = pcie != nullptr ? std::atoi(pcie) : 0;
+  for (auto& t : g_power_read_ns) t.store(-1);
   return kSuccess;
 }
 __attribute__((visibility("default"))) Return nvmlShutdown() { return kSuccess; }
@@ -130,10 +202,71 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetCount_v2(unsigned* co
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetHandleByIndex_v2(unsigned index,
                                                                             void** device) {
-  if (index >= g_devices) return kInvalidArgument;
-  g_scenario = series_of(index);  // this process plays the series of the GPU it opened
-  *device = &g_device;
+  return open_gpu(index, device);
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetHandleByPciBusId_v2(const char* id,
+                                                                               void** device) {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  unsigned domain = 0, bus = 0, dev = 0, fn = 0;
+  int used = 0;
+  if (std::sscanf(id, "%x:%x:%x.%x%n", &a, &b, &c, &d, &used) == 4 && id[used] == '\0') {
+    domain = a, bus = b, dev = c, fn = d;  // domain:bus:device.function
+  } else if (std::sscanf(id, "%x:%x.%x%n", &a, &b, &c, &used) == 3 && id[used] == '\0') {
+    bus = a, dev = b, fn = c;  // bus:device.function
+  } else if (std::sscanf(id, "%x:%x:%x%n", &a, &b, &c, &used) == 3 && id[used] == '\0') {
+    domain = a, bus = b, dev = c;  // domain:bus:device
+  } else {
+    return kInvalidArgument;
+  }
+  for (unsigned i = 0; i < g_devices && i < 8; ++i) {
+    if (domain == 0 && bus == bus_of(i) && dev == 0 && fn == 0) return open_gpu(i, device);
+  }
+  return kNotFound;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetHandleByUUID(const char* uuid,
+                                                                        void** device) {
+  for (unsigned i = 0; i < g_devices && i < 8; ++i) {
+    if (uuid_of(i) == uuid) return open_gpu(i, device);
+    if (series_of(i) == "mig" && mig_uuid_of(i) == uuid) {
+      g_scenario = series_of(i);
+      *device = &g_mig[i];
+      return kSuccess;
+    }
+  }
+  return kNotFound;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetUUID(void* device, char* uuid,
+                                                                unsigned n) {
+  const auto* g = static_cast<Gpu*>(device);
+  const std::string u = is_mig_handle(device) ? mig_uuid_of(g->index) : uuid_of(g->index);
+  if (n <= u.size()) return 7;  // NVML_ERROR_INSUFFICIENT_SIZE
+  std::strcpy(uuid, u.c_str());
   return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    void* mig, void** device) {
+  if (!is_mig_handle(mig)) return kInvalidArgument;
+  *device = &g_gpus[static_cast<Gpu*>(mig)->index];
+  return kSuccess;
+}
+__attribute__((visibility("default"))) Return nvmlDeviceGetMigMode(void* device, unsigned* current,
+                                                                   unsigned* pending) {
+  if (is_mig_handle(device)) return kInvalidArgument;
+  *current = *pending = series_of(static_cast<unsigned>(static_cast<Gpu*>(device)->index)) == "mig";
+  return kSuccess;
+}
+struct Memory {  // nvmlMemory_t
+  unsigned long long total, free, used;
+};
+__attribute__((visibility("default"))) Return nvmlDeviceGetMemoryInfo(void* device, Memory* m) {
+  // an H200's 141 GiB, 80 GiB of it used; a MIG device: its 1g.18gb slice, 10 GiB used
+  m->total = is_mig_handle(device) ? 18ULL << 30 : 141ULL << 30;
+  m->used = is_mig_handle(device) ? 10ULL << 30 : 80ULL << 30;
+  m->free = m->total - m->used;
+  return kSuccess;
+}
+__attribute__((visibility("default"))) long long fake_nvml_power_read_ns(long i) {
+  return i >= 0 && i < kReadLog ? g_power_read_ns[i].load() : -1;
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetName(void*, char* name, unsigned n) {
   std::strncpy(name, "Fake H100", n);
@@ -143,6 +276,12 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetPowerUsage(void*, uns
   ++g_reading;
   *mw = static_cast<unsigned>(power_w(g_reading) * 1000);
   g_energy_mj += power_w(g_reading) * 1000;  // one scripted second at this power
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  if (g_reading < kReadLog) {
+    g_power_read_ns[g_reading].store(static_cast<long long>(ts.tv_sec) * 1'000'000'000 +
+                                     ts.tv_nsec);
+  }
   return kSuccess;
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetEnforcedPowerLimit(void*, unsigned* mw) {
@@ -177,6 +316,7 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetCurrentClocksEventRea
   return kSuccess;
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetUtilizationRates(void*, unsigned* util) {
+  if (g_scenario == "mig") return kNotSupported;
   util[0] = 98;
   util[1] = 60;
   return kSuccess;
@@ -189,6 +329,7 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetTotalEccErrors(
 __attribute__((visibility("default"))) Return nvmlDeviceGetPcieThroughput(void*, unsigned counter,
                                                                           unsigned* kb_s) {
   if (counter > 1) return kInvalidArgument;  // TX_BYTES, RX_BYTES only
+  if (g_pcie_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(g_pcie_sleep_ms));
   *kb_s = counter == 0 ? 2'000'000 : 1'000'000;
   return kSuccess;
 }
@@ -200,10 +341,13 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetFieldValues(void*, in
       f.value_type = 1;      // NVML_VALUE_TYPE_UNSIGNED_INT
       f.value.ui = 70;
       f.nvml_return = kSuccess;
-    } else if ((f.field_id == 138 || f.field_id == 139) && f.scope_id < kActiveLinks) {
-      // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX of link scope_id: KiB since driver load
+    } else if ((f.field_id == 138 || f.field_id == 139) &&
+               (f.scope_id < kActiveLinks || f.scope_id == kAllLinks)) {
+      // NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: KiB since driver load, summed over the
+      // links (1,000,000 / 500,000 KiB per link per reading), whatever the link asked for
       f.value_type = 3;  // NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-      const unsigned long long per_reading = f.field_id == 138 ? 1'000'000 : 500'000;
+      const unsigned long long per_reading =
+          kActiveLinks * (f.field_id == 138 ? 1'000'000 : 500'000);
       f.value.ull = 7'000'000'000ULL + per_reading * static_cast<unsigned long long>(current());
       f.nvml_return = kSuccess;
     } else {

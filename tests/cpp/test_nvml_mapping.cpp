@@ -1,0 +1,76 @@
+// Which NVML device is CUDA device N: through the PCI bus id (cuDeviceGetPCIBusId ->
+// nvmlDeviceGetHandleByPciBusId_v2) where libcuda is there, here the stand-in libcuda.so.1
+// (tests/cpp/fake_cupti/fake_cuda.cpp, linked in under its soname) beside the fake
+// libnvidia-ml (tests/cpp/fake_nvml). CUDA numbers devices its own way (fastest first by
+// default, after CUDA_VISIBLE_DEVICES, in a container after the cgroup's filter); NVML
+// numbers them by PCI bus; the bus id is the same to both.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <string>
+#include <vector>
+
+#include "fake_cupti/fake_cuda.hpp"
+#include "steptrace/backend.hpp"
+
+namespace steptrace {
+namespace {
+
+struct Opened {
+  TelemetrySample sample;
+  std::string device;
+  std::string why;
+};
+
+Opened open_device0(const char* scenario) {
+  setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", scenario, 1);
+  Opened o;
+  auto source = make_nvml_telemetry(0, 0, &o.why);
+  if (source == nullptr) return o;
+  o.device = source->device();
+  sample_nvml_now(*source);
+  std::vector<TelemetrySample> got;
+  source->take(got);
+  if (!got.empty()) o.sample = got.back();
+  return o;
+}
+
+TEST(NvmlMapping, CudaDeviceFoundThroughItsPciBusIdWhenTheIndicesDiffer) {
+  // CUDA's device 0 is the GPU NVML numbers 1 (on bus 2B, playing "hot": 75 C)
+  fake_cuda_set_pci_bus_id(0, "0000:2B:00.0");
+  const Opened o = open_device0("steady,hot");
+  fake_cuda_set_pci_bus_id(0, nullptr);
+  ASSERT_TRUE(o.why.empty()) << o.why;
+  EXPECT_NEAR(o.sample.temp_c, 75.5, 0.51);  // "hot": 75-76 C
+  EXPECT_NE(o.device.find("PCI 0000:2B:00.0"), std::string::npos) << o.device;
+}
+
+TEST(NvmlMapping, NumericCudaVisibleDevicesIsNotTakenForAnNvmlIndex) {
+  // CUDA_VISIBLE_DEVICES=3 in a container whose cgroup shows NVML two GPUs: NVML has no
+  // device 3, and the bus id finds the right one
+  setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+  fake_cuda_set_pci_bus_id(0, "0000:2B:00.0");
+  const Opened o = open_device0("steady,hot");
+  fake_cuda_set_pci_bus_id(0, nullptr);
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  ASSERT_TRUE(o.why.empty()) << o.why;
+  EXPECT_NEAR(o.sample.temp_c, 75.5, 0.51);  // "hot": 75-76 C
+}
+
+TEST(NvmlMapping, DefaultBusMapsDeviceZeroToNvmlZero) {
+  const Opened o = open_device0("steady,hot");
+  ASSERT_TRUE(o.why.empty()) << o.why;
+  EXPECT_NEAR(o.sample.temp_c, 65.5, 0.51);
+  EXPECT_NE(o.device.find("PCI 0000:1B:00.0"), std::string::npos) << o.device;
+}
+
+TEST(NvmlMapping, ABusIdNvmlDoesNotKnowSaysSo) {
+  fake_cuda_set_pci_bus_id(0, "0000:99:00.0");
+  const Opened o = open_device0("steady");
+  fake_cuda_set_pci_bus_id(0, nullptr);
+  EXPECT_NE(o.why.find("0000:99:00.0"), std::string::npos) << o.why;
+}
+
+}  // namespace
+}  // namespace steptrace
