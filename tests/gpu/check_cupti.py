@@ -40,7 +40,7 @@ import torch
 
 import steptrace
 
-from device_check import Checks, cuda_device, steps
+from device_check import Checks, cuda_device, limit, steps
 
 check = Checks()
 WARMUP = 5
@@ -218,16 +218,17 @@ def ddp_model(dev, hidden: int = 4096, layers: int = 6):
     return ddp
 
 
-def two_ranks_on_one_gpu(timeout_s: float = 120.0) -> str:
+def two_ranks_on_one_gpu(timeout_s: float = 30.0) -> str:
     """Tries DDP with two NCCL ranks on this one GPU; returns what happened (one line)."""
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     store = os.path.join(tempfile.mkdtemp(prefix="steptrace-2rank-"), "store")
     procs = [ctx.Process(target=_two_rank_worker, args=(r, store, q)) for r in range(2)]
+    deadline = time.monotonic() + limit(timeout_s)
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout_s)
+        p.join(max(0.0, deadline - time.monotonic()))
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -326,9 +327,6 @@ def check_attribution_across_threads(dev) -> None:
     print(f"  (two NCCL ranks on one GPU: {two_ranks_on_one_gpu()})")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 # ---- 8. other CUPTI users ----
 
@@ -409,7 +407,12 @@ def check_teardown_cupti() -> None:
     profiler): the run must survive and say so; run in a child so that a crash inside
     libcupti is reported instead of ending this script."""
     d = tempfile.mkdtemp(prefix="steptrace-cupti-teardown-")
-    proc = subprocess.run([sys.executable, "-c", _TEARDOWN_CHILD, d], capture_output=True, text=True, timeout=600)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _TEARDOWN_CHILD, d], capture_output=True, text=True,
+                              timeout=limit(90))
+    except subprocess.TimeoutExpired:
+        check("TEARDOWN_CUPTI=1: run survives", "child stopped at its time limit", False)
+        return
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
     if proc.returncode != 0:
         check("TEARDOWN_CUPTI=1: run survives", f"child exit {proc.returncode}: {' | '.join(tail)}", False)
@@ -454,8 +457,11 @@ _LOCAL_RANK_CHILD = textwrap.dedent("""
 def _local_rank_run(local_rank: int, work: int):
     d = tempfile.mkdtemp(prefix="steptrace-cupti-localrank-")
     env = dict(os.environ, LOCAL_RANK=str(local_rank))
-    proc = subprocess.run([sys.executable, "-c", _LOCAL_RANK_CHILD, d, str(work)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _LOCAL_RANK_CHILD, d, str(work)], env=env,
+                              capture_output=True, text=True, timeout=limit(60))
+    except subprocess.TimeoutExpired:
+        return None, "child stopped at its time limit"
     if proc.returncode != 0:
         return None, "child failed: " + " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-2:])
     recs = records(d)
@@ -484,3 +490,7 @@ def check_local_rank() -> None:
               f"LOCAL_RANK=0: {own or err}; LOCAL_RANK=3: {beyond or err2}",
               ok and own[0].startswith("device 0 (LOCAL_RANK=0)") and own[1] > 20
               and "not among the 1 visible devices" in beyond[0] and beyond[1] > 20)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
