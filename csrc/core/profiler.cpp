@@ -408,14 +408,14 @@ class ProfilerImpl final : public SignalClosable {
       runq_wait_ns_ = wait;
       runq_read_ns_ = now;
     }
-    if (telemetry_) {  // device-wide memory at the sampler's latest reading: no driver call
-      MemorySample device;
+    merge(current_.memory, external_memory_);
+    external_memory_ = MemorySample{};
+    if (telemetry_) {       // device-wide memory at the sampler's latest reading: no driver call;
+      MemorySample device;  // fresher than the Python hook's (at most once a second)
       if (telemetry_->device_memory(&device.device_used_bytes, &device.device_total_bytes)) {
         merge(current_.memory, device);
       }
     }
-    merge(current_.memory, external_memory_);
-    external_memory_ = MemorySample{};
     if (current_.activity_begin_ns >= 0) {
       activity_->end_step(current_.step);
       current_.activity_end_ns = activity_->now_ns();
@@ -707,6 +707,10 @@ class ProfilerImpl final : public SignalClosable {
   bool in_phase() const noexcept { return active_depth_ > 0; }
   std::int64_t step_index() const noexcept { return step_index_; }
   bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+  bool device_memory_sampled() const noexcept {
+    std::int64_t used = -1, total = -1;
+    return telemetry_ != nullptr && telemetry_->device_memory(&used, &total);
+  }
   std::int64_t write_errors() const noexcept { return writer_->write_errors(); }
   std::int64_t data_inside_step() const noexcept {
     return data_inside_step_.load(std::memory_order_relaxed);
@@ -1470,6 +1474,7 @@ std::int64_t Profiler::step_index() const noexcept { return impl_->step_index();
 void Profiler::flush() { impl_->flush(); }
 void Profiler::close(EndReason reason, std::string_view error) { impl_->close(reason, error); }
 bool Profiler::closed() const noexcept { return impl_->closed(); }
+bool Profiler::device_memory_sampled() const noexcept { return impl_->device_memory_sampled(); }
 std::int64_t Profiler::write_errors() const noexcept { return impl_->write_errors(); }
 std::int64_t Profiler::data_inside_step() const noexcept { return impl_->data_inside_step(); }
 std::string Profiler::write_error() const {

@@ -918,6 +918,10 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("json"), "Writes a cluster/alert/resolved record (one JSON object) now")
       .def_property_readonly("closed", [](PyProfiler& p) { return p.core().closed(); })
+      .def_property_readonly(
+          "device_memory_sampled", [](PyProfiler& p) { return p.core().device_memory_sampled(); },
+          "Whether device-wide memory comes from the telemetry sampler (NVML): no step calls "
+          "mem_get_info then")
       .def_property_readonly("write_errors", [](PyProfiler& p) { return p.core().write_errors(); })
       .def_property_readonly("write_error", [](PyProfiler& p) { return p.core().write_error(); })
       .def_property_readonly("data_inside_step",

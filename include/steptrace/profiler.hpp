@@ -187,6 +187,9 @@ class STEPTRACE_API Profiler {
   /// Memory figures for the step in progress from a source outside the core (the Python
   /// side's torch allocator statistics). Fields < 0 are ignored.
   void set_step_memory(const MemorySample& sample);
+  /// Whether the steps' device-wide memory (device_used_bytes, device_total_bytes) comes
+  /// from the telemetry sampler (NVML), so that no step needs a driver call for it.
+  bool device_memory_sampled() const noexcept;
 
   /// Attaches a number to the step in progress (a framework's global step, epoch, learning
   /// rate, loss): the record's "meta" object gets {name: value}. Between steps the value

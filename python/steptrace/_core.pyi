@@ -78,6 +78,7 @@ class PhaseGates:
 
 class Profiler:
     closed: bool
+    device_memory_sampled: bool
     in_step: bool
     step_index: int
     log_path: str

@@ -166,6 +166,10 @@ def _warn_write_errors(core: Any, pending: list) -> None:
                    "counts the failed writes in write_errors", core.log_path, core.write_error)
 
 
+#: The most often a step hook calls torch.cuda.mem_get_info (seconds between calls).
+_MEM_GET_INFO_INTERVAL_S = 1.0
+
+
 def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
     """Callables the core runs around each step on the CUDA path: the current stream
     (None until CUDA is initialized: host clock), and the caching allocator's figures with
@@ -176,6 +180,7 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
         return cuda.current_stream().cuda_stream if cuda.is_initialized() else None
 
     memory_stats = getattr(torch._C, "_cuda_memoryStats", None)  # one dict, not four
+    device_memory: dict = {}  # device -> (when mem_get_info was read, used, total)
     capturing = getattr(cuda, "is_current_stream_capturing", lambda: False)
     reset_peak = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
 
@@ -195,8 +200,15 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
             cuda.reset_peak_memory_stats(device)
         if capturing():  # no driver call inside a graph capture (it could invalidate it)
             return allocated, reserved, peak, -1, -1
-        free, total = cuda.mem_get_info(device)  # device-wide: NCCL and raw cudaMalloc too
-        return allocated, reserved, peak, total - free, total
+        # device-wide (NCCL and raw cudaMalloc too), at most once a second: some stacks
+        # sync the host in mem_get_info; the steps between hold the last figure, and with
+        # NVML the core takes the sampler thread's fresher one (docs/gpu.md)
+        now = time.monotonic()
+        last = device_memory.get(device)
+        if last is None or now - last[0] >= _MEM_GET_INFO_INTERVAL_S:
+            free, total = cuda.mem_get_info(device)
+            last = device_memory[device] = (now, total - free, total)
+        return allocated, reserved, peak, last[1], last[2]
 
     return begin, (end if memory else None)
 
