@@ -9,7 +9,7 @@ DeviceTiming::DeviceTiming(std::unique_ptr<DeviceTimer> timer, std::size_t max_i
 
 int DeviceTiming::record() noexcept {
   if (building_.captured) return -1;
-  const int e = timer_->record(stream_);
+  const int e = timer_->record(step_stream_);
   if (e == kRecordCaptured) {
     enter_capture();
     return -1;
@@ -42,7 +42,8 @@ void DeviceTiming::begin_step() noexcept {
   building_.folded_ns.fill(0);
   building_.waited = false;
   building_.captured = false;
-  building_.begin = -1;
+  building_.clamped = 0;
+  step_stream_ = stream_;
   step_ok_ = true;
   building_.begin = record();
   building_.end = -1;
@@ -87,7 +88,7 @@ bool DeviceTiming::fold(Pending& p) noexcept {
         p.intervals[kept++] = iv;
         continue;
       }
-      p.folded_ns[iv.slot] += static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+      p.folded_ns[iv.slot] += interval_ns(ms, p);
       timer_->release(iv.begin);
       timer_->release(iv.end);
     }
@@ -107,6 +108,7 @@ bool DeviceTiming::fold(Pending& p) noexcept {
 
 void DeviceTiming::end_step(const StepRecord& host_record, StepRecordQueue& writer) noexcept {
   building_.record = host_record;
+  building_.record.stream = step_stream_;
   if (step_ok_) building_.end = record();
   if (building_.captured) ++captured_steps_;
   if (!step_ok_) {
@@ -139,7 +141,7 @@ void DeviceTiming::end_step(const StepRecord& host_record, StepRecordQueue& writ
 
 bool DeviceTiming::ready(const Pending& p) noexcept {
   if (p.captured) return true;  // no events
-  // Streams may differ between events, so every event is checked, last ones first.
+  // Every event is checked, last ones first (a timer may complete them out of order).
   if (timer_->query(p.end) != DeviceTimer::Status::kReady) return false;
   for (std::size_t i = p.interval_count; i-- > 0;) {
     if (timer_->query(p.intervals[i].end) != DeviceTimer::Status::kReady) return false;
@@ -177,7 +179,7 @@ bool DeviceTiming::resolve(Pending& p, StepRecordQueue& writer) noexcept {
     fail(r.step, writer);
     return false;
   }
-  r.step_ns = static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+  r.step_ns = interval_ns(ms, p);
   for (std::uint16_t i = 0; i < r.phase_count; ++i) r.phase_ns[i] = p.folded_ns[i];
   for (std::size_t i = 0; i < p.interval_count; ++i) {
     const Interval& iv = p.intervals[i];
@@ -187,9 +189,10 @@ bool DeviceTiming::resolve(Pending& p, StepRecordQueue& writer) noexcept {
       fail(r.step, writer);
       return false;
     }
-    r.phase_ns[iv.slot] += static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+    r.phase_ns[iv.slot] += interval_ns(ms, p);
   }
   r.device_clock = true;
+  r.clamped_intervals = p.clamped;
   r.waited = waited_ || p.waited;
   waited_ = false;
   release(p);
@@ -212,7 +215,7 @@ void DeviceTiming::drain(StepRecordQueue& writer) noexcept {
 
 bool DeviceTiming::wait_for(const Pending& p) noexcept {
   if (p.captured) return true;
-  // Every event: the phases may have run on other streams than the step's end.
+  // Every event (a timer may complete them out of order).
   bool ok = timer_->synchronize(p.begin);
   for (std::size_t i = 0; ok && i < p.interval_count; ++i) {
     ok = timer_->synchronize(p.intervals[i].begin) && timer_->synchronize(p.intervals[i].end);
@@ -250,6 +253,13 @@ void DeviceTiming::fail(std::int64_t step, StepRecordQueue& writer) noexcept {
     head_ = (head_ + 1) % ring_.size();
     --count_;
   }
+}
+
+std::int64_t DeviceTiming::interval_ns(float ms, Pending& p) noexcept {
+  if (ms >= 0) return static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+  ++p.clamped;
+  ++clamped_intervals_;
+  return 0;
 }
 
 void DeviceTiming::write(const StepRecord& r, StepRecordQueue& writer) noexcept {

@@ -10,7 +10,10 @@
 // A step during which the stream is capturing a CUDA graph (the timer records nothing on
 // a capturing stream: kRecordCaptured) is timed on the host clock: the events it had
 // already are returned, and its record keeps its place in step order (captured_steps()
-// counts them). Training thread only.
+// counts them). A step's events all go on the stream set when it began (set_stream
+// during a step applies from the next one): events on one stream complete in order, so
+// no interval comes out negative; one that does anyway (a timer's rounding) is clamped
+// to 0 and counted (clamped_intervals()). Training thread only.
 #pragma once
 
 #include <array>
@@ -35,12 +38,12 @@ class DeviceTiming {
 
   /// True while the timer works and a stream is set: the next step is timed on the device.
   bool usable() const noexcept { return !failed_ && stream_set_; }
-  void set_stream(std::uintptr_t stream) noexcept {
+  void set_stream(DeviceStream stream) noexcept {
     stream_ = stream;
     stream_set_ = true;
   }
   void clear_stream() noexcept { stream_set_ = false; }
-  std::uintptr_t stream() const noexcept { return stream_; }
+  DeviceStream stream() const noexcept { return stream_; }
 
   // The step being built (only between begin_step and end_step, only when usable()).
   void begin_step() noexcept;
@@ -61,6 +64,8 @@ class DeviceTiming {
   std::int64_t failed_at_step() const noexcept { return failed_at_step_; }
   /// Steps timed on the host because their stream was capturing a CUDA graph.
   std::int64_t captured_steps() const noexcept { return captured_steps_; }
+  /// Device intervals that came out negative and were written as 0.
+  std::int64_t clamped_intervals() const noexcept { return clamped_intervals_; }
   DeviceTimer& timer() noexcept { return *timer_; }
 
  private:
@@ -74,8 +79,9 @@ class DeviceTiming {
     StepRecord record;
     int begin = -1;
     int end = -1;
-    bool waited = false;    // the step waited for the device to make room for intervals
-    bool captured = false;  // the stream captured a CUDA graph: host times, no events
+    bool waited = false;        // the step waited for the device to make room for intervals
+    bool captured = false;      // the stream captured a CUDA graph: host times, no events
+    std::uint16_t clamped = 0;  // negative intervals written as 0
     std::size_t interval_count = 0;
     std::array<Interval, kMaxIntervals> intervals;
     std::array<std::int64_t, kMaxPhases> folded_ns{};  // per slot: intervals already resolved
@@ -96,6 +102,8 @@ class DeviceTiming {
   // Ends device timing; writes the steps in flight with host times.
   void fail(std::int64_t step, StepRecordQueue& writer) noexcept;
   static void write(const StepRecord& r, StepRecordQueue& writer) noexcept;
+  // Device nanoseconds of a resolved interval, clamped at 0 (counted on the record).
+  std::int64_t interval_ns(float ms, Pending& p) noexcept;
 
   std::unique_ptr<DeviceTimer> timer_;
   std::vector<Pending> ring_;
@@ -105,12 +113,14 @@ class DeviceTiming {
   std::array<int, kMaxPhases> open_begin_;  // per slot: begin event of the open interval
   bool step_ok_ = false;                    // the step in progress has all its events
   bool waited_ = false;                     // the next written record waited for the device
-  std::uintptr_t stream_ = 0;
+  DeviceStream stream_;                     // set_stream's
+  DeviceStream step_stream_;                // the step in progress's: stream_ when it began
   bool stream_set_ = false;
   bool failed_ = false;
   std::string failure_;
   std::int64_t failed_at_step_ = -1;
   std::int64_t captured_steps_ = 0;
+  std::int64_t clamped_intervals_ = 0;
 };
 
 }  // namespace steptrace::detail

@@ -313,7 +313,7 @@ class ProfilerImpl final : public SignalClosable {
     if (device_) {
       device_->poll(*writer_);
       report_device_failure();
-      std::uintptr_t stream = 0;
+      DeviceStream stream;
       if (stream_source_ && stream_source_->current(&stream)) {
         device_->set_stream(stream);
       } else if (stream_source_) {
@@ -563,7 +563,7 @@ class ProfilerImpl final : public SignalClosable {
     current_.values[static_cast<std::size_t>(slot)] = value;
   }
 
-  void set_stream(std::uintptr_t stream) noexcept {
+  void set_stream(DeviceStream stream) noexcept {
     if (device_ && !detached_ && !close_requested_.load(std::memory_order_relaxed)) {
       device_->set_stream(stream);
     }
@@ -1464,7 +1464,9 @@ void Profiler::end_data() { impl_->end_data(); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
 void Profiler::set_step_value(StepValueId id, double value) { impl_->set_step_value(id, value); }
 StepValueId Profiler::step_value_id(std::string_view name) { return impl_->step_value_id(name); }
-void Profiler::set_stream(std::uintptr_t stream) noexcept { impl_->set_stream(stream); }
+void Profiler::set_stream(std::uintptr_t stream, int device) noexcept {
+  impl_->set_stream(DeviceStream{stream, device});
+}
 void Profiler::clear_stream() noexcept { impl_->clear_stream(); }
 std::size_t Profiler::steps_in_flight() const noexcept { return impl_->steps_in_flight(); }
 void Profiler::set_external_profiler(bool active) noexcept { impl_->set_external_profiler(active); }

@@ -190,6 +190,9 @@ void RunTotals::add(const StepRecord& r) noexcept {
   other_ns_sum += r.between.other_ns;
   for (std::size_t k = 0; k < kIntervalKinds; ++k) interval_ns_sum[k] += r.between.interval_ns[k];
   if (r.runq_ns > 0) runq_ns_sum += r.runq_ns;
+  if (r.device_clock) ++device_clock_steps;
+  if (r.captured) ++captured_steps;
+  clamped_intervals += r.clamped_intervals;
   for (std::uint16_t i = 0; i < r.phase_count; ++i) {
     phase_ns_sum[r.phase_ids[i]] += r.phase_ns[i];
     phase_seen[r.phase_ids[i]] = true;
@@ -291,6 +294,9 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   if (r.waited) out.append(std::string_view(",\"waited\":true"));
   if (r.captured) out.append(std::string_view(",\"captured\":true"));
   if (r.device_clock) {
+    fmt::format_to(it, ",\"stream\":{{\"id\":{},\"device\":{}}}", r.stream.handle, r.stream.device);
+    if (r.clamped_intervals > 0)
+      fmt::format_to(it, ",\"clamped_intervals\":{}", r.clamped_intervals);
     out.append(std::string_view(",\"host_phases_ms\":"));
     append_phase_map(out, r, r.host_phase_ns, names);
   }
@@ -323,6 +329,12 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
     out.append(std::string_view("\"write_error\":"));
     append_json_string(out, end.write_error);
     out.push_back(',');
+  }
+  if (totals.device_clock_steps > 0 || totals.captured_steps > 0) {
+    fmt::format_to(it,
+                   "\"device_timing\":{{\"steps\":{},\"captured_steps\":{},"
+                   "\"clamped_intervals\":{}}},",
+                   totals.device_clock_steps, totals.captured_steps, totals.clamped_intervals);
   }
   out.append(std::string_view("\"alerts\":{"));
   auto append_counts = [&](const std::map<std::string, std::int64_t>& counts) {

@@ -110,9 +110,11 @@ struct StepRecord {
   MemorySample memory;
   bool rss_fresh = false;  // rss_bytes was read at this step (else repeated from an earlier one)
   bool failed = false;
-  bool device_clock = false;  // true: phase_ns are CUDA-event times, host_phase_ns host
-  bool waited = false;        // the profiler waited for the device before this record
-  bool captured = false;      // a CUDA graph capture was live in the step: host-timed
+  bool device_clock = false;            // true: phase_ns are CUDA-event times, host_phase_ns host
+  bool waited = false;                  // the profiler waited for the device before this record
+  bool captured = false;                // a CUDA graph capture was live in the step: host-timed
+  std::uint16_t clamped_intervals = 0;  // device intervals that came out negative, written 0
+  DeviceStream stream;                  // the stream a device-clocked step was timed on
   std::uint16_t phase_count = 0;
   std::array<std::uint16_t, kMaxPhases> phase_ids{};
   std::array<std::int64_t, kMaxPhases> phase_ns{};

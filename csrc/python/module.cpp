@@ -29,8 +29,8 @@ namespace {
 using ProfilerPtr = std::shared_ptr<steptrace::Profiler>;
 
 // Python callables run around every step when set (the CUDA path): `begin` returns the
-// current stream as an int (or None: host clock), `end` returns (allocated, reserved,
-// peak, device_used, device_total) bytes or None.
+// stream to time as (stream handle, device index) (or None: host clock), `end` returns (allocated,
+// reserved, peak, device_used, device_total) bytes or None.
 struct StepHooks {
   py::object begin;
   py::object end;
@@ -46,7 +46,8 @@ struct StepScope {
       if (stream.is_none()) {
         profiler->clear_stream();
       } else {
-        profiler->set_stream(stream.cast<std::uintptr_t>());
+        const auto [handle, device] = stream.cast<std::pair<std::uintptr_t, int>>();
+        profiler->set_stream(handle, device);
       }
     }
     profiler->begin_step();
@@ -819,7 +820,10 @@ PYBIND11_MODULE(_core, m) {
             p.hooks().end = end.is_none() ? py::object() : end;
           },
           py::arg("begin"), py::arg("end"))
-      .def("set_stream", [](PyProfiler& p, std::uintptr_t s) { p.core().set_stream(s); })
+      .def(
+          "set_stream",
+          [](PyProfiler& p, std::uintptr_t s, int device) { p.core().set_stream(s, device); },
+          py::arg("stream"), py::arg("device") = -1)
       .def("clear_stream", [](PyProfiler& p) { p.core().clear_stream(); })
       .def_property_readonly("steps_in_flight",
                              [](PyProfiler& p) { return p.core().steps_in_flight(); })

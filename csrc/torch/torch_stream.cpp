@@ -16,9 +16,10 @@ namespace {
 
 class TorchCudaStreamSource final : public StreamSource {
  public:
-  bool current(std::uintptr_t* stream) noexcept override {
+  bool current(DeviceStream* stream) noexcept override {
     try {
-      *stream = reinterpret_cast<std::uintptr_t>(c10::cuda::getCurrentCUDAStream().stream());
+      const c10::cuda::CUDAStream s = c10::cuda::getCurrentCUDAStream();
+      *stream = DeviceStream{reinterpret_cast<std::uintptr_t>(s.stream()), s.device_index()};
       return true;
     } catch (...) {
       return false;  // the step uses the host clock

@@ -48,6 +48,21 @@ class STEPTRACE_API MemorySource {
   virtual std::int64_t live_bytes() noexcept { return -1; }
 };
 
+/// A device stream as the framework names it: the handle (a CUstream / cudaStream_t as an
+/// integer; 0 is the legacy default stream, 1 CU_STREAM_LEGACY, 2 CU_STREAM_PER_THREAD) and
+/// the CUDA device it belongs to (-1: unknown). The special handles mean "the default
+/// stream of the calling thread's current context"; with a device, the default stream of
+/// that device's primary context (what torch.cuda.current_stream(device) reports), so that
+/// a step on a thread with no current context, or with another device's context current,
+/// is timed on the device the framework named.
+struct DeviceStream {
+  std::uintptr_t handle = 0;
+  int device = -1;
+  bool operator==(const DeviceStream& o) const noexcept {
+    return handle == o.handle && device == o.device;
+  }
+};
+
 /// Times work on a device with events recorded on a stream and resolved later, so that
 /// nothing waits for the device per step (CUDA events; a fake in tests). Used from the
 /// training thread only. Handles are small integers from the backend's event pool.
@@ -59,10 +74,10 @@ class STEPTRACE_API DeviceTimer {
   virtual ~DeviceTimer() = default;
   /// "cuda", "fake", ...
   virtual const char* name() const noexcept = 0;
-  /// Records an event on `stream` (a CUstream / cudaStream_t as an integer, 0 the
-  /// legacy default stream). Returns its handle, -1 on failure, or -2 when the stream is
+  /// Records an event on `stream`, in the stream's context whatever context the calling
+  /// thread has current. Returns its handle, -1 on failure, or -2 when the stream is
   /// capturing a CUDA graph (no event may be recorded there: the step is host-timed).
-  virtual int record(std::uintptr_t stream) noexcept = 0;
+  virtual int record(DeviceStream stream) noexcept = 0;
   /// kReady once the device has passed the event (never blocks).
   virtual Status query(int event) noexcept = 0;
   /// Device milliseconds between two completed events.
@@ -76,7 +91,8 @@ class STEPTRACE_API DeviceTimer {
   virtual int live_events() const noexcept = 0;
   /// One line on the last failure.
   virtual std::string last_error() const = 0;
-  /// Name and total memory of the device, when known.
+  /// Name and total memory of the device events were last recorded on (before any, the
+  /// calling thread's current device), when known.
   virtual std::string device_name() const { return {}; }
   virtual std::int64_t device_memory_bytes() const { return -1; }
 };
@@ -87,7 +103,7 @@ class STEPTRACE_API StreamSource {
  public:
   virtual ~StreamSource() = default;
   /// False when there is no device stream now (the step uses the host clock).
-  virtual bool current(std::uintptr_t* stream) noexcept = 0;
+  virtual bool current(DeviceStream* stream) noexcept = 0;
 };
 
 /// What a kernel's device time counts as in the step record (see `kernels` in the schema).

@@ -172,10 +172,13 @@ class STEPTRACE_API Profiler {
   /// Times begin_data was called inside a step (a wrapped loader advanced there). Any thread.
   std::int64_t data_inside_step() const noexcept;
 
-  /// The stream device events are recorded on from the next step (or phase) on: a
-  /// CUstream / cudaStream_t as an integer (torch.cuda.current_stream().cuda_stream).
-  /// Without a stream, steps use the host clock.
-  void set_stream(std::uintptr_t stream) noexcept;
+  /// The stream device events are recorded on from the next step on: a CUstream /
+  /// cudaStream_t as an integer (torch.cuda.current_stream(device).cuda_stream) and the
+  /// CUDA device it belongs to (-1: the training thread's current context decides, which
+  /// only matters for the default streams 0, 1 and 2). A step's events all go on the
+  /// stream set when it began; work on other streams is in the step's times only where
+  /// joined to it. Without a stream, steps use the host clock.
+  void set_stream(std::uintptr_t stream, int device = -1) noexcept;
   void clear_stream() noexcept;
   /// Another profiler (torch.profiler / Kineto) starts (true) or stops (false) collecting
   /// device activity: steptrace's kernel activity yields to it meanwhile (CUPTI's

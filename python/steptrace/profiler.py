@@ -170,14 +170,36 @@ def _warn_write_errors(core: Any, pending: list) -> None:
 _MEM_GET_INFO_INTERVAL_S = 1.0
 
 
-def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
-    """Callables the core runs around each step on the CUDA path: the current stream
-    (None until CUDA is initialized: host clock), and the caching allocator's figures with
-    the per-step peak, which it resets."""
-    cuda = torch.cuda
+def _cuda_step_hooks(torch: Any, memory: bool, device_index: int = -1,
+                     device_memory_sampled: bool = False) -> tuple:
+    """Callables the core runs around each step on the CUDA path: the stream to time as
+    (handle, device) (None until CUDA is initialized: host clock), and the caching
+    allocator's figures with the per-step peak, which it resets.
 
-    def begin() -> Optional[int]:
-        return cuda.current_stream().cuda_stream if cuda.is_initialized() else None
+    The stream is the current stream of the rank's device: ``device_index`` when set,
+    else ``$LOCAL_RANK`` when it names a device (a model on ``cuda:LOCAL_RANK`` without
+    ``torch.cuda.set_device`` is timed on its own GPU, like the hardware figures), else
+    the current device at each step's start. With ``device_memory_sampled`` (NVML reads
+    device-wide memory on its sampler thread) the hook makes no mem_get_info call."""
+    cuda = torch.cuda
+    local_rank = os.environ.get("LOCAL_RANK", "")
+    fixed: list = []  # [the rank's device or None], decided once CUDA is up
+
+    def step_device() -> int:
+        if not fixed:
+            if device_index >= 0:
+                fixed.append(device_index)
+            elif local_rank.isdigit() and int(local_rank) < cuda.device_count():
+                fixed.append(int(local_rank))
+            else:
+                fixed.append(None)
+        return fixed[0] if fixed[0] is not None else cuda.current_device()
+
+    def begin() -> Optional[tuple]:
+        if not cuda.is_initialized():
+            return None
+        d = step_device()
+        return cuda.current_stream(d).cuda_stream, d
 
     memory_stats = getattr(torch._C, "_cuda_memoryStats", None)  # one dict, not four
     device_memory: dict = {}  # device -> (when mem_get_info was read, used, total)
@@ -187,7 +209,7 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
     def end() -> Optional[tuple]:
         if not cuda.is_initialized():
             return None
-        device = cuda.current_device()
+        device = step_device()
         if memory_stats is not None and reset_peak is not None:
             stats = memory_stats(device)
             allocated = stats["allocated_bytes"]["all"]["current"]
@@ -198,8 +220,8 @@ def _cuda_step_hooks(torch: Any, memory: bool) -> tuple:
             allocated, reserved = cuda.memory_allocated(device), cuda.memory_reserved(device)
             peak = cuda.max_memory_allocated(device)
             cuda.reset_peak_memory_stats(device)
-        if capturing():  # no driver call inside a graph capture (it could invalidate it)
-            return allocated, reserved, peak, -1, -1
+        if device_memory_sampled or capturing():  # the core has NVML's; no driver call
+            return allocated, reserved, peak, -1, -1  # inside a capture (it could invalidate it)
         # device-wide (NCCL and raw cudaMalloc too), at most once a second: some stacks
         # sync the host in mem_get_info; the steps between hold the last figure, and with
         # NVML the core takes the sampler thread's fresher one (docs/gpu.md)
@@ -530,9 +552,12 @@ class Profiler:
         self.end_phase = self._core.end_phase
         self.set_step_memory = self._core.set_step_memory
         self.set_stream = self._core.set_stream
-        """Record device events on this stream (an int: ``torch.cuda.Stream.cuda_stream``)."""
+        """``set_stream(stream, device=-1)``: record device events on this stream (an int:
+        ``torch.cuda.Stream.cuda_stream``, and its ``device_index``) from the next step on."""
         if cuda:
-            self._core.set_step_hooks(*_cuda_step_hooks(torch, python_options["cuda_memory"]))
+            self._core.set_step_hooks(*_cuda_step_hooks(torch, python_options["cuda_memory"],
+                                                        config.device_index,
+                                                        self._core.device_memory_sampled))
         _live.add(self)
         self._alert_thread: Optional[threading.Thread] = None
         if config.detect:

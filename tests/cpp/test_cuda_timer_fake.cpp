@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -63,15 +64,21 @@ class CudaTimerFake : public ::testing::Test {
   }
   // A profiler on the real CUDA timer, the device's part queued on `stream`; nothing else
   // of CUDA (the system's real libcupti must not meet the fake driver).
+  // `work` queues the device's part (default: on `stream` in the current context); a
+  // `device` goes with the stream (set_stream's).
   static std::unique_ptr<DeviceTimingRun> run(const TempDir& tmp, int max_inflight = 8,
-                                              std::uintptr_t stream = kStream) {
-    return std::make_unique<DeviceTimingRun>(
-        tmp, timer(), max_inflight, stream, [stream](double ms) { fake_cuda_enqueue(stream, ms); },
-        [](Config& c) {
-          c.kernel_activity = "off";
-          c.counters = "off";
-          c.nvml = "off";
-        });
+                                              std::uintptr_t stream = kStream,
+                                              std::function<void(double)> work = {},
+                                              int device = -1) {
+    if (!work) work = [stream](double ms) { fake_cuda_enqueue(stream, ms); };
+    auto r = std::make_unique<DeviceTimingRun>(tmp, timer(), max_inflight, stream, std::move(work),
+                                               [](Config& c) {
+                                                 c.kernel_activity = "off";
+                                                 c.counters = "off";
+                                                 c.nvml = "off";
+                                               });
+    if (device >= 0) r->prof->set_stream(stream, device);
+    return r;
   }
   static std::vector<nlohmann::json> close(std::unique_ptr<DeviceTimingRun>& r) {
     const std::string path = r->path;
@@ -222,9 +229,9 @@ TEST_F(CudaTimerFake, EventsArePendingThenReadyAndTimeTheQueuedWork) {
   EXPECT_STREQ(t->name(), "cuda");
   EXPECT_EQ(t->device_name(), "Fake H200");
   fake_cuda_enqueue(kStream, 1);
-  const int a = t->record(kStream);
+  const int a = t->record({kStream});
   fake_cuda_enqueue(kStream, 3);
-  const int b = t->record(kStream);
+  const int b = t->record({kStream});
   ASSERT_GE(a, 0);
   ASSERT_GE(b, 0);
   EXPECT_EQ(t->live_events(), 2);
@@ -242,9 +249,9 @@ TEST_F(CudaTimerFake, EventsArePendingThenReadyAndTimeTheQueuedWork) {
   t->release(a);
   t->release(b);
   EXPECT_EQ(t->live_events(), 0);
-  const int c = t->record(kStream);  // from the pool
+  const int c = t->record({kStream});  // from the pool
   fake_cuda_enqueue(kStream, 7);
-  const int d = t->record(kStream);
+  const int d = t->record({kStream});
   EXPECT_EQ(fake_cuda_live_events(), 2);
   EXPECT_TRUE(t->synchronize(d));
   ASSERT_TRUE(t->elapsed_ms(c, d, &ms));
@@ -448,6 +455,115 @@ TEST_F(CudaTimerFake, TheLegacyStreamIsLeftAloneWhileAnyStreamCaptures) {
   EXPECT_EQ(steps[0]["clock"], "cuda");
   EXPECT_EQ(steps[1]["clock"], "host");
   EXPECT_EQ(steps[2]["clock"], "cuda");
+}
+
+// ---- contexts: events in the stream's context, one pool per context ----
+
+// The device's part queued on the default stream of `ctx`, the way a framework's kernels
+// reach it: launched with that context current.
+std::function<void(double)> default_stream_work(void* ctx) {
+  return [ctx](double ms) {
+    cuCtxPushCurrent(ctx);
+    fake_cuda_enqueue(0, ms);
+    void* popped = nullptr;
+    cuCtxPopCurrent(&popped);
+  };
+}
+
+void* current_context() {
+  void* ctx = nullptr;
+  cuCtxGetCurrent(&ctx);
+  return ctx;
+}
+
+TEST_F(CudaTimerFake, AStepOnAThreadWithoutAContextIsTimedOnTheNamedDevice) {
+  // torch.cuda.current_stream(0) seen from a thread that never made a context current:
+  // handle 0 on device 0. The events go in device 0's primary context, retained for the
+  // run and released at close; the thread is left without a context, as it was.
+  fake_cuda_set_current(nullptr, 0);
+  void* primary = fake_cuda_primary_context(0);
+  TempDir tmp;
+  std::vector<nlohmann::json> records;
+  std::thread([&] {
+    auto r = run(tmp, 8, 0, default_stream_work(primary), /*device=*/0);
+    r->step();
+    r->step();
+    fake_cuda_advance(100);
+    EXPECT_EQ(current_context(), nullptr);
+    EXPECT_EQ(fake_cuda_primary_retains(0), 1);
+    records = close(r);
+  }).join();
+  EXPECT_EQ(fake_cuda_primary_retains(0), 0);
+  EXPECT_EQ(fake_cuda_live_events(), 0);
+  expect_no_fallback(records);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& s : steps) {
+    EXPECT_EQ(s["clock"], "cuda") << s;
+    EXPECT_DOUBLE_EQ(s["step_ms"].get<double>(), 8.0) << s;
+    EXPECT_EQ(s["stream"], (nlohmann::json{{"id", 0}, {"device", 0}}));
+  }
+}
+
+TEST_F(CudaTimerFake, AStepUnderAnotherDevicesContextRecordsInTheStreamsContext) {
+  // The training stream belongs to device 0's context; the step runs inside
+  // `with torch.cuda.device(1)` (device 1's context current). Events created there would
+  // not record on the stream (CUDA_ERROR_INVALID_HANDLE: the run fell back to the host).
+  int ctx_a = 0, ctx_b = 0;
+  fake_cuda_set_current(&ctx_b, 1);
+  fake_cuda_set_current(&ctx_a, 0);
+  fake_cuda_set_stream_context(kStream, &ctx_a);
+  TempDir tmp;
+  std::vector<nlohmann::json> records;
+  std::thread([&] {
+    ASSERT_EQ(cuCtxSetCurrent(&ctx_b), kSuccess);
+    auto r = run(tmp);
+    r->step();
+    r->step();
+    fake_cuda_advance(100);
+    EXPECT_EQ(current_context(), &ctx_b);  // restored after every event call
+    records = close(r);
+  }).join();
+  expect_no_fallback(records);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 2u);
+  for (const auto& s : steps) {
+    EXPECT_EQ(s["clock"], "cuda") << s;
+    EXPECT_DOUBLE_EQ(s["phases_ms"]["backward"].get<double>(), 5.0) << s;
+  }
+}
+
+TEST_F(CudaTimerFake, StreamsOfTwoContextsEachGetEventsOfTheirOwn) {
+  // A process driving two GPUs (device_map="auto"): steps alternate between a stream of
+  // each device's context; each context's events come from its own pool, reused.
+  int ctx_a = 0, ctx_b = 0;
+  constexpr std::uintptr_t kOther = 0x6100;
+  fake_cuda_set_current(&ctx_b, 1);
+  fake_cuda_set_current(&ctx_a, 0);
+  fake_cuda_set_stream_context(kStream, &ctx_a);
+  fake_cuda_set_stream_context(kOther, &ctx_b);
+  TempDir tmp;
+  std::uintptr_t active = kStream;
+  auto r = run(tmp, 8, kStream, [&active](double ms) { fake_cuda_enqueue(active, ms); });
+  int live_after_warmup = 0;
+  for (int i = 0; i < 12; ++i) {
+    active = i % 2 == 0 ? kStream : kOther;
+    r->prof->set_stream(active, i % 2);
+    r->step();
+    fake_cuda_advance(100);
+    if (i == 3) live_after_warmup = fake_cuda_live_events();
+  }
+  EXPECT_EQ(fake_cuda_live_events(), live_after_warmup);  // pooled, not created per step
+  const auto records = close(r);
+  expect_no_fallback(records);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 12u);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["clock"], "cuda") << steps[i];
+    EXPECT_DOUBLE_EQ(steps[i]["step_ms"].get<double>(), 8.0) << steps[i];
+    EXPECT_EQ(steps[i]["stream"]["id"], i % 2 == 0 ? kStream : kOther);
+  }
+  EXPECT_EQ(fake_cuda_live_events(), 0);
 }
 
 }  // namespace

@@ -126,7 +126,57 @@ TEST(DeviceTiming, StreamChangesAndNoStreamMeansHostClock) {
   const auto steps = of_kind(read_jsonl(f.path), "step");
   ASSERT_EQ(steps.size(), 3u);
   EXPECT_EQ(steps[1]["clock"], "cuda");
+  EXPECT_EQ(steps[1]["stream"], (nlohmann::json{{"id", 7}, {"device", -1}}));  // which was timed
   EXPECT_EQ(steps[2]["clock"], "host");
+  EXPECT_FALSE(steps[2].contains("stream"));
+}
+
+TEST(DeviceTiming, AStreamSetDuringAStepTimesTheNextStep) {
+  // Every event of a step on one stream: the step's own, set when it began.
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  f.device->complete_all(true);
+  f.prof->set_stream(7, 0);
+  {
+    auto s = f.prof->step();
+    f.prof->set_stream(8, 1);
+    auto p = s.phase("forward");
+    EXPECT_EQ(f.device->last_stream, 7u);
+    EXPECT_EQ(f.device->last_device, 0);
+  }
+  { auto s = f.prof->step(); }
+  EXPECT_EQ(f.device->last_stream, 8u);
+  f.prof->close();
+  const auto steps = of_kind(read_jsonl(f.path), "step");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0]["stream"]["id"], 7);
+  EXPECT_EQ(steps[1]["stream"], (nlohmann::json{{"id", 8}, {"device", 1}}));
+}
+
+TEST(DeviceTiming, ANegativeDeviceIntervalIsClampedAndCounted) {
+  // A timer whose end event reads earlier than its begin (events on one stream complete in
+  // order, so only a timer's rounding or clock could do it): written as 0, never negative.
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  f.device->complete_all(true);
+  {
+    auto s = f.prof->step();
+    f.device->advance_device(5 * kMs);
+    {
+      auto p = s.phase("forward");
+      f.device->advance_device(-2 * kMs);
+    }
+    f.device->advance_device(4 * kMs);
+  }
+  f.prof->close();
+  const auto records = read_jsonl(f.path);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]["clock"], "cuda");
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 0.0);
+  EXPECT_EQ(steps[0]["clamped_intervals"], 1);
+  EXPECT_EQ(of_kind(records, "run_end")[0]["device_timing"]["clamped_intervals"], 1);
+  EXPECT_EQ(of_kind(records, "run_end")[0]["device_timing"]["steps"], 1);
 }
 
 TEST(DeviceTiming, ADeviceThatDisappearsFallsBackToTheHostClock) {
@@ -252,15 +302,15 @@ TEST(DeviceTiming, ADeviceLostWhileFoldingIntervalsReleasesEachEventOnce) {
   EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 65.0);
 }
 
-// A stream source that hands out a given stream, or none.
+// A stream source that hands out a given stream (on device 3), or none.
 class ScriptedStreams final : public StreamSource {
  public:
   explicit ScriptedStreams(std::vector<std::uintptr_t>* script) : script_(script) {}
-  bool current(std::uintptr_t* stream) noexcept override {
+  bool current(DeviceStream* stream) noexcept override {
     if (script_->empty()) return false;
-    *stream = script_->front();
+    *stream = DeviceStream{script_->front(), 3};
     script_->erase(script_->begin());
-    return *stream != 0;
+    return stream->handle != 0;
   }
 
  private:
@@ -289,6 +339,7 @@ TEST(DeviceTiming, AStreamSourceIsAskedAtEveryStep) {
   prof.close();
   const auto steps = of_kind(read_jsonl(prof.log_path()), "step");
   EXPECT_EQ(steps[1]["clock"], "cuda");
+  EXPECT_EQ(steps[1]["stream"], (nlohmann::json{{"id", 12}, {"device", 3}}));
   EXPECT_EQ(steps[2]["clock"], "host");
 }
 

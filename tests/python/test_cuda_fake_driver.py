@@ -71,14 +71,19 @@ def fake_cuda_dir(tmp_path_factory):
     return folder
 
 
-def test_a_training_loop_on_the_fake_driver_is_timed_on_the_cuda_clock(tmp_path, fake_cuda_dir, records_of):
+def _run_on_the_fake(script: str, run: Path, fake_cuda_dir: Path, records_of) -> list:
+    """Runs `script` (argv[1]: the log folder) in a child that loads the stand-in driver;
+    its records."""
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(
         p for p in (str(fake_cuda_dir), os.environ.get("LD_LIBRARY_PATH", "")) if p))
-    run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-c", _LOOP, str(run)], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script, str(run)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    records = records_of(run / "rank0.jsonl")
+    return records_of(run / "rank0.jsonl")
+
+
+def test_a_training_loop_on_the_fake_driver_is_timed_on_the_cuda_clock(tmp_path, fake_cuda_dir, records_of):
+    records = _run_on_the_fake(_LOOP, tmp_path / "run", fake_cuda_dir, records_of)
     start = records[0]
     assert start["backends"]["timer"]["active"][0] == "cuda", start["backends"]["timer"]
     assert start["device"]["name"] == "Fake H200"
@@ -89,4 +94,59 @@ def test_a_training_loop_on_the_fake_driver_is_timed_on_the_cuda_clock(tmp_path,
         assert s["phases_ms"] == pytest.approx({"forward": 3.0, "backward": 5.0, "optimizer": 1.0})
         assert s["step_ms"] == pytest.approx(9.0)
         assert "waited" not in s
+    assert not [r for r in records if r["kind"] == "alert" and r["type"] == "timer_fallback"]
+
+
+_FRESH_THREAD_LOOP = textwrap.dedent(
+    """
+    import ctypes, sys, threading
+    import torch
+    fake = ctypes.CDLL("libcuda.so.1")
+    fake.fake_cuda_enqueue.argtypes = [ctypes.c_size_t, ctypes.c_double]
+    fake.fake_cuda_advance.argtypes = [ctypes.c_double]
+    fake.fake_cuda_primary_context.restype = ctypes.c_void_p
+    fake.cuCtxPushCurrent.argtypes = [ctypes.c_void_p]
+    fake.cuCtxPopCurrent.argtypes = [ctypes.c_void_p]
+    fake.fake_cuda_primary_retains.restype = ctypes.c_int
+    import steptrace
+
+    primary = fake.fake_cuda_primary_context(0)
+
+    def device_work(ms):  # a kernel launched on device 0's default stream
+        fake.cuCtxPushCurrent(primary)
+        fake.fake_cuda_enqueue(0, ms)
+        fake.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
+
+    model = torch.nn.Linear(16, 4)
+    x = torch.randn(32, 16)
+
+    def train():  # a thread with no CUDA context current (none is, on any thread)
+        with steptrace.Profiler(sys.argv[1], clock="cuda", kernel_activity="off", counters="off",
+                                nvml="off", detect=False) as prof:
+            prof.set_stream(0, 0)  # torch.cuda.current_stream(0): the default stream, device 0
+            for i in range(6):
+                with prof.step():
+                    with prof.phase("forward"):
+                        model(x).sum().backward()
+                        device_work(4.0)
+                fake.fake_cuda_advance(10.0)
+            assert fake.fake_cuda_primary_retains(0) == 1
+        assert fake.fake_cuda_primary_retains(0) == 0
+
+    t = threading.Thread(target=train)
+    t.start()
+    t.join()
+    """
+)
+
+
+def test_a_loop_on_a_thread_without_a_context_is_timed_on_the_named_device(tmp_path, fake_cuda_dir, records_of):
+    records = _run_on_the_fake(_FRESH_THREAD_LOOP, tmp_path / "run", fake_cuda_dir, records_of)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert len(steps) == 6
+    for s in steps:
+        assert s["clock"] == "cuda", s
+        assert s["phases_ms"]["forward"] == pytest.approx(4.0)
+        assert s["stream"] == {"id": 0, "device": 0}
+    assert records[-1]["device_timing"] == {"steps": 6, "captured_steps": 0, "clamped_intervals": 0}
     assert not [r for r in records if r["kind"] == "alert" and r["type"] == "timer_fallback"]

@@ -106,3 +106,41 @@ def test_with_nvml_steps_take_device_memory_from_the_sampler(tmp_path, monkeypat
     steps = [r for r in records if r["kind"] == "step"]
     assert steps and all(s["memory"]["device_used_bytes"] == 80 << 30 for s in steps), steps[0]
     assert all(s["memory"]["device_total_bytes"] == 141 << 30 for s in steps)
+
+
+def test_with_nvml_sampling_the_hook_never_calls_mem_get_info(monkeypatch):
+    cuda = _FakeCuda()
+    now = _clock(monkeypatch)
+    _, end = profiler_module._cuda_step_hooks(_fake_torch(cuda), True, -1, True)
+    for _ in range(20):
+        assert end()[3:] == (-1, -1)  # the core fills in the sampler's reading
+        now[0] += 2.0
+    assert cuda.mem_get_info_calls == 0
+
+
+class _TwoGpus(_FakeCuda):
+    """Two devices, each with its own current stream; device 0 is current."""
+
+    def device_count(self) -> int:
+        return 2
+
+    def current_stream(self, device=None):
+        return types.SimpleNamespace(cuda_stream=0x5100 + (device or 0))
+
+
+def test_the_stream_timed_is_the_rank_devices(monkeypatch):
+    # A model on cuda:LOCAL_RANK without torch.cuda.set_device: device 0 stays current, yet
+    # the rank's work (and its hardware figures) is on device 1.
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    begin, _ = profiler_module._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
+    assert begin() == (0x5101, 1)
+    # An explicit device_index wins; without either, the current device at each step.
+    begin, _ = profiler_module._cuda_step_hooks(_fake_torch(_TwoGpus()), False, 0)
+    assert begin() == (0x5100, 0)
+    monkeypatch.delenv("LOCAL_RANK")
+    begin, _ = profiler_module._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
+    assert begin() == (0x5100, 0)
+    # LOCAL_RANK past the devices this process sees (one GPU per process): the current one.
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    begin, _ = profiler_module._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
+    assert begin() == (0x5100, 0)

@@ -42,6 +42,11 @@ bool Driver::load(std::string* why) {
   resolve(cuDriverGetVersion, "cuDriverGetVersion");
   resolve(cuCtxGetCurrent, "cuCtxGetCurrent");
   resolve(cuCtxGetDevice, "cuCtxGetDevice");
+  resolve(cuCtxPushCurrent, "cuCtxPushCurrent");
+  resolve(cuCtxPopCurrent, "cuCtxPopCurrent");
+  resolve(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  resolve(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease");
+  resolve(cuStreamGetCtx, "cuStreamGetCtx");
   resolve(cuDeviceGetName, "cuDeviceGetName");
   resolve(cuDeviceTotalMem, "cuDeviceTotalMem");
   resolve(cuEventCreate, "cuEventCreate");

@@ -28,6 +28,11 @@ struct Driver {
   CUresult (*cuDriverGetVersion)(int*) = nullptr;
   CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*cuCtxGetDevice)(CUdevice*) = nullptr;
+  CUresult (*cuCtxPushCurrent)(CUcontext) = nullptr;  // _v2 through cuGetProcAddress
+  CUresult (*cuCtxPopCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice) = nullptr;
+  CUresult (*cuStreamGetCtx)(CUstream, CUcontext*) = nullptr;
   CUresult (*cuDeviceGetName)(char*, int, CUdevice) = nullptr;
   CUresult (*cuDeviceTotalMem)(std::size_t*, CUdevice) = nullptr;
   CUresult (*cuEventCreate)(CUevent*, unsigned int) = nullptr;

@@ -16,9 +16,10 @@ class FakeDeviceTimer final : public DeviceTimer {
  public:
   const char* name() const noexcept override { return "fake"; }
 
-  int record(std::uintptr_t stream) noexcept override {
+  int record(DeviceStream stream) noexcept override {
     if (failed_) return -1;
-    last_stream = stream;
+    last_stream = stream.handle;
+    last_device = stream.device;
     int h;
     if (!free_.empty()) {
       h = free_.back();
@@ -28,7 +29,7 @@ class FakeDeviceTimer final : public DeviceTimer {
       events_.push_back({});
       ++pool_size;
     }
-    events_[h] = Event{device_now_ns_, complete_all_, stream};
+    events_[h] = Event{device_now_ns_, complete_all_, stream.handle};
     ++live_;
     ++records;
     return h;
@@ -73,6 +74,7 @@ class FakeDeviceTimer final : public DeviceTimer {
   void fail_after_queries(int n) { fail_at_query_ = queries + n; }
 
   std::uintptr_t last_stream = 0;
+  int last_device = -1;
   int records = 0, queries = 0, syncs = 0, pool_size = 0;
 
  private:

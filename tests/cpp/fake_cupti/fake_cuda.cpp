@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "fake_cuda.hpp"
 #include "fake_profiler.hpp"
@@ -35,6 +36,7 @@ using CUresult = int;
 // CUstreamCaptureMode.
 constexpr CUresult kSuccess = 0;
 constexpr CUresult kInvalidValue = 1;
+constexpr CUresult kInvalidDevice = 101;
 constexpr CUresult kInvalidContext = 201;
 constexpr CUresult kInvalidHandle = 400;
 constexpr CUresult kNotFound = 500;
@@ -62,6 +64,7 @@ struct Capture {
 };
 
 struct Stream {
+  void* ctx = nullptr;             // the context it belongs to
   std::int64_t busy_until_ns = 0;  // when the device reaches the end of its queue
   bool capturing = false;          // a capture sequence is open on it
   Capture capture;
@@ -71,8 +74,10 @@ struct Device {
   std::mutex mu;
   std::int64_t now_ns = 0;
   std::unordered_map<std::uintptr_t, Stream> streams;  // by handle, created on first use
+  std::unordered_map<void*, Stream> legacy;            // each context's default stream
   std::unordered_map<void*, Event*> events;            // live events
   std::map<void*, int> context_device;                 // fake_cuda_set_current's devices
+  std::map<int, int> primary_retains;                  // by device
   int invalidations = 0;
   int unsafe_calls_during_capture = 0;
   int event_records = 0, event_queries = 0, event_syncs = 0;
@@ -85,15 +90,58 @@ Device& dev() {
 
 std::atomic<void*> g_default_ctx{nullptr};  // fake_cuda_set_current: threads without their own
 std::atomic<int> g_device_count{8};
-thread_local void* t_ctx = nullptr;  // cuCtxSetCurrent's, per thread
-thread_local bool t_ctx_set = false;
+// Each thread's stack of current contexts ("the CPU thread's stack of current contexts",
+// cuCtxPushCurrent); a thread that never set one sees fake_cuda_set_current's (a test
+// convenience standing for the context the framework made current on its threads).
+thread_local std::vector<void*> t_stack;
+thread_local bool t_own_stack = false;
 thread_local int t_mode = kModeGlobal;  // "This is the default mode" (cuda.h:15454)
+constexpr int kMaxDevices = 16;
+int g_primary[kMaxDevices];  // the primary contexts' handles: &g_primary[device]
 
-void* current_ctx() { return t_ctx_set ? t_ctx : g_default_ctx.load(); }
+void* current_ctx() {
+  if (!t_own_stack) return g_default_ctx.load();
+  return t_stack.empty() ? nullptr : t_stack.back();
+}
+void own_stack() {
+  if (t_own_stack) return;
+  t_own_stack = true;
+  if (void* ctx = g_default_ctx.load(); ctx != nullptr) t_stack.push_back(ctx);
+}
+
+// The default handles (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) name the default
+// stream "of the context current to the calling thread" (cuStreamGetCtx); the fake has one
+// default stream per context. A created stream belongs to "the context that was active in
+// the calling thread when the stream was created" (cuStreamGetCtx): here, its first use
+// (or fake_cuda_set_stream_context). nullptr: a default handle with no context current.
+bool default_handle(std::uintptr_t h) { return h <= 2; }
+Stream* stream_of(Device& d, std::uintptr_t h) {
+  if (default_handle(h)) {
+    void* ctx = current_ctx();
+    if (ctx == nullptr) return nullptr;
+    Stream& s = d.legacy[ctx];
+    s.ctx = ctx;
+    return &s;
+  }
+  auto [it, created] = d.streams.try_emplace(h);
+  if (created) it->second.ctx = current_ctx();
+  return &it->second;
+}
 
 bool any_capture_live(Device& d) {
   for (auto& [h, s] : d.streams) {
     if (s.capturing) return true;
+  }
+  return false;
+}
+
+// The legacy default stream (NULL or CU_STREAM_LEGACY, not CU_STREAM_PER_THREAD) "while a
+// blocking stream in the same context is capturing" (cuStreamIsCapturing).
+bool legacy_blocked(Device& d, std::uintptr_t h) {
+  if (h > 1) return false;
+  void* ctx = current_ctx();
+  for (auto& [sh, s] : d.streams) {
+    if (s.capturing && s.ctx == ctx) return true;
   }
   return false;
 }
@@ -158,12 +206,80 @@ CUresult cuDeviceGetCount(int* n) {
   return kSuccess;
 }
 
-// "Binds the specified CUDA context to the calling CPU thread" (cuCtxSetCurrent); the
-// current context is per thread.
+// "Binds the specified CUDA context to the calling CPU thread. If ctx is NULL then this
+// will be equivalent to popping the top of the calling CPU thread's CUDA context stack
+// (or a no-op if the calling CPU thread's stack is empty). If there exists a CUDA context
+// stack on the calling CPU thread, this will replace the top of that stack with ctx"
+// (cuCtxSetCurrent).
 CUresult cuCtxSetCurrent(void* ctx) {
-  t_ctx = ctx;
-  t_ctx_set = true;
+  own_stack();
+  if (ctx == nullptr) {
+    if (!t_stack.empty()) t_stack.pop_back();
+  } else if (t_stack.empty()) {
+    t_stack.push_back(ctx);
+  } else {
+    t_stack.back() = ctx;
+  }
   return kSuccess;
+}
+// "Pushes the given context ctx onto the CPU thread's stack of current contexts. The
+// specified context becomes the CPU thread's current context" (cuCtxPushCurrent).
+CUresult cuCtxPushCurrent(void* ctx) {
+  if (ctx == nullptr) return kInvalidValue;
+  own_stack();
+  t_stack.push_back(ctx);
+  return kSuccess;
+}
+// "Pops the current CUDA context from the CPU thread and passes back the old context
+// handle ... If a context was current to the CPU thread before cuCtxCreate() or
+// cuCtxPushCurrent() was called, this function makes that context current to the CPU
+// thread again" (cuCtxPopCurrent); CUDA_ERROR_INVALID_CONTEXT without one.
+CUresult cuCtxPopCurrent(void** ctx) {
+  own_stack();
+  if (t_stack.empty()) return kInvalidContext;
+  if (ctx != nullptr) *ctx = t_stack.back();
+  t_stack.pop_back();
+  return kSuccess;
+}
+// "Retains the primary context on the device, creating it if necessary" (cuDevicePrimary-
+// CtxRetain); one primary context per device, whoever retains it; released as many times.
+CUresult cuDevicePrimaryCtxRetain(void** ctx, int device) {
+  if (device < 0 || device >= std::min(g_device_count.load(), kMaxDevices)) return kInvalidDevice;
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *ctx = &g_primary[device];
+  d.context_device[*ctx] = device;
+  ++d.primary_retains[device];
+  return kSuccess;
+}
+CUresult cuDevicePrimaryCtxRelease(int device) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.primary_retains[device] <= 0) return kInvalidContext;  // not retained
+  --d.primary_retains[device];
+  return kSuccess;
+}
+void* fake_cuda_primary_context(int device) { return &g_primary[device]; }
+int fake_cuda_primary_retains(int device) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.primary_retains[device];
+}
+// "Returns the CUDA context that the stream is associated with"; for the special handles
+// "the context current to the calling thread. If no context is current to the calling
+// thread, CUDA_ERROR_INVALID_CONTEXT is returned" (cuStreamGetCtx).
+CUresult cuStreamGetCtx(void* stream, void** ctx) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Stream* s = stream_of(d, reinterpret_cast<std::uintptr_t>(stream));
+  if (s == nullptr || s->ctx == nullptr) return kInvalidContext;
+  *ctx = s->ctx;
+  return kSuccess;
+}
+void fake_cuda_set_stream_context(std::uintptr_t stream, void* ctx) {
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.streams[stream].ctx = ctx;
 }
 CUresult cuCtxGetCurrent(void** ctx) {
   *ctx = current_ctx();
@@ -229,6 +345,7 @@ void fake_cuda_reset() {
   std::lock_guard<std::mutex> lock(d.mu);
   d.now_ns = 0;
   d.streams.clear();
+  d.legacy.clear();
   d.invalidations = 0;
   d.unsafe_calls_during_capture = 0;
   d.event_records = d.event_queries = d.event_syncs = 0;
@@ -236,10 +353,10 @@ void fake_cuda_reset() {
 void fake_cuda_enqueue(std::uintptr_t stream, double ms) {
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
-  Stream& s = d.streams[stream];
-  if (s.capturing) return;  // captured into the graph, not executed
+  Stream* s = stream_of(d, stream);
+  if (s == nullptr || s->capturing) return;  // no context; or captured, not executed
   const auto ns = static_cast<std::int64_t>(ms * 1e6);
-  s.busy_until_ns = std::max(s.busy_until_ns, d.now_ns) + ns;
+  s->busy_until_ns = std::max(s->busy_until_ns, d.now_ns) + ns;
 }
 void fake_cuda_advance(double ms) {
   Device& d = dev();
@@ -325,16 +442,21 @@ CUresult cuEventRecord(void* event, void* stream) {
   Event* e = find_event(d, event);
   if (e == nullptr) return kInvalidHandle;
   const auto h = reinterpret_cast<std::uintptr_t>(stream);
-  if (h == 0 && any_capture_live(d)) {
+  if (legacy_blocked(d, h)) {
     for (auto& [sh, s] : d.streams) {
-      if (s.capturing && !s.capture.invalidated) {
+      if (s.capturing && !s.capture.invalidated && s.ctx == current_ctx()) {
         s.capture.invalidated = true;
         ++d.invalidations;
       }
     }
     return kCaptureImplicit;
   }
-  Stream& s = d.streams[h];
+  Stream* sp = stream_of(d, h);
+  if (sp == nullptr) return kInvalidContext;
+  Stream& s = *sp;
+  // "hEvent and hStream must be from the same context otherwise CUDA_ERROR_INVALID_HANDLE
+  // is returned" (cuEventRecord, cuda.h).
+  if (e->ctx != s.ctx) return kInvalidHandle;
   e->recorded = true;
   if (s.capturing) {
     e->captured = true;
@@ -342,8 +464,10 @@ CUresult cuEventRecord(void* event, void* stream) {
   }
   e->captured = false;
   std::int64_t at = std::max(s.busy_until_ns, d.now_ns);
-  if (h == 0) {  // "recorded after all preceding operations in the CUDA context"
-    for (auto& [sh, other] : d.streams) at = std::max(at, other.busy_until_ns);
+  if (default_handle(h)) {  // "recorded after all preceding operations in the CUDA context"
+    for (auto& [sh, other] : d.streams) {
+      if (other.ctx == s.ctx) at = std::max(at, other.busy_until_ns);
+    }
   }
   e->complete_at_ns = at;
   return kSuccess;
@@ -391,6 +515,9 @@ CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
   Event* b = find_event(d, end);
   if (a == nullptr || b == nullptr || !a->recorded || !b->recorded) return kInvalidHandle;
   if (a->captured || b->captured) return kCapturedEvent;
+  // "cudaEventElapsedTime() will fail if the two input events are associated to different
+  // devices" (CUDA C++ Programming Guide, Stream and Event Behavior): here, contexts.
+  if (a->ctx != b->ctx) return kInvalidHandle;
   if (d.now_ns < a->complete_at_ns || d.now_ns < b->complete_at_ns) return kNotReady;
   *ms = static_cast<float>(static_cast<double>(b->complete_at_ns - a->complete_at_ns) / 1e6);
   return kSuccess;
@@ -404,8 +531,8 @@ CUresult cuStreamBeginCapture_v2(void* stream, int mode) {
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
   const auto h = reinterpret_cast<std::uintptr_t>(stream);
-  if (h == 0) return kCaptureUnsupported;
-  Stream& s = d.streams[h];
+  if (default_handle(h)) return kCaptureUnsupported;
+  Stream& s = *stream_of(d, h);
   if (s.capturing) return kInvalidValue;
   s.capturing = true;
   s.capture = Capture{mode, std::this_thread::get_id(), false};
@@ -441,8 +568,9 @@ CUresult cuStreamIsCapturing(void* stream, int* status) {
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
   const auto h = reinterpret_cast<std::uintptr_t>(stream);
-  if (h == 0) {
-    if (any_capture_live(d)) return kCaptureImplicit;
+  if (default_handle(h)) {
+    if (current_ctx() == nullptr) return kInvalidContext;
+    if (legacy_blocked(d, h)) return kCaptureImplicit;
     *status = kStatusNone;
     return kSuccess;
   }
@@ -473,6 +601,9 @@ CUresult cuGetErrorName(CUresult r, const char** name) {
       break;
     case kInvalidContext:
       *name = "CUDA_ERROR_INVALID_CONTEXT";
+      break;
+    case kInvalidDevice:
+      *name = "CUDA_ERROR_INVALID_DEVICE";
       break;
     case kCaptureUnsupported:
       *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";

@@ -31,12 +31,25 @@ int fake_cuda_event_syncs();
 /// 0000:<1B+16 device>:00.0, the bus of the fake NVML's GPU `device`).
 void fake_cuda_set_pci_bus_id(int device, const char* bus_id);
 
+/// The context current on threads that set none (a test's stand-in for the framework's),
+/// and the device it is on; nullptr: none.
+void fake_cuda_set_current(void* ctx, int device);
+/// Binds a created stream to a context (streams otherwise take the context current where
+/// they are first used).
+void fake_cuda_set_stream_context(std::uintptr_t stream, void* ctx);
+/// A device's primary context, and how many retains on it are outstanding.
+void* fake_cuda_primary_context(int device);
+int fake_cuda_primary_retains(int device);
+
 // The driver's own entry points (CUstream as void*, CUstreamCaptureMode as int).
 int cuStreamBeginCapture_v2(void* stream, int mode);
 int cuStreamEndCapture(void* stream, void** graph);
 int cuStreamIsCapturing(void* stream, int* status);
 int cuThreadExchangeStreamCaptureMode(int* mode);
 int cuCtxSetCurrent(void* ctx);
+int cuCtxGetCurrent(void** ctx);
+int cuCtxPushCurrent(void* ctx);
+int cuCtxPopCurrent(void** ctx);
 }
 
 namespace fake_cuda {
