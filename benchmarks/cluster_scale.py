@@ -4,12 +4,12 @@ ranks grows, through one real torch.distributed TCPStore on this machine (issue 
     ~/.cache/steptrace/venv/bin/python benchmarks/cluster_scale.py            # about 2-3 minutes on 2 cores
     ~/.cache/steptrace/venv/bin/python benchmarks/cluster_scale.py --quick    # a smoke run (about 20 s)
     ~/.cache/steptrace/venv/bin/python benchmarks/cluster_scale.py --ranks 2,64,1024 --json out.json
-    ~/.cache/steptrace/venv/bin/python benchmarks/cluster_scale.py --cluster-py python/steptrace/cluster.py
+    ~/.cache/steptrace/venv/bin/python benchmarks/cluster_scale.py --cluster-py python/steptrace/cluster
 
-``--cluster-py PATH`` measures that copy of ``steptrace/cluster.py`` (pure Python) instead
-of the installed one: the working tree's, or a candidate fix, without reinstalling the
-compiled package. The run says which file it measured and whether the installed copy
-matches the working tree's.
+``--cluster-py PATH`` measures that copy of the ``steptrace/cluster/`` package (pure Python)
+instead of the installed one: the working tree's, or a candidate fix, without reinstalling
+the compiled package. The run says which package it measured and whether the installed
+copy matches the working tree's.
 
 It is a benchmark, not a test: it never asserts and exits 0; whatever it measures is
 reported as it is.
@@ -531,18 +531,31 @@ def memory_run(n: int, windows: int, agg: ClusterExchange, agg_core: SimCore, cl
 
 
 def use_cluster_py(path: str) -> None:
-    """Measure this file as steptrace.cluster (it imports only steptrace.errors)."""
+    """Measure this package folder as steptrace.cluster (it imports only steptrace.errors)."""
     global cluster_mod, CLUSTER_OPTIONS, ClusterExchange
-    spec = importlib.util.spec_from_file_location("steptrace.cluster", path)
+    pkg = Path(path)
+    if pkg.name == "__init__.py":
+        pkg = pkg.parent
+    for name in [n for n in sys.modules if n == "steptrace.cluster" or n.startswith("steptrace.cluster.")]:
+        del sys.modules[name]  # its modules come from this folder, not the installed package
+    spec = importlib.util.spec_from_file_location("steptrace.cluster", pkg / "__init__.py",
+                                                  submodule_search_locations=[str(pkg)])
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     sys.modules["steptrace.cluster"] = mod
+    spec.loader.exec_module(mod)
     cluster_mod, CLUSTER_OPTIONS, ClusterExchange = mod, mod.CLUSTER_OPTIONS, mod.ClusterExchange
 
 
 def _sha(path: str) -> str:
+    """Of a file, or of a package folder's .py files (their names and bytes)."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+        p = Path(path)
+        if not p.is_dir():
+            return hashlib.sha256(p.read_bytes()).hexdigest()[:12]
+        files = sorted(p.glob("*.py"))
+        if not files:
+            return "-"
+        return hashlib.sha256(b"".join(f.name.encode() + b"\0" + f.read_bytes() for f in files)).hexdigest()[:12]
     except OSError:
         return "-"
 
@@ -559,8 +572,9 @@ def machine() -> Dict[str, Any]:
     return {"nproc": os.cpu_count(), "cpu": model, "load": os.getloadavg(),
             "python": platform.python_version(), "torch": torch.__version__,
             "steptrace": getattr(steptrace, "__version__", "?"), "host": socket.gethostname(),
-            "cluster_py": cluster_mod.__file__, "cluster_py_sha": _sha(cluster_mod.__file__),
-            "tree_cluster_py_sha": _sha(str(REPO / "python" / "steptrace" / "cluster.py"))}
+            "cluster_py": str(Path(cluster_mod.__file__).parent),
+            "cluster_py_sha": _sha(str(Path(cluster_mod.__file__).parent)),
+            "tree_cluster_py_sha": _sha(str(REPO / "python" / "steptrace" / "cluster"))}
 
 
 def print_report(results: List[Dict[str, Any]], m: Dict[str, Any], args: argparse.Namespace) -> None:
@@ -653,7 +667,7 @@ def main() -> int:
     parser.add_argument("--steps-per-poll", type=int, default=10, help="steps per 1 s poll (10: a 100 ms step)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2,64,256 ranks, 2 windows")
     parser.add_argument("--cluster-py", metavar="PATH",
-                        help="measure this steptrace/cluster.py instead of the installed one")
+                        help="measure this steptrace/cluster package folder instead of the installed one")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = parser.parse_args()
     if args.cluster_py:
@@ -666,9 +680,9 @@ def main() -> int:
     sizes = [int(x) for x in args.ranks.split(",")]
     m = machine()
     progress(f"steptrace.cluster from {m['cluster_py']} (sha256 {m['cluster_py_sha']}; the working "
-             f"tree's python/steptrace/cluster.py: {m['tree_cluster_py_sha']}"
+             f"tree's python/steptrace/cluster: {m['tree_cluster_py_sha']}"
              + (", the same)" if m["cluster_py_sha"] == m["tree_cluster_py_sha"] else
-                ", DIFFERENT: --cluster-py python/steptrace/cluster.py measures the tree's)"))
+                ", DIFFERENT: --cluster-py python/steptrace/cluster measures the tree's)"))
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     port = server.port
     progress(f"TCPStore server on port {port}; opening {args.clients} client connections")

@@ -1,0 +1,255 @@
+"""Live: the exchange through torch.distributed's store. Every rank publishes its window
+summaries and heartbeats from a background thread; the aggregating rank reads them and
+writes the ``cluster`` records and the alerts into its own log."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import statistics
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional
+
+from steptrace.cluster.rules import ClusterAnalyzer
+from steptrace.cluster.stats import _median, window_summary
+
+logger = logging.getLogger("steptrace")
+
+
+def _default_store() -> Any:
+    import torch.distributed as dist  # the caller checked that torch.distributed is initialized
+
+    from torch.distributed import distributed_c10d
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return distributed_c10d._get_default_store()
+
+
+_PROBES = 64  # most existence checks of not-yet-seen ranks per poll
+
+
+class LogTail:
+    """The whole lines a log file gained since the last call, for the background threads
+    that follow what this rank's writer wrote (the cross-rank exchange, the OTLP export)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def new_lines(self) -> list[bytes]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()  # an incomplete last line waits for the next read
+        return lines
+
+
+class ClusterExchange:
+    """Publishes this rank's window summaries and heartbeats through a c10d Store and, on
+    the aggregating rank, writes the cross-rank view into this rank's log. One daemon
+    thread; a step never waits for it (it reads the log file the writer already wrote and
+    a few atomics of the core)."""
+
+    def __init__(self, core: Any, options: Mapping[str, Any], *, store: Any = None,
+                 get_store: Callable[[], Any] = _default_store,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._core = core
+        self.options = dict(options)
+        config = core.config
+        self.rank = int(config.rank)
+        self.world = int(config.world_size)
+        self.host = socket.gethostname()
+        self._prefix = f"steptrace/{config.run_id}/"
+        self._store = store
+        self._get_store = get_store
+        self._clock = clock
+        self._interval = int(self.options["cluster_interval"])
+        self._aggregator = self.rank == int(self.options["cluster_rank"])
+        self._analyzer = ClusterAnalyzer(self.options, rank=self.rank)
+        self._stop = threading.Event()
+        self._log = LogTail(core.log_path)
+        self._window_steps: list[dict] = []
+        self._window_index: Optional[int] = None
+        self._published_window = -1
+        self._step_seen = -1
+        self._activity_seen: tuple = ()
+        self._progress_t = clock()
+        self._step_ms: list[float] = []
+        # aggregator state
+        self._seen: set[int] = set()
+        self._hb: dict[int, dict] = {}
+        self._hb_raw: dict[int, bytes] = {}
+        self._hosts: dict[int, str] = {}
+        self._windows_done = -1
+        self._probe = 0
+        self.errors = 0
+        self._thread = threading.Thread(target=self._run, name="steptrace-cluster", daemon=True)
+
+    def start(self) -> "ClusterExchange":
+        self._thread.start()
+        return self
+
+    def stop(self, final_step: Optional[int] = None) -> None:
+        """Stops the thread; the aggregator writes what its last poll found and resolves
+        its open episodes."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, 3 * float(self.options["cluster_poll_s"])))
+        if self._aggregator and self._store is not None:
+            step = final_step if final_step is not None else max(self._step_seen, 0)
+            self._write_all(self._analyzer.finish(step))
+
+    # ---- the thread ----
+    def _run(self) -> None:
+        poll = float(self.options["cluster_poll_s"])
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception as exc:  # never into training: say it once, keep going
+                self.errors += 1
+                if self.errors == 1:
+                    logger.warning("steptrace: cross-rank exchange failed (%s: %s); will retry",
+                                   type(exc).__name__, exc)
+            self._stop.wait(poll)
+        try:
+            self.poll_once()  # what the last steps published
+        except Exception:
+            self.errors += 1
+
+    def poll_once(self) -> None:
+        if self._store is None:
+            self._store = self._get_store()
+            if self._store is None:
+                return  # torch.distributed not initialized yet
+        self._read_own_log()
+        self._publish_heartbeat()
+        if self._aggregator:
+            self._aggregate()
+
+    # ---- this rank ----
+    def _read_own_log(self) -> None:
+        for line in self._log.new_lines():
+            if not line.startswith(b'{"kind":"step"'):
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            self._add_step(rec)
+
+    def _add_step(self, rec: dict) -> None:
+        step = int(rec["step"])
+        self._step_seen = max(self._step_seen, step)
+        self._step_ms.append(float(rec.get("host_ms", rec.get("step_ms", 0.0))))
+        del self._step_ms[:-200]
+        index = step // self._interval
+        if self._window_index is not None and index != self._window_index:
+            self._publish_window()
+        self._window_index = index
+        self._window_steps.append(rec)
+        if step % self._interval == self._interval - 1:
+            self._publish_window()
+
+    def _publish_window(self) -> None:
+        steps, index = self._window_steps, self._window_index
+        self._window_steps = []
+        if index is None or index <= self._published_window or len(steps) < max(1, self._interval // 2):
+            return
+        summary = window_summary(self.rank, index, steps, self.host)
+        if summary is None:
+            return
+        self._store.set(self._prefix + f"w{self.rank}", json.dumps(summary, separators=(",", ":")))
+        self._published_window = index
+
+    def _publish_heartbeat(self) -> None:
+        core = self._core
+        in_step = bool(core.in_step)
+        begun = int(core.step_index)
+        phase = core.current_phase if in_step else ""
+        in_collective = int(core.collectives_in_flight > 0)
+        now = self._clock()
+        # Progress is any change of step, phase or collective state since the last poll, not
+        # only a step boundary: a rank whose all-reduce just completed (now in its optimizer)
+        # is not stuck, even while the peer it waited for is still in that collective.
+        activity = (begun, in_step, phase, in_collective)
+        if activity != self._activity_seen:
+            self._activity_seen, self._progress_t = activity, now
+        # Short keys: the aggregator reads every rank's heartbeat at each poll.
+        hb = {"t": round(now, 3), "p": round(self._progress_t, 3), "s": max(begun - 1, 0),
+              "ph": phase, "c": in_collective,
+              "w": self._published_window,
+              "m": round(statistics.median(self._step_ms) / 1000.0, 4) if self._step_ms else 0.0}
+        self._store.set(self._prefix + f"h{self.rank}", json.dumps(hb, separators=(",", ":")))
+
+    # ---- the aggregating rank ----
+    def _fetch(self, kind: str, ranks: list[int]) -> dict[int, bytes]:
+        keys = [self._prefix + f"{kind}{r}" for r in ranks]
+        if not keys:
+            return {}
+        values = self._store.multi_get(keys)
+        return dict(zip(ranks, values))
+
+    def _aggregate(self) -> None:
+        store = self._store
+        if len(self._seen) < self.world:  # keys are never deleted: seen once, readable from now on
+            unseen = [r for r in range(self.world) if r not in self._seen]
+            if store.check([self._prefix + f"h{r}" for r in unseen]):
+                self._seen.update(unseen)  # one round trip once every rank runs
+            else:  # some have not started yet: at most _PROBES round trips per poll, in turn
+                start = self._probe % len(unseen)
+                for r in (unseen[start:] + unseen[:start])[:_PROBES]:
+                    if store.check([self._prefix + f"h{r}"]):
+                        self._seen.add(r)
+                self._probe += _PROBES
+        raw = self._fetch("h", sorted(self._seen))
+        now = self._clock()
+        # unchanged: the rank published nothing since the last poll; the others in one parse
+        changed = [(r, value) for r, value in raw.items() if self._hb_raw.get(r) != value]
+        parsed = json.loads(b"[" + b",".join(bytes(v) for _, v in changed) + b"]") if changed else []
+        for (r, value), raw_hb in zip(changed, parsed):
+            self._hb_raw[r] = value
+            # On this rank's clock (hosts' clocks differ): seen now, progress as old as the
+            # publisher says (a difference of its own clock's readings).
+            age = max(0.0, float(raw_hb["t"]) - float(raw_hb["p"]))
+            self._hb[r] = {"t": now, "progress_t": now - age, "step": int(raw_hb["s"]),
+                           "phase": raw_hb["ph"], "in_collective": bool(raw_hb["c"]),
+                           "window": int(raw_hb["w"]), "median_step_s": float(raw_hb["m"]),
+                           "host": self._hosts.get(r, "")}
+        median_step_s = _median(hb.get("median_step_s", 0.0) for hb in self._hb.values()) or 0.0
+        unix_ns = time.time_ns()
+        self._write_all(self._analyzer.silence(self._hb, now, median_step_s, self._seen, unix_ns))
+        published = {r: int(hb.get("window", -1)) for r, hb in self._hb.items()}
+        if len(published) < 2:
+            return
+        # A rank more than one window behind the newest (stopped, or hung: rank_silent says
+        # so) does not hold the view back; the record's ranks_reporting shows it is missing.
+        newest = max(published.values())
+        target = min(w for w in published.values() if w >= newest - 1)
+        if target <= self._windows_done:
+            return
+        ready = [r for r, w in published.items() if w >= target]
+        fetched = self._fetch("w", ready)
+        parsed = json.loads(b"[" + b",".join(bytes(v) for v in fetched.values()) + b"]")  # one parse
+        summaries = dict(zip(fetched, parsed))
+        for r, summary in summaries.items():
+            self._hosts[r] = summary.get("host", "")
+        record, alerts = self._analyzer.window(summaries, world_size=self.world, unix_ns=unix_ns)
+        self._windows_done = target
+        self._write_all([record, *alerts])
+
+    def _write_all(self, records: list[dict]) -> None:
+        for rec in records:
+            try:
+                self._core.write_record(json.dumps(rec, separators=(",", ":")))
+            except Exception as exc:
+                self.errors += 1
+                logger.debug("steptrace: cluster record not written: %s", exc)

@@ -1,0 +1,75 @@
+"""The text of ``steptrace cluster RUN_DIR``: the per-rank table and the verdict."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from steptrace.cluster.options import HW_POWER_KEY, HW_TEMP_KEY
+
+
+def _fmt(v: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def _share(part: Optional[float], whole: Optional[float]) -> str:
+    return "-" if part is None or not whole else f"{100.0 * part / whole:.0f}%"
+
+
+def stragglers_found(result: Mapping[str, Any]) -> list[int]:
+    """Ranks a straggler alert named in an :func:`analyze_records` result."""
+    return sorted({a["subject_rank"] for a in result["alerts"]
+                   if a["kind"] == "alert" and a["type"] == "straggler"})
+
+
+def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
+    """The per-rank table and the verdict of :func:`analyze_records`, as text."""
+    table = result["table"]
+    lines = []
+    if table is None:
+        return f"{source or 'run'}: no completed steps"
+    lines.append(f"cluster view of {source or 'run'}: {len(table['ranks'])} rank(s), "
+                 f"windows of {result['interval']} steps, communication timed by: "
+                 f"{table['method'] or 'nothing (call prof.watch(ddp_model))'}")
+    head = ["rank", "host", "steps", "p50 ms", "p95 ms", "compute", "comm", "wait", "data",
+            "straggler", "memory"]
+    # the GPU's power and temperature (NVML), where any rank has them: hot_gpu compares these
+    with_hw = any(row.get("hw") for row in table["ranks"])
+    if with_hw:
+        head += ["power", "temp"]
+    rows = [head]
+    for row in table["ranks"]:
+        mem = row.get("memory_bytes")
+        rows.append([str(row["rank"]), row.get("host") or "?", str(row["steps"]), _fmt(row["step_ms"], ".2f"),
+                     _fmt(row["step_p95_ms"], ".2f"), _share(row["compute_ms"], row["step_ms"]),
+                     _share(row["comm_ms"], row["step_ms"]), _share(row["wait_ms"], row["step_ms"]),
+                     _share(row["data_ms"], row["step_ms"]), _fmt(row["straggler_pct"], "+.1f", "%"),
+                     "-" if not mem else f"{mem / 2**20:.0f} MiB"])
+        if with_hw:
+            hw = row.get("hw") or {}
+            rows[-1] += [_fmt(hw.get(HW_POWER_KEY), ".0f", " W"), _fmt(hw.get(HW_TEMP_KEY), ".0f", " C")]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        lines.append("  ".join(c.rjust(w) if i not in (1,) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    lines.append("(compute / comm / wait / data: shares of the median step; straggler: own work, "
+                 "compute + data, against the median of the other ranks)")
+    windows = len(result["windows"])
+    found = stragglers_found(result)
+    for r in found:
+        alerts = [a for a in result["alerts"] if a["kind"] == "alert" and a["type"] == "straggler"
+                  and a["subject_rank"] == r]
+        hit = sum(1 for w in result["windows"] if r in w["stragglers"])
+        a = alerts[0]
+        lines.append(f"STRAGGLER: rank {r} (host {a['details']['host'] or '?'}): own work "
+                     f"{a['details'].get('excess_pct', 0):.0f}% above the other ranks' median at its first "
+                     f"alert (step {a['step']}); a straggler in {hit} of {windows} windows; slower in {a['phase']}")
+        lines.append(f"  {a['message']}")
+    for a in result["alerts"]:
+        if a["kind"] == "alert" and a["type"] != "straggler":
+            lines.append(f"{a['type'].upper()} at step {a['step']}: {a['message']}")
+    if not found and len(table["ranks"]) >= 2:
+        slowest = table.get("slowest_rank")
+        lines.append(f"no straggler: the slowest rank ({slowest}) is {table.get('slowest_excess_pct', 0):+.1f}% "
+                     f"against the other ranks' median over the run, in {windows} windows compared")
+    elif len(table["ranks"]) < 2:
+        lines.append("one rank only: nothing to compare across ranks")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""One rank's window summary (:func:`window_summary`, built on :func:`step_split`) and
+the medians the cross-rank rules compare."""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from typing import Any, Iterable, Mapping, Optional
+
+
+def _median(values: Iterable[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return round(statistics.median(vals), 4) if vals else None
+
+
+def _medians_without_each(values: Mapping[int, Optional[float]]) -> dict[int, Optional[float]]:
+    """For every rank r, ``_median`` of the other ranks' values (None values left out), for
+    all ranks in O(n log n): one sort, then the middle of the sorted list without r's own
+    value, read off in O(1) (the same floats as sorting each rank's list of the others)."""
+    present = sorted(v for v in values.values() if v is not None)
+    everyone = round(statistics.median(present), 4) if present else None
+    k = len(present) - 1  # the others' count when r's own value is among them
+    out: dict[int, Optional[float]] = {}
+    for r, v in values.items():
+        if v is None:
+            out[r] = everyone
+        elif k == 0:
+            out[r] = None
+        else:
+            i = bisect.bisect_left(present, v)  # one occurrence of r's value (equal values are alike)
+            lo = present[k // 2 - 1] if k // 2 - 1 < i else present[k // 2]
+            hi = present[k // 2] if k // 2 < i else present[k // 2 + 1]
+            out[r] = round(hi if k % 2 else (lo + hi) / 2, 4)
+    return out
+
+
+def _p95(values: list[float]) -> Optional[float]:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 4)
+
+
+def step_split(record: Mapping[str, Any]) -> dict[str, Any]:
+    """One step's compute / communication / blocked split, and its own phase times (the
+    blocked time taken out of the phase it happened in)."""
+    step_ms = float(record.get("host_ms", record.get("step_ms", 0.0)))
+    phases = dict(record.get("phases_ms") or {})
+    comm = record.get("comm")
+    kernels = record.get("kernels")
+    if comm:
+        exposed = float(comm.get("exposed_ms", 0.0))
+        where = comm.get("exposed_in")
+        if where in phases:
+            phases[where] = max(0.0, phases[where] - exposed)
+        return {"method": comm.get("method", "host"), "comm_ms": float(comm.get("comm_ms", 0.0)),
+                "exposed_ms": exposed, "compute_ms": max(0.0, step_ms - exposed), "phases": phases}
+    if kernels and float(kernels.get("nccl_ms", 0.0)) > 0:
+        exposed = float(kernels.get("exposed_nccl_ms", kernels["nccl_ms"]))
+        return {"method": "cupti", "comm_ms": float(kernels["nccl_ms"]), "exposed_ms": exposed,
+                "compute_ms": max(0.0, float(record.get("step_ms", step_ms)) - exposed), "phases": phases}
+    return {"method": None, "comm_ms": None, "exposed_ms": None, "compute_ms": step_ms, "phases": phases}
+
+
+def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host: str = "") -> Optional[dict]:
+    """The summary one rank publishes for one window of its step records (None when the
+    window holds no completed step)."""
+    ok = [s for s in steps if s.get("status", "ok") == "ok"]
+    if not ok:
+        return None
+    splits = [step_split(s) for s in ok]
+    step_ms = [float(s["step_ms"]) for s in ok]
+    data_ms = [float(s.get("data_ms", 0.0)) for s in ok]
+    # the rank's own time between steps: the loader's wait and other host work (evaluation
+    # and checkpoints are not training work, and every rank has them at the same steps)
+    gap_ms = [d + float(s.get("other_ms", 0.0)) for s, d in zip(ok, data_ms)]
+    methods = {sp["method"] for sp in splits}
+    method = methods.pop() if len(methods) == 1 else ("mixed" if methods - {None} else None)
+    names: set[str] = set()
+    for sp in splits:
+        names.update(sp["phases"])
+    summary: dict[str, Any] = {
+        "rank": rank, "host": host, "window": window,
+        "first_step": int(ok[0]["step"]), "last_step": int(ok[-1]["step"]), "steps": len(ok),
+        "step_ms": _median(step_ms), "step_p95_ms": _p95(step_ms), "data_ms": _median(data_ms),
+        "compute_ms": _median(sp["compute_ms"] for sp in splits),
+        "own_ms": _median(sp["compute_ms"] + g for sp, g in zip(splits, gap_ms)),
+        "comm_ms": _median(sp["comm_ms"] for sp in splits),
+        "exposed_ms": _median(sp["exposed_ms"] for sp in splits),
+        "method": method,
+        "phases_ms": {n: _median(sp["phases"].get(n, 0.0) for sp in splits) for n in sorted(names)},
+    }
+    memory = [max(int(m.get(k, 0) or 0) for k in ("peak_bytes", "allocated_bytes", "rss_bytes"))
+              for m in (s.get("memory") or {} for s in ok)]
+    if any(memory):
+        summary["memory_bytes"] = max(memory)
+    hw = [s.get("hw") or s.get("telemetry") for s in ok]
+    hw = [h for h in hw if h]
+    if hw:
+        summary["hw"] = {k: _median(h.get(k) for h in hw)
+                         for k in sorted({k for h in hw for k, v in h.items() if isinstance(v, (int, float))})}
+    return summary
+
+
+def _common(values: Iterable[Optional[str]]) -> Optional[str]:
+    found = {v for v in values}
+    if len(found) == 1:
+        return found.pop()
+    return "mixed" if found - {None} else None
