@@ -1,12 +1,75 @@
 #include "steptrace/config.hpp"
 
+#include <initializer_list>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "check.hpp"
 #include "steptrace/error.hpp"
 
 namespace steptrace {
+namespace {
+
+// The `check` column of steptrace/config_options.def: one overload per kind.
+struct Unchecked {};
+struct IntRange {
+  long long lo;
+  long long hi;
+};
+struct Percent {};
+struct Fraction {};
+struct Positive {};
+struct NoiseFloor {};
+using OneOf = std::initializer_list<const char*>;
+
+template <class T>
+void check_option(const char* /*name*/, const T& /*value*/, Unchecked) {}
+
+template <class T>
+void check_option(const char* name, T value, IntRange range) {
+  static_assert(std::is_integral_v<T>, "range(lo, hi) is for integer options");
+  STEPTRACE_CHECK(value >= range.lo && value <= range.hi, ConfigError,
+                  "{}={} is out of range; allowed: {}..{}", name, value, range.lo, range.hi);
+}
+
+void check_option(const char* name, const std::string& value, OneOf allowed) {
+  std::string list;
+  bool ok = false;
+  for (const char* a : allowed) {
+    ok = ok || value == a;
+    list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", a);
+  }
+  STEPTRACE_CHECK(ok, ConfigError, "{}={:?} is unknown; allowed: {}", name, value, list);
+}
+
+// NaN fails these comparisons too, which is what we want.
+void check_option(const char* name, double value, Percent) {
+  STEPTRACE_CHECK(value > 0.0 && value <= 100.0, ConfigError,
+                  "{}={} is out of range; allowed: above 0 and at most 100 (a percentage)", name,
+                  value);
+}
+
+void check_option(const char* name, double value, Fraction) {
+  STEPTRACE_CHECK(value > 0.0 && value <= 1.0, ConfigError,
+                  "{}={} is out of range; allowed: above 0, at most 1 (a fraction of the power "
+                  "limit)",
+                  name, value);
+}
+
+void check_option(const char* name, double value, Positive) {
+  STEPTRACE_CHECK(value > 0.0 && value < 1e9, ConfigError,
+                  "{}={} is out of range; allowed: above 0", name, value);
+}
+
+void check_option(const char* name, double value, NoiseFloor) {
+  STEPTRACE_CHECK(value >= 0.0 && value < 1e9, ConfigError,
+                  "{}={} is out of range; allowed: 0 or more (0 turns this part of the noise "
+                  "rule off)",
+                  name, value);
+}
+
+}  // namespace
 
 void validate_phase_name(const std::string& name) {
   STEPTRACE_CHECK(!name.empty(), ConfigError,
@@ -24,6 +87,26 @@ void validate_phase_name(const std::string& name) {
 }
 
 void Config::validate() const {
+  // The generic checks, from the table's `check` column, in table order.
+#define STEPTRACE_CONFIG_CHECK_none \
+  Unchecked {}
+#define STEPTRACE_CONFIG_CHECK_range(lo, hi) \
+  IntRange { lo, hi }
+#define STEPTRACE_CONFIG_CHECK_one_of(...) \
+  OneOf { __VA_ARGS__ }
+#define STEPTRACE_CONFIG_CHECK_percent \
+  Percent {}
+#define STEPTRACE_CONFIG_CHECK_fraction \
+  Fraction {}
+#define STEPTRACE_CONFIG_CHECK_positive \
+  Positive {}
+#define STEPTRACE_CONFIG_CHECK_noise_floor \
+  NoiseFloor {}
+#define STEPTRACE_CONFIG_OPTION(group, type, name, default_value, check, doc) \
+  check_option(#name, name, STEPTRACE_CONFIG_CHECK_##check);
+#include "steptrace/config_options.def"
+
+  // The checks that need more than one option, or a message of their own.
   STEPTRACE_CHECK(!log_dir.empty(), ConfigError,
                   "log_dir is empty; give the folder the run's logs go to");
   STEPTRACE_CHECK(rank >= -1, ConfigError, "rank={} is negative; use rank >= 0 (or -1 for auto)",
@@ -33,14 +116,6 @@ void Config::validate() const {
   STEPTRACE_CHECK(rank < 0 || world_size < 0 || rank < world_size, ConfigError,
                   "rank={} is not below world_size={}; ranks are 0..world_size-1", rank,
                   world_size);
-  STEPTRACE_CHECK(flush_interval_ms >= 1 && flush_interval_ms <= 60000, ConfigError,
-                  "flush_interval_ms={} is out of range; allowed: 1..60000", flush_interval_ms);
-  STEPTRACE_CHECK(queue_capacity >= 16 && queue_capacity <= (1 << 20), ConfigError,
-                  "queue_capacity={} is out of range; allowed: 16..1048576", queue_capacity);
-  STEPTRACE_CHECK(clock == "auto" || clock == "host" || clock == "cuda", ConfigError,
-                  "clock={:?} is unknown; allowed: \"auto\", \"host\", \"cuda\"", clock);
-  STEPTRACE_CHECK(max_inflight_steps >= 1 && max_inflight_steps <= 1024, ConfigError,
-                  "max_inflight_steps={} is out of range; allowed: 1..1024", max_inflight_steps);
   STEPTRACE_CHECK(window >= 2, ConfigError,
                   "window={} is too small; the trailing window needs at least 2 steps", window);
   STEPTRACE_CHECK(warmup_steps >= 0, ConfigError, "warmup_steps={} is negative; allowed: 0 or more",
@@ -59,15 +134,6 @@ void Config::validate() const {
                   regression_min_steps, window);
   STEPTRACE_CHECK(min_history >= 2 && min_history <= window, ConfigError,
                   "min_history={} is out of range; allowed: 2..window ({})", min_history, window);
-  for (const auto& [name, value] : {std::pair<const char*, double>{"min_excess_ms", min_excess_ms},
-                                    {"stall_min_excess_ms", stall_min_excess_ms},
-                                    {"noise_sigmas", noise_sigmas},
-                                    {"regression_min_ms", regression_min_ms}}) {
-    STEPTRACE_CHECK(value >= 0.0 && value < 1e9, ConfigError,
-                    "{}={} is out of range; allowed: 0 or more (0 turns this part of the noise "
-                    "rule off)",
-                    name, value);
-  }
   STEPTRACE_CHECK(hang_threshold > 1.0, ConfigError,
                   "hang_threshold={} must be greater than 1 (a ratio to the median iteration)",
                   hang_threshold);
@@ -95,12 +161,6 @@ void Config::validate() const {
   STEPTRACE_CHECK(memory_growth_pct > 0.0 && memory_growth_pct < 1000.0, ConfigError,
                   "memory_growth_pct={} is out of range; allowed: above 0 and below 1000",
                   memory_growth_pct);
-  STEPTRACE_CHECK(kernel_activity == "auto" || kernel_activity == "off", ConfigError,
-                  "kernel_activity={:?} is unknown; allowed: \"auto\", \"off\"", kernel_activity);
-  STEPTRACE_CHECK(counters == "auto" || counters == "off", ConfigError,
-                  "counters={:?} is unknown; allowed: \"auto\", \"off\"", counters);
-  STEPTRACE_CHECK(counter_every >= 1 && counter_every <= 1000000, ConfigError,
-                  "counter_every={} is out of range; allowed: 1..1000000", counter_every);
   STEPTRACE_CHECK(counter_burst >= 1 && counter_burst <= counter_every, ConfigError,
                   "counter_burst={} is out of range; allowed: 1..counter_every ({})", counter_burst,
                   counter_every);
@@ -108,39 +168,6 @@ void Config::validate() const {
                   "device_index={} is invalid; use a CUDA device index >= 0 (or -1 for the "
                   "current device)",
                   device_index);
-  STEPTRACE_CHECK(top_kernels >= 0 && top_kernels <= 1000, ConfigError,
-                  "top_kernels={} is out of range; allowed: 0..1000", top_kernels);
-  for (const auto& [name, value] :
-       {std::pair<const char*, double>{"tensor_core_min_pct", tensor_core_min_pct},
-        {"matmul_dominated_pct", matmul_dominated_pct},
-        {"occupancy_min_pct", occupancy_min_pct},
-        {"dram_bound_pct", dram_bound_pct},
-        {"comm_bound_pct", comm_bound_pct},
-        {"power_low_sm_pct", power_low_sm_pct},
-        {"power_low_data_pct", power_low_data_pct}}) {
-    STEPTRACE_CHECK(value > 0.0 && value <= 100.0, ConfigError,
-                    "{}={} is out of range; allowed: above 0 and at most 100 (a percentage)", name,
-                    value);
-  }
-  STEPTRACE_CHECK(nvml == "auto" || nvml == "off", ConfigError,
-                  "nvml={:?} is unknown; allowed: \"auto\", \"off\"", nvml);
-  STEPTRACE_CHECK(nvml_interval_ms >= 1 && nvml_interval_ms <= 60000, ConfigError,
-                  "nvml_interval_ms={} is out of range; allowed: 1..60000", nvml_interval_ms);
-  STEPTRACE_CHECK(power_low_fraction > 0.0 && power_low_fraction <= 1.0, ConfigError,
-                  "power_low_fraction={} is out of range; allowed: above 0, at most 1 (a "
-                  "fraction of the power limit)",
-                  power_low_fraction);
-  STEPTRACE_CHECK(power_drop_fraction > 0.0 && power_drop_fraction <= 1.0, ConfigError,
-                  "power_drop_fraction={} is out of range; allowed: above 0, at most 1 (a "
-                  "fraction of the power limit)",
-                  power_drop_fraction);
-  for (const auto& [name, value] :
-       {std::pair<const char*, double>{"power_low_min_s", power_low_min_s},
-        {"temp_rise_c_per_min", temp_rise_c_per_min},
-        {"power_drop_w", power_drop_w}}) {
-    STEPTRACE_CHECK(value > 0.0 && value < 1e9, ConfigError,
-                    "{}={} is out of range; allowed: above 0", name, value);
-  }
   STEPTRACE_CHECK(phases.size() <= kMaxPhases, ConfigError,
                   "phases lists {} names; at most {} distinct phases are allowed", phases.size(),
                   kMaxPhases);

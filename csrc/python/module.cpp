@@ -719,61 +719,13 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
-  py::class_<steptrace::Config>(m, "Config")
-      .def(py::init<>())
-      .def_readwrite("log_dir", &steptrace::Config::log_dir)
-      .def_readwrite("overwrite", &steptrace::Config::overwrite)
-      .def_readwrite("run_id", &steptrace::Config::run_id)
-      .def_readwrite("rank", &steptrace::Config::rank)
-      .def_readwrite("world_size", &steptrace::Config::world_size)
-      .def_readwrite("phases", &steptrace::Config::phases)
-      .def_readwrite("flush_interval_ms", &steptrace::Config::flush_interval_ms)
-      .def_readwrite("queue_capacity", &steptrace::Config::queue_capacity)
-      .def_readwrite("sample_rss", &steptrace::Config::sample_rss)
-      .def_readwrite("sample_heap", &steptrace::Config::sample_heap)
-      .def_readwrite("clock", &steptrace::Config::clock)
-      .def_readwrite("max_inflight_steps", &steptrace::Config::max_inflight_steps)
-      .def_readwrite("window", &steptrace::Config::window)
-      .def_readwrite("warmup_steps", &steptrace::Config::warmup_steps)
-      .def_readwrite("regression_threshold", &steptrace::Config::regression_threshold)
-      .def_readwrite("stall_threshold", &steptrace::Config::stall_threshold)
-      .def_readwrite("regression_min_steps", &steptrace::Config::regression_min_steps)
-      .def_readwrite("min_history", &steptrace::Config::min_history)
-      .def_readwrite("min_excess_ms", &steptrace::Config::min_excess_ms)
-      .def_readwrite("stall_min_excess_ms", &steptrace::Config::stall_min_excess_ms)
-      .def_readwrite("noise_sigmas", &steptrace::Config::noise_sigmas)
-      .def_readwrite("regression_min_ms", &steptrace::Config::regression_min_ms)
-      .def_readwrite("detect", &steptrace::Config::detect)
-      .def_readwrite("hang_threshold", &steptrace::Config::hang_threshold)
-      .def_readwrite("hang_min_s", &steptrace::Config::hang_min_s)
-      .def_readwrite("hang_floor_s", &steptrace::Config::hang_floor_s)
-      .def_readwrite("memory_growth_pct", &steptrace::Config::memory_growth_pct)
-      .def_readwrite("kernel_activity", &steptrace::Config::kernel_activity)
-      .def_readwrite("counters", &steptrace::Config::counters)
-      .def_readwrite("counter_every", &steptrace::Config::counter_every)
-      .def_readwrite("counter_burst", &steptrace::Config::counter_burst)
-      .def_readwrite("device_index", &steptrace::Config::device_index)
-      .def_readwrite("top_kernels", &steptrace::Config::top_kernels)
-      .def_readwrite("tensor_core_min_pct", &steptrace::Config::tensor_core_min_pct)
-      .def_readwrite("matmul_dominated_pct", &steptrace::Config::matmul_dominated_pct)
-      .def_readwrite("occupancy_min_pct", &steptrace::Config::occupancy_min_pct)
-      .def_readwrite("dram_bound_pct", &steptrace::Config::dram_bound_pct)
-      .def_readwrite("comm_bound_pct", &steptrace::Config::comm_bound_pct)
-      .def_readwrite("nvml", &steptrace::Config::nvml)
-      .def_readwrite("nvml_interval_ms", &steptrace::Config::nvml_interval_ms)
-      .def_readwrite("power_low_fraction", &steptrace::Config::power_low_fraction)
-      .def_readwrite("power_low_min_s", &steptrace::Config::power_low_min_s)
-      .def_readwrite("power_low_sm_pct", &steptrace::Config::power_low_sm_pct)
-      .def_readwrite("power_low_data_pct", &steptrace::Config::power_low_data_pct)
-      .def_readwrite("temp_rise_c_per_min", &steptrace::Config::temp_rise_c_per_min)
-      .def_readwrite("power_drop_w", &steptrace::Config::power_drop_w)
-      .def_readwrite("power_drop_fraction", &steptrace::Config::power_drop_fraction)
-      .def_readwrite("close_wait_s", &steptrace::Config::close_wait_s)
-      .def_readwrite("metrics_port", &steptrace::Config::metrics_port)
-      .def_readwrite("job", &steptrace::Config::job)
-      .def_readwrite("metrics_textfile", &steptrace::Config::metrics_textfile)
-      .def_readwrite("metrics_pushgateway", &steptrace::Config::metrics_pushgateway)
-      .def("validate", &steptrace::Config::validate);
+  // One attribute per option of steptrace/config_options.def, with its one-line doc.
+  py::class_<steptrace::Config> config_type(m, "Config");
+  config_type.def(py::init<>());
+#define STEPTRACE_CONFIG_OPTION(group, type, name, default_value, check, doc) \
+  config_type.def_readwrite(#name, &steptrace::Config::name, doc);
+#include "steptrace/config_options.def"
+  config_type.def("validate", &steptrace::Config::validate);
 
   init_step_scope_type(m);
   init_phase_scope_type(m);
