@@ -22,17 +22,18 @@ import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from steptrace import _core
-from steptrace.cluster import CLUSTER_OPTIONS, ClusterExchange, check_cluster_options, wants_exchange
+from steptrace._options import PYTHON_OPTIONS
+from steptrace.cluster import ClusterExchange, check_cluster_options, wants_exchange
 from steptrace.errors import ConfigError, UnknownOptionError
-from steptrace.otlp import OTLP_OPTIONS, check_otlp_options
+from steptrace.otlp import check_otlp_options
 
 T = TypeVar("T")
 
 logger = logging.getLogger("steptrace")
 
-# Options handled here rather than by the core (None: any callable or None).
-_PYTHON_OPTIONS: dict = {"handle_signals": True, "on_alert": None, "cuda_memory": True, "sigterm_grace_s": 2.0,
-                         **CLUSTER_OPTIONS, **OTLP_OPTIONS}
+# Options handled here rather than by the core (None: any callable or None), from the
+# option table (include/steptrace/config_options.def, via the generated steptrace._options).
+_PYTHON_OPTIONS: dict = dict(PYTHON_OPTIONS)
 _CORE_OPTIONS = sorted(
     name for name in dir(_core.Config) if not name.startswith("_") and name not in ("validate", "log_dir")
 )

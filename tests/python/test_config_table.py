@@ -80,11 +80,20 @@ def test_core_config_has_the_table_fields_defaults_and_docs():
 
 
 def test_python_only_options_match_the_table():
-    from steptrace import profiler
+    from steptrace import _options, profiler
+    from steptrace.cluster import CLUSTER_OPTIONS
+    from steptrace.otlp import OTLP_OPTIONS
 
-    assert sorted(profiler._PYTHON_OPTIONS) == sorted(o.name for o in PYTHON)
-    for o in PYTHON:
-        assert _same(profiler._PYTHON_OPTIONS[o.name], o.default), o.name
+    assert list(_options.OPTION_GROUPS.items()) == [(o.name, o.group) for o in OPTIONS]
+    for table in (_options.PYTHON_OPTIONS, profiler._PYTHON_OPTIONS):
+        assert list(table) == [o.name for o in PYTHON]
+        for o in PYTHON:
+            assert _same(table[o.name], o.default), o.name
+    # The option tables the cluster exchange and the OTLP exporter keep for themselves.
+    for table in (CLUSTER_OPTIONS, OTLP_OPTIONS):
+        for name, default in table.items():
+            assert _same(default, _options.PYTHON_OPTIONS[name]), name
+    assert sorted(CLUSTER_OPTIONS) == sorted(o.name for o in PYTHON if o.group == "cluster")
     assert sorted(profiler.ALLOWED_OPTIONS) == sorted(o.name for o in OPTIONS if o.name != "log_dir")
 
 
