@@ -1173,6 +1173,19 @@ class ProfilerImpl final : public SignalClosable {
     return d;
   }
 
+  // run_start.config: every option of steptrace/config_options.def, in table order, but
+  // run_id, rank and world_size (resolved, at the top level of run_start).
+  nlohmann::ordered_json config_json() const {
+    nlohmann::ordered_json options = nlohmann::ordered_json::object();
+#define STEPTRACE_CONFIG_OPTION(group, type, name, default_value, check, doc)     \
+  if (std::string_view(#name) != "run_id" && std::string_view(#name) != "rank" && \
+      std::string_view(#name) != "world_size") {                                  \
+    options[#name] = config_.name;                                                \
+  }
+#include "steptrace/config_options.def"
+    return options;
+  }
+
   std::string run_start_json(const RunInfo& info) const {
     using nlohmann::ordered_json;
     ordered_json versions = {{"steptrace", STEPTRACE_VERSION}};
@@ -1198,56 +1211,7 @@ class ProfilerImpl final : public SignalClosable {
         {"start_unix_ns", start_unix_ns_},
         {"versions", versions},
         {"device", device_json()},
-        {"config",
-         {{"log_dir", config_.log_dir},
-          {"overwrite", config_.overwrite},
-          {"phases", config_.phases},
-          {"flush_interval_ms", config_.flush_interval_ms},
-          {"queue_capacity", config_.queue_capacity},
-          {"sample_rss", config_.sample_rss},
-          {"sample_heap", config_.sample_heap},
-          {"clock", config_.clock},
-          {"max_inflight_steps", config_.max_inflight_steps},
-          {"window", config_.window},
-          {"warmup_steps", config_.warmup_steps},
-          {"regression_threshold", config_.regression_threshold},
-          {"stall_threshold", config_.stall_threshold},
-          {"regression_min_steps", config_.regression_min_steps},
-          {"min_history", config_.min_history},
-          {"min_excess_ms", config_.min_excess_ms},
-          {"stall_min_excess_ms", config_.stall_min_excess_ms},
-          {"noise_sigmas", config_.noise_sigmas},
-          {"regression_min_ms", config_.regression_min_ms},
-          {"detect", config_.detect},
-          {"hang_threshold", config_.hang_threshold},
-          {"hang_min_s", config_.hang_min_s},
-          {"hang_floor_s", config_.hang_floor_s},
-          {"memory_growth_pct", config_.memory_growth_pct},
-          {"kernel_activity", config_.kernel_activity},
-          {"counters", config_.counters},
-          {"counter_every", config_.counter_every},
-          {"counter_burst", config_.counter_burst},
-          {"device_index", config_.device_index},
-          {"top_kernels", config_.top_kernels},
-          {"tensor_core_min_pct", config_.tensor_core_min_pct},
-          {"matmul_dominated_pct", config_.matmul_dominated_pct},
-          {"occupancy_min_pct", config_.occupancy_min_pct},
-          {"dram_bound_pct", config_.dram_bound_pct},
-          {"comm_bound_pct", config_.comm_bound_pct},
-          {"nvml", config_.nvml},
-          {"nvml_interval_ms", config_.nvml_interval_ms},
-          {"power_low_fraction", config_.power_low_fraction},
-          {"power_low_min_s", config_.power_low_min_s},
-          {"power_low_sm_pct", config_.power_low_sm_pct},
-          {"power_low_data_pct", config_.power_low_data_pct},
-          {"temp_rise_c_per_min", config_.temp_rise_c_per_min},
-          {"power_drop_w", config_.power_drop_w},
-          {"power_drop_fraction", config_.power_drop_fraction},
-          {"close_wait_s", config_.close_wait_s},
-          {"metrics_port", config_.metrics_port},
-          {"job", config_.job},
-          {"metrics_textfile", config_.metrics_textfile},
-          {"metrics_pushgateway", config_.metrics_pushgateway}}},
+        {"config", config_json()},
         {"backends",
          {{"timer", timer_json()},
           {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}},
