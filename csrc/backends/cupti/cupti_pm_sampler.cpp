@@ -2,7 +2,8 @@
 // performance monitors every ~1 ms into a hardware buffer while a sampled step runs; a
 // decode thread turns the buffer into CounterSamples every 25 ms. Where PM sampling is
 // missing, make_cupti_counter_sampler falls back to the range profiler
-// (cupti_range_profiler.cpp). libcupti is dlopen'ed
+// (cupti_range_profiler.cpp). Both are modes of CounterSession (counter_session.hpp),
+// which holds their shared lifecycle. libcupti is dlopen'ed
 // (the copy already in the process when there is one); the CUPTI headers give only the
 // parameter structs. Without them at build time this is a stub that says so.
 #include "steptrace/backend.hpp"
@@ -15,17 +16,12 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
-#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
 
-#include "cupti_errors.hpp"
+#include "counter_session.hpp"
 #include "cupti_host.hpp"
 #include "metric_sets.hpp"
 #include "pm_sampling_logic.hpp"
@@ -48,11 +44,9 @@ constexpr std::uint64_t kIntervalSysclkCycles = 1'000'000;
 // reset and decoded into again within the same pass.
 constexpr std::uint32_t kSamplesPerImage = 256;
 constexpr int kMaxImagesPerPass = 64;
-constexpr auto kDecodePeriod = std::chrono::milliseconds(25);
-// Decoded samples waiting for take(); beyond this they are dropped and counted.
-constexpr std::size_t kMaxPending = std::size_t{1} << 16;
 
-// CUPTI entry points beyond the host API, resolved from the loaded library.
+// CUPTI entry points beyond the host API, resolved from the loaded library
+// (load_session_api).
 struct PmApi {
   ProfilerApi profiler;
   decltype(&::cuptiPmSamplingGetCounterAvailability) counter_availability = nullptr;
@@ -67,12 +61,8 @@ struct PmApi {
   decltype(&::cuptiPmSamplingGetCounterDataInfo) counter_data_info = nullptr;
   decltype(&::cuptiPmSamplingCounterDataGetSampleInfo) sample_info = nullptr;
 
-  // False with the first missing name; `pm_missing` tells whether it was a PM sampling
-  // entry point (a CUPTI older than 12.6) rather than a basic one.
-  bool load(void* lib, std::string* missing, bool* pm_missing) {
-    *pm_missing = false;
-    if (!profiler.load(lib, missing)) return false;
-    SymbolResolver resolve(lib, missing);
+  // The PM sampling entry points (CUPTI 12.6+).
+  void resolve_mode(SymbolResolver& resolve) {
     resolve(counter_availability, "cuptiPmSamplingGetCounterAvailability");
     resolve(enable, "cuptiPmSamplingEnable");
     resolve(disable, "cuptiPmSamplingDisable");
@@ -84,48 +74,27 @@ struct PmApi {
     resolve(counter_data_initialize, "cuptiPmSamplingCounterDataImageInitialize");
     resolve(counter_data_info, "cuptiPmSamplingGetCounterDataInfo");
     resolve(sample_info, "cuptiPmSamplingCounterDataGetSampleInfo");
-    *pm_missing = !resolve.ok();
-    return resolve.ok();
   }
 };
 
-class CuptiPmSampler final : public QueuedCounterSampler {
+class CuptiPmSampler final : public CounterSession {
  public:
   CuptiPmSampler(const PmApi& api, const HostApi& host_api, Device device)
-      : QueuedCounterSampler(kMaxPending),
-        api_(api),
-        host_api_(host_api),
-        device_(std::move(device)) {}
+      : CounterSession(api.profiler, host_api, std::move(device), ProfilerMode::kPmSampling,
+                       "PM sampling"),
+        api_(api) {}
 
   ~CuptiPmSampler() override { finish(); }
   CuptiPmSampler(const CuptiPmSampler&) = delete;
   CuptiPmSampler& operator=(const CuptiPmSampler&) = delete;
 
-  // Everything up to a configured, stopped PM sampling session and a running decode
-  // thread; false with `why` (one line) after undoing what was set up.
-  bool setup(std::string* why) {
-    if (!setup_session(why)) {
-      teardown();
-      *why += "; " + device_.describe();
-      return false;
-    }
-    decoder_.start(kDecodePeriod, [this] { decode_pass(); });
-    return true;
-  }
-
   // After a failed setup: whether the range profiler may do better.
-  PmFailure failure() const { return failure_; }
+  PmFailure failure() const {
+    return no_pm_on_chip_ ? PmFailure::kNoPmOnChip
+                          : pm_call_failure(static_cast<int>(setup_result()));
+  }
 
   const char* name() const noexcept override { return "cupti_pm_sampling"; }
-
-  std::int64_t now_ns() noexcept override {
-    // cuptiGetTimestamp: ns, the clock of CUPTI's activity records. Whether PM samples'
-    // start/end timestamps are on the same clock is not documented (the API reference
-    // says only "start/end time of the sample"): unverified without a GPU.
-    std::uint64_t ts = 0;
-    api_.profiler.get_timestamp(&ts);
-    return static_cast<std::int64_t>(ts);
-  }
 
   void begin_step(std::int64_t step, bool sampled) noexcept override {
     if (finished_.load(std::memory_order_relaxed)) return;
@@ -138,33 +107,6 @@ class CuptiPmSampler final : public QueuedCounterSampler {
 
   void end_step(std::int64_t /*step*/) noexcept override {}
 
-  void finish() noexcept override {
-    std::lock_guard<std::mutex> lock(finish_mutex_);
-    if (finished_.exchange(true)) return;
-    // The stop is applied now, or by the decode thread when it leaves the object.
-    handoff_.request(false, Apply{this});
-    decoder_.stop();
-    decode_pass();  // what the device recorded up to the stop
-    teardown();
-  }
-
-  std::string status() const override {
-    if (call_failure_.failed()) {
-      const auto result = static_cast<CUptiResult>(call_failure_.result());
-      const std::string text = host_api_.result_text(result);
-      if (call_failure_.torn_down()) {
-        return torn_down_reason("PM sampling", call_failure_.call(), result, text) +
-               fmt::format(" (noticed at step {}); ", call_failure_.after_step()) +
-               device_.describe();
-      }
-      return unavailable_reason(call_failure_.call(), result, text) + "; " + device_.describe();
-    }
-    if (finished_.load()) return "finished (close); " + device_.describe() + ", " + chip_;
-    return {};
-  }
-
-  std::string device() const override { return device_.describe(); }
-
  private:
   // StartStopHandoff's callback: runs with the PM sampling object held.
   struct Apply {
@@ -172,57 +114,40 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     bool operator()(bool run) const noexcept { return self->apply(run); }
   };
 
-  bool setup_session(std::string* why) {
-    const ChipFamily* family = nullptr;
-    CUptiResult result = CUPTI_SUCCESS;
-    if (!initialize_profiler(api_.profiler, host_api_, device_.index, &profiler_initialized_,
-                             &chip_, &family, &result, why)) {
-      failure_ = pm_call_failure(static_cast<int>(result));
-      return false;
-    }
-    if (!family->pm_sampling) {
-      failure_ = PmFailure::kNoPmOnChip;
+  // The chip's PM sampling and the device's counter availability image.
+  bool before_host(const ChipFamily& family, std::string* why) override {
+    if (!family.pm_sampling) {
+      no_pm_on_chip_ = true;
       *why = fmt::format("chip {} has no PM sampling", chip_);
       return false;
     }
-    const std::size_t device_index = static_cast<std::size_t>(device_.index);
-
     // The device's availability image lets the host API leave out counters this device
     // cannot collect now (MIG, a counter held elsewhere).
     CUpti_PmSampling_GetCounterAvailability_Params avail{};
     avail.structSize = STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_GetCounterAvailability_Params,
                                                    pCounterAvailabilityImage);
-    avail.deviceIndex = device_index;
+    avail.deviceIndex = static_cast<std::size_t>(device_.index);
     if (CUptiResult r = api_.counter_availability(&avail); r != CUPTI_SUCCESS) {
-      *why = reason("cuptiPmSamplingGetCounterAvailability", r);
+      *why = setup_reason("cuptiPmSamplingGetCounterAvailability", r);
       return false;
     }
     availability_.assign(avail.counterAvailabilityImageSize, 0);
     avail.pCounterAvailabilityImage = availability_.data();
     if (CUptiResult r = api_.counter_availability(&avail); r != CUPTI_SUCCESS) {
-      *why = reason("cuptiPmSamplingGetCounterAvailability", r);
+      *why = setup_reason("cuptiPmSamplingGetCounterAvailability", r);
       return false;
     }
+    return true;
+  }
 
-    host_ = std::make_unique<HostObject>(host_api_, chip_, ProfilerMode::kPmSampling,
-                                         availability_.data());
-    if (host_->status() != CUPTI_SUCCESS) {
-      *why = reason("cuptiProfilerHostInitialize", host_->status());
-      return false;
-    }
-    if (!one_pass_config(host_api_, *host_, chip_, *family, ProfilerMode::kPmSampling,
-                         availability_.data(), &map_, &config_, why)) {
-      return false;
-    }
-    for (const auto& m : map_.metrics) metric_names_.push_back(m.c_str());
-    evaluated_.assign(map_.metrics.size(), 0.0);
-
+  // The PM sampling object, configured and stopped, and the counter data image.
+  bool open_session(const ChipFamily& family, std::string* why) override {
     CUpti_PmSampling_Enable_Params enable{};
     enable.structSize =
         STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Enable_Params, pPmSamplingObject);
-    enable.deviceIndex = device_index;
+    enable.deviceIndex = static_cast<std::size_t>(device_.index);
     if (CUptiResult r = api_.enable(&enable); r != CUPTI_SUCCESS) {
-      *why = reason("cuptiPmSamplingEnable", r);
+      *why = setup_reason("cuptiPmSamplingEnable", r);
       return false;
     }
     pm_ = enable.pPmSamplingObject;
@@ -234,7 +159,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     config.configSize = config_.size();
     config.pConfig = config_.data();
     config.hardwareBufferSize = kHardwareBufferBytes;
-    if (family->time_interval_trigger) {
+    if (family.time_interval_trigger) {
       config.triggerMode = CUPTI_PM_SAMPLING_TRIGGER_MODE_GPU_TIME_INTERVAL;
       config.samplingInterval = kIntervalNs;
     } else {
@@ -245,7 +170,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     // silently overwriting samples.
     config.hwBufferAppendMode = CUPTI_PM_SAMPLING_HARDWARE_BUFFER_APPEND_MODE_KEEP_OLDEST;
     if (CUptiResult r = api_.set_config(&config); r != CUPTI_SUCCESS) {
-      *why = reason("cuptiPmSamplingSetConfig", r);
+      *why = setup_reason("cuptiPmSamplingSetConfig", r);
       return false;
     }
 
@@ -257,7 +182,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     size.numMetrics = metric_names_.size();
     size.maxSamples = kSamplesPerImage;
     if (CUptiResult r = api_.counter_data_size(&size); r != CUPTI_SUCCESS) {
-      *why = reason("cuptiPmSamplingGetCounterDataSize", r);
+      *why = setup_reason("cuptiPmSamplingGetCounterDataSize", r);
       return false;
     }
     counter_data_.assign(size.counterDataSize, 0);
@@ -268,7 +193,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     image.counterDataSize = counter_data_.size();
     image.pCounterData = counter_data_.data();
     if (CUptiResult r = api_.counter_data_initialize(&image); r != CUPTI_SUCCESS) {
-      *why = reason("cuptiPmSamplingCounterDataImageInitialize", r);
+      *why = setup_reason("cuptiPmSamplingCounterDataImageInitialize", r);
       return false;
     }
     // An evaluated image is reset to this copy of the freshly initialized one before the
@@ -279,45 +204,19 @@ class CuptiPmSampler final : public QueuedCounterSampler {
     return true;
   }
 
-  // A setup call's reason; a NOT_SUPPORTED makes the range profiler worth a try.
-  std::string reason(const char* call, CUptiResult r) {
-    failure_ = pm_call_failure(static_cast<int>(r));
-    return call_reason(host_api_, call, r);
-  }
+  // The stop is applied now, or by the decode thread when it leaves the object.
+  void stop_mode() noexcept override { handoff_.request(false, Apply{this}); }
+  void final_pass() noexcept override { decode_pass(); }  // recorded up to the stop
 
-  // A CUPTI call on the session failed after setup: remember the first, and whether CUPTI
-  // was torn down under us (then no call may touch the session again, Disable included).
-  void fail(const char* call, CUptiResult r) noexcept {
-    if (!call_failure_.record(call, r)) return;
-    if (profiler_torn_down(api_.profiler, device_.index, r)) {
-      call_failure_.set_torn_down(last_step_.load(std::memory_order_relaxed));
-    }
-  }
-
-  // Undoes setup in reverse order; safe after a partial setup. Decode thread joined.
-  void teardown() noexcept {
-    if (call_failure_.torn_down()) {
-      // cuptiFinalize destroyed the session, the host object and the profiler's
-      // initialization: calling into them would touch freed state
-      pm_ = nullptr;
-      if (host_) host_->abandon();
-      host_.reset();
-      profiler_initialized_ = false;
-      return;
-    }
-    if (pm_ != nullptr) {
+  void close_object(bool torn_down) noexcept override {
+    if (pm_ != nullptr && !torn_down) {
       CUpti_PmSampling_Disable_Params p{};
       p.structSize =
           STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_PmSampling_Disable_Params, pPmSamplingObject);
       p.pPmSamplingObject = pm_;
       api_.disable(&p);
-      pm_ = nullptr;
     }
-    host_.reset();
-    if (profiler_initialized_) {
-      deinitialize_profiler(api_.profiler);
-      profiler_initialized_ = false;
-    }
+    pm_ = nullptr;
   }
 
   // With the object held: starts or stops; returns whether sampling runs afterwards.
@@ -346,7 +245,7 @@ class CuptiPmSampler final : public QueuedCounterSampler {
 
   // One delivery: decodes the hardware buffer until it is empty (or the pass bound),
   // hands the samples to take(), and counts the delivery even when there was nothing.
-  void decode_pass() noexcept {
+  void decode_pass() noexcept override {
     std::vector<CounterSample> batch;
     std::int64_t lost = 0;
     bool overflow = false;
@@ -388,17 +287,11 @@ class CuptiPmSampler final : public QueuedCounterSampler {
         // Evaluation reads only the image and the host object: the training thread may
         // start or stop sampling meanwhile.
         for (std::size_t i = 0; i < completed; ++i) {
-          if (times_[i].first < 0 || !evaluate_range(host_api_, host_->get(), counter_data_, i,
-                                                     metric_names_, evaluated_.data())) {
-            ++lost;
-            continue;
-          }
           CounterSample s;
           s.step = -1;
           s.start_ns = times_[i].first;
           s.end_ns = times_[i].second;
-          map_.to_values(evaluated_.data(), s.values);
-          batch.push_back(s);
+          add_sample(i, times_[i].first >= 0, s, &batch, &lost);
         }
         // An image with no completed sample is decoded into again as it is, like XLA's
         // decoder does: it may hold the first part of a sample.
@@ -467,20 +360,11 @@ class CuptiPmSampler final : public QueuedCounterSampler {
   }
 
   PmApi api_;
-  HostApi host_api_;  // before host_: HostObject refers to it
-  Device device_;
-  std::string chip_;
-  std::vector<std::uint8_t> availability_;  // outlives host_, which was initialized with it
-  std::unique_ptr<HostObject> host_;
-  std::vector<std::uint8_t> config_;
-  std::vector<const char*> metric_names_;  // into map_.metrics
-  bool profiler_initialized_ = false;
   CUpti_PmSampling_Object* pm_ = nullptr;
+  bool no_pm_on_chip_ = false;  // setup failed on the chip's row
 
   // decode thread (and finish, after joining it)
-  std::vector<std::uint8_t> counter_data_;
   std::vector<std::uint8_t> counter_data_initialized_;
-  std::vector<double> evaluated_;
   std::vector<std::pair<std::int64_t, std::int64_t>> times_;
 
   // training thread
@@ -489,13 +373,6 @@ class CuptiPmSampler final : public QueuedCounterSampler {
 
   StartStopHandoff handoff_;
   bool has_records_ = false;  // guarded by handoff_: started since the last full drain
-
-  FirstFailure call_failure_;                // the first CUPTI call that failed after setup
-  std::atomic<std::int64_t> last_step_{-1};  // for the report of a teardown
-  std::mutex finish_mutex_;
-  std::atomic<bool> finished_{false};
-  PmFailure failure_ = PmFailure::kOther;
-  PeriodicThread decoder_;  // last: joined (destroyed) before the members it decodes into
 };
 
 }  // namespace
@@ -508,20 +385,10 @@ std::unique_ptr<CounterSampler> make_pm_sampler(const Library& lib, const Device
                                                 std::string* why, PmFailure* failure) {
   *failure = PmFailure::kOther;
   PmApi api;
-  std::string missing;
-  bool pm_missing = false;
-  if (!api.load(lib.handle, &missing, &pm_missing)) {
-    if (pm_missing) {
-      *failure = PmFailure::kTooOld;
-      *why = missing_symbol_reason(lib, "PM sampling", missing);
-    } else {
-      *why = fmt::format("CUPTI at {} has no {}", lib.path, missing);
-    }
-    return nullptr;
-  }
   HostApi host_api;
-  if (!host_api.load(lib.handle, &missing)) {
-    *why = missing_symbol_reason(lib, "the profiler host API", missing);
+  bool pm_missing = false;
+  if (!load_session_api(lib, "PM sampling", &api, &host_api, why, &pm_missing)) {
+    if (pm_missing) *failure = PmFailure::kTooOld;
     return nullptr;
   }
   auto sampler = std::make_unique<CuptiPmSampler>(api, host_api, device);

@@ -8,7 +8,8 @@
 // pushes and pops the step's range and stops the pass when the burst of sampled steps
 // ends; the decode thread decodes a stopped pass, evaluates its ranges and sets the
 // object up for the next pass. An atomic PassState hands the object from one to the
-// other: no locks on the training thread.
+// other: no locks on the training thread. The session's lifecycle (setup, status,
+// failures, finish and teardown) is CounterSession's (counter_session.hpp).
 #include "steptrace/backend.hpp"
 
 #if STEPTRACE_HAVE_CUPTI_HEADERS
@@ -18,15 +19,13 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <chrono>
-#include <mutex>
 #include <thread>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "../cuda/cuda_driver.hpp"
-#include "cupti_errors.hpp"
+#include "counter_session.hpp"
 #include "cupti_host.hpp"
 #include "pm_sampling_logic.hpp"
 #include "profiler_host.hpp"
@@ -39,10 +38,9 @@ namespace {
 // room: a long burst of sampled steps is split into passes of this many steps, so that
 // their records wait for counters at most this many steps.
 constexpr int kMaxRangesPerPass = 8;
-constexpr auto kDecodePeriod = std::chrono::milliseconds(25);
-constexpr std::size_t kMaxPending = std::size_t{1} << 16;
 constexpr const char* kRangeDelimiter = "/";  // ranges are not nested: never in a name
 
+// CUPTI entry points beyond the host API (load_session_api).
 struct RangeApi {
   ProfilerApi profiler;
   decltype(&::cuptiRangeProfilerEnable) enable = nullptr;
@@ -58,11 +56,8 @@ struct RangeApi {
   decltype(&::cuptiRangeProfilerGetCounterDataInfo) counter_data_info = nullptr;
   decltype(&::cuptiRangeProfilerCounterDataGetRangeInfo) range_info = nullptr;
 
-  // False with the first missing name; `range_missing`: a range profiler entry point.
-  bool load(void* lib, std::string* missing, bool* range_missing) {
-    *range_missing = false;
-    if (!profiler.load(lib, missing)) return false;
-    SymbolResolver resolve(lib, missing);
+  // The range profiler entry points (CUPTI 12.6+).
+  void resolve_mode(SymbolResolver& resolve) {
     resolve(enable, "cuptiRangeProfilerEnable");
     resolve(disable, "cuptiRangeProfilerDisable");
     resolve(set_config, "cuptiRangeProfilerSetConfig");
@@ -75,61 +70,26 @@ struct RangeApi {
     resolve(counter_data_initialize, "cuptiRangeProfilerCounterDataImageInitialize");
     resolve(counter_data_info, "cuptiRangeProfilerGetCounterDataInfo");
     resolve(range_info, "cuptiRangeProfilerCounterDataGetRangeInfo");
-    *range_missing = !resolve.ok();
-    return resolve.ok();
   }
 };
 
-class CuptiRangeProfiler final : public QueuedCounterSampler {
+// setup() needs no CUDA context: the profiler, the chip, the metric set and its config
+// image (the counter availability image would need a context: none is used). The range
+// profiler object itself comes with the first sampled step's context.
+class CuptiRangeProfiler final : public CounterSession {
  public:
   CuptiRangeProfiler(const RangeApi& api, const HostApi& host_api, const cuda::Driver& driver,
                      Device device)
-      : QueuedCounterSampler(kMaxPending),
+      : CounterSession(api.profiler, host_api, std::move(device), ProfilerMode::kRangeProfiler,
+                       "the range profiler"),
         api_(api),
-        host_api_(host_api),
-        driver_(driver),
-        device_(std::move(device)) {}
+        driver_(driver) {}
 
   ~CuptiRangeProfiler() override { finish(); }
   CuptiRangeProfiler(const CuptiRangeProfiler&) = delete;
   CuptiRangeProfiler& operator=(const CuptiRangeProfiler&) = delete;
 
-  // What needs no CUDA context: the profiler, the chip, the metric set and its config
-  // image (the counter availability image would need a context: none is used). The
-  // range profiler object itself comes with the first sampled step's context.
-  bool setup(std::string* why) {
-    const ChipFamily* family = nullptr;
-    CUptiResult result = CUPTI_SUCCESS;
-    bool ok = initialize_profiler(api_.profiler, host_api_, device_.index, &profiler_initialized_,
-                                  &chip_, &family, &result, why);
-    if (ok) {
-      host_ = std::make_unique<HostObject>(host_api_, chip_, ProfilerMode::kRangeProfiler);
-      if (host_->status() != CUPTI_SUCCESS) {
-        *why = call_reason(host_api_, "cuptiProfilerHostInitialize", host_->status());
-        ok = false;
-      }
-    }
-    ok = ok && one_pass_config(host_api_, *host_, chip_, *family, ProfilerMode::kRangeProfiler,
-                               nullptr, &map_, &config_, why);
-    if (!ok) {
-      teardown();
-      *why += "; " + device_.describe();
-      return false;
-    }
-    for (const auto& m : map_.metrics) metric_names_.push_back(m.c_str());
-    evaluated_.assign(map_.metrics.size(), 0.0);
-    decoder_.start(kDecodePeriod, [this] { decode_pass(); });
-    return true;
-  }
-
   const char* name() const noexcept override { return "cupti_range_profiler"; }
-  std::string device() const override { return device_.describe(); }
-
-  std::int64_t now_ns() noexcept override {
-    std::uint64_t ts = 0;
-    api_.profiler.get_timestamp(&ts);
-    return static_cast<std::int64_t>(ts);
-  }
 
   // Per sampled step: cuCtxGetCurrent, then PushRange (and Start for the burst's first
   // step). The first sampled step with a context also pays the setup, once per run:
@@ -169,14 +129,15 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     leave();
   }
 
-  void finish() noexcept override {
-    std::lock_guard<std::mutex> lock(finish_mutex_);
-    if (finished_.exchange(true)) return;
-    // A begin_step/end_step that started before the flag was set finishes first; later
-    // ones see the flag and do nothing.
+ private:
+  // A begin_step/end_step that started before finish set the flag finishes first; later
+  // ones see the flag and do nothing.
+  void stop_mode() noexcept override {
     while (in_step_call_.load()) std::this_thread::yield();
-    decoder_.stop();
-    // Now the only thread on the object: close what the training thread left open.
+  }
+
+  // The only thread on the object: close what the training thread left open.
+  void final_pass() noexcept override {
     if (state() == PassState::kRunning) {
       if (range_open_) {
         range_open_ = false;
@@ -186,35 +147,19 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
     }
     if (state() == PassState::kStopped) decode_stopped(false);
     delivered();
-    teardown();
   }
 
-  std::string status() const override {
-    if (call_failure_.failed()) {
-      const auto result = static_cast<CUptiResult>(call_failure_.result());
-      const std::string text = host_api_.result_text(result);
-      if (call_failure_.torn_down()) {
-        return torn_down_reason("the range profiler", call_failure_.call(), result, text) +
-               fmt::format(" (noticed at step {}); ", call_failure_.after_step()) +
-               device_.describe();
-      }
-      return unavailable_reason(call_failure_.call(), result, text) + "; " + device_.describe();
-    }
-    if (!finished_.load()) return {};
-    std::string s = "finished (close); " + device_.describe() + ", " + chip_;
+  std::string finished_detail() const override {
     const auto no_ctx = skipped_[static_cast<int>(Skip::kNoContext)].load();
     const auto other = skipped_[static_cast<int>(Skip::kOtherContext)].load();
     const auto busy = skipped_[static_cast<int>(Skip::kDecoding)].load();
-    if (no_ctx + other + busy > 0) {
-      s += fmt::format(
-          "; sampled steps without a range: {} with no CUDA context, {} on another context, {} "
-          "while the previous pass was decoded",
-          no_ctx, other, busy);
-    }
-    return s;
+    if (no_ctx + other + busy == 0) return {};
+    return fmt::format(
+        "; sampled steps without a range: {} with no CUDA context, {} on another context, {} "
+        "while the previous pass was decoded",
+        no_ctx, other, busy);
   }
 
- private:
   PassState state() const noexcept {
     return static_cast<PassState>(state_.load(std::memory_order_acquire));
   }
@@ -378,7 +323,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
   }
 
   // Decode thread: one delivery.
-  void decode_pass() noexcept {
+  void decode_pass() noexcept override {
     const PassState s = state();
     if (s == PassState::kStopped) decode_stopped(true);
     if (counts_as_delivery(s)) delivered();
@@ -435,69 +380,27 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
       ri.counterDataImageSize = counter_data_.size();
       ri.rangeIndex = i;
       ri.rangeDelimiter = kRangeDelimiter;
-      const std::int64_t step = api_.range_info(&ri) == CUPTI_SUCCESS && ri.rangeName != nullptr
-                                    ? range_step(ri.rangeName)
-                                    : -1;
-      if (step < 0 || !evaluate_range(host_api_, host_->get(), counter_data_, i, metric_names_,
-                                      evaluated_.data())) {
-        ++*lost;
-        continue;
-      }
       CounterSample s;
-      s.step = step;
-      map_.to_values(evaluated_.data(), s.values);
-      batch->push_back(s);
+      s.step = api_.range_info(&ri) == CUPTI_SUCCESS && ri.rangeName != nullptr
+                   ? range_step(ri.rangeName)
+                   : -1;
+      add_sample(i, s.step >= 0, s, batch, lost);
     }
     return true;
   }
 
-  // A CUPTI call failed after setup: remember the first, and whether CUPTI was torn down
-  // under us (then no call may touch the object again, Disable included).
-  void fail(const char* call, CUptiResult r) noexcept {
-    if (!call_failure_.record(call, r)) return;
-    if (profiler_torn_down(api_.profiler, device_.index, r)) {
-      call_failure_.set_torn_down(last_step_.load(std::memory_order_relaxed));
-    }
-  }
-
-  // Undoes setup in reverse order; safe after a partial setup. Decode thread joined.
-  void teardown() noexcept {
-    if (call_failure_.torn_down()) {
-      // cuptiFinalize destroyed the object, the host object and the profiler's
-      // initialization: calling into them would touch freed state
-      object_ = nullptr;
-      if (host_) host_->abandon();
-      host_.reset();
-      profiler_initialized_ = false;
-      return;
-    }
-    if (object_ != nullptr) {
-      object_call(api_.disable);
-      object_ = nullptr;
-    }
-    host_.reset();
-    if (profiler_initialized_) {
-      deinitialize_profiler(api_.profiler);
-      profiler_initialized_ = false;
-    }
+  void close_object(bool torn_down) noexcept override {
+    if (object_ != nullptr && !torn_down) object_call(api_.disable);
+    object_ = nullptr;
   }
 
   RangeApi api_;
-  HostApi host_api_;  // before host_: HostObject refers to it
   cuda::Driver driver_;
-  Device device_;
-  std::string chip_;
-  std::unique_ptr<HostObject> host_;
-  std::vector<std::uint8_t> config_;
-  std::vector<const char*> metric_names_;  // into map_.metrics
-  bool profiler_initialized_ = false;
 
   // Set up by the training thread before it publishes kIdle; used by whoever owns the
   // object (state_).
   CUpti_RangeProfiler_Object* object_ = nullptr;
   cuda::CUcontext profiled_ctx_ = nullptr;
-  std::vector<std::uint8_t> counter_data_;
-  std::vector<double> evaluated_;  // decode thread
   std::atomic<int> state_{static_cast<int>(PassState::kUnconfigured)};
 
   // training thread
@@ -506,12 +409,7 @@ class CuptiRangeProfiler final : public QueuedCounterSampler {
   char range_names_[kMaxRangesPerPass][kRangeNameSize] = {};
 
   std::atomic<std::int64_t> skipped_[5] = {};  // per Skip
-  FirstFailure call_failure_;                  // the first CUPTI call that failed after setup
-  std::atomic<std::int64_t> last_step_{-1};    // for the report of a teardown
-  std::mutex finish_mutex_;
-  std::atomic<bool> finished_{false};
   std::atomic<bool> in_step_call_{false};
-  PeriodicThread decoder_;  // last: joined before the members it decodes into go
 };
 
 }  // namespace
@@ -520,16 +418,9 @@ std::unique_ptr<CounterSampler> make_range_profiler_sampler(const Library& lib,
                                                             const Device& device,
                                                             std::string* why) {
   RangeApi api;
-  std::string missing;
-  bool range_missing = false;
-  if (!api.load(lib.handle, &missing, &range_missing)) {
-    *why = range_missing ? missing_symbol_reason(lib, "the range profiler", missing)
-                         : fmt::format("CUPTI at {} has no {}", lib.path, missing);
-    return nullptr;
-  }
   HostApi host_api;
-  if (!host_api.load(lib.handle, &missing)) {
-    *why = missing_symbol_reason(lib, "the profiler host API", missing);
+  bool range_missing = false;
+  if (!load_session_api(lib, "the range profiler", &api, &host_api, why, &range_missing)) {
     return nullptr;
   }
   // The training thread's current context comes from the driver CUPTI runs on.

@@ -174,9 +174,6 @@ class SampleQueue {
   bool overflow_ = false;
 };
 
-/// What both CUPTI samplers share: the metric behind each counter, the queue of decoded
-/// samples and the count of deliveries (CounterSampler's contract for take, deliveries
-/// and metric).
 /// The first CUPTI call that failed after setup (any thread), for status(): later
 /// failures are consequences of it. When it failed because CUPTI was torn down under the
 /// sampler (cuptiFinalize from another tool), its objects are gone: nothing may be called
@@ -209,6 +206,9 @@ class FirstFailure {
   std::atomic<std::int64_t> after_step_{-1};
 };
 
+/// What both CUPTI samplers share: the metric behind each counter, the queue of decoded
+/// samples and the count of deliveries (CounterSampler's contract for take, deliveries
+/// and metric). The rest of their session is CounterSession (counter_session.hpp).
 class QueuedCounterSampler : public CounterSampler {
  public:
   void take(std::vector<CounterSample>& out, std::int64_t* dropped, bool* overflow) override {
