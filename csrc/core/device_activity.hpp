@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../sinks/step_completer.hpp"
+#include "step_completer.hpp"
 #include "step_record.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"

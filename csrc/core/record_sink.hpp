@@ -1,6 +1,7 @@
 // The seam between the core and its outputs: the writer thread hands every record to a
 // list of sinks (the JSONL file is one, the Prometheus registry another). The core knows
-// these interfaces only; the sinks live in csrc/sinks/.
+// these interfaces only; the sinks live in csrc/sinks/ and are put together with the
+// pipeline in csrc/runtime/.
 #pragma once
 
 #include <fmt/format.h>
@@ -34,6 +35,13 @@ class RecordSink {
   /// The first failure the sink handled itself and carried on after (a write that did not
   /// reach its target); "" when none. Read on the closing thread for run_end's `sinks`.
   virtual std::string first_error() const { return {}; }
+  /// Writes that did not reach the target (each loses its batch), the first and the most
+  /// recent one's errno (0: none): run_end's write_errors for the run's log. Any thread.
+  virtual std::int64_t write_errors() const noexcept { return 0; }
+  virtual int first_errno() const noexcept { return 0; }
+  virtual int last_errno() const noexcept { return 0; }
+  /// In a forked child: release the target without flushing or syncing (the parent's).
+  virtual void abandon() noexcept {}
 };
 
 /// Sees every step record on the writer thread, in step order, before it is written,

@@ -24,7 +24,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sinks/jsonl_writer.hpp"
+#include "core/record_pipeline.hpp"
+#include "sinks/jsonl_file_sink.hpp"
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"
 
@@ -480,9 +481,10 @@ TEST(RecordSinks, AFailingSinkIsDisabledOnceAndTheOthersCarryOn) {
   ThrowingSink bad;
   CountingSink good;
   {
-    JsonlWriter w(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644),
-                  "{\"kind\":\"run_start\"}\n", 0, names, 64, std::chrono::milliseconds(10),
-                  nullptr, nullptr, {&bad, &good});
+    RecordPipeline w(std::make_unique<JsonlFileSink>(
+                         ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)),
+                     "{\"kind\":\"run_start\"}\n", 0, names, 64, std::chrono::milliseconds(10),
+                     nullptr, nullptr, {&bad, &good});
     for (int i = 0; i < 10; ++i) w.push_step_record(record(i, 1000));
     w.close(RunEnd{"normal", {}, 1, 0.5, 0});
     ASSERT_EQ(w.sink_failures().size(), 1u);
@@ -515,7 +517,7 @@ class SlowSink final : public RecordSink {
  public:
   std::string_view name() const noexcept override { return "slow"; }
   void on_step(const StepRecord& r) override {
-    if (r.step < 2) std::this_thread::sleep_for(JsonlWriter::kSlowSinkCall + kMargin);
+    if (r.step < 2) std::this_thread::sleep_for(RecordPipeline::kSlowSinkCall + kMargin);
   }
   static constexpr std::chrono::milliseconds kMargin{20};
 };
@@ -536,9 +538,10 @@ TEST(RecordSinks, RunEndSaysWhichSinkWasSlowOrFailing) {
   SlowSink slow;
   SelfHealingSink remote;
   {
-    JsonlWriter w(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644),
-                  "{\"kind\":\"run_start\"}\n", 0, names, 64, std::chrono::milliseconds(10),
-                  nullptr, nullptr, {&slow, &remote});
+    RecordPipeline w(std::make_unique<JsonlFileSink>(
+                         ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)),
+                     "{\"kind\":\"run_start\"}\n", 0, names, 64, std::chrono::milliseconds(10),
+                     nullptr, nullptr, {&slow, &remote});
     for (int i = 0; i < 5; ++i) w.push_step_record(record(i, 1000));
     w.close(RunEnd{"normal", {}, 1, 0.5, 0});
     EXPECT_TRUE(w.sink_failures().empty());  // nothing threw

@@ -20,22 +20,23 @@
 #include <system_error>
 #include <thread>
 
-#include "../sinks/jsonl_writer.hpp"
+#include "../core/alert.hpp"
+#include "../core/check.hpp"
+#include "../core/collective_timer.hpp"
+#include "../core/detectors.hpp"
+#include "../core/device_activity.hpp"
+#include "../core/device_timing.hpp"
+#include "../core/heap_sampler.hpp"
+#include "../core/lifecycle.hpp"
+#include "../core/record_json.hpp"
+#include "../core/record_pipeline.hpp"
+#include "../core/run_queue.hpp"
+#include "../core/stack_dump.hpp"
+#include "../core/step_record.hpp"
+#include "../core/telemetry.hpp"
+#include "../sinks/jsonl_file_sink.hpp"
 #include "../sinks/prometheus_sink.hpp"
-#include "alert.hpp"
-#include "check.hpp"
-#include "collective_timer.hpp"
-#include "detectors.hpp"
-#include "device_activity.hpp"
-#include "device_timing.hpp"
-#include "heap_sampler.hpp"
-#include "lifecycle.hpp"
-#include "record_json.hpp"
-#include "run_queue.hpp"
-#include "stack_dump.hpp"
-#include "step_record.hpp"
 #include "steptrace/error.hpp"
-#include "telemetry.hpp"
 
 #ifndef STEPTRACE_VERSION
 #error "STEPTRACE_VERSION must be defined by the build"
@@ -275,10 +276,11 @@ class ProfilerImpl final : public SignalClosable {
       setup_metrics();
       sinks.push_back(metrics_.get());
     }
-    writer_ = std::make_unique<JsonlWriter>(fd, run_start_json(info), config_.rank, names_,
-                                            static_cast<std::size_t>(config_.queue_capacity),
-                                            std::chrono::milliseconds(config_.flush_interval_ms),
-                                            detection_.get(), completer(), std::move(sinks));
+    writer_ = std::make_unique<RecordPipeline>(std::make_unique<JsonlFileSink>(fd),
+                                               run_start_json(info), config_.rank, names_,
+                                               static_cast<std::size_t>(config_.queue_capacity),
+                                               std::chrono::milliseconds(config_.flush_interval_ms),
+                                               detection_.get(), completer(), std::move(sinks));
     if (telemetry_) {
       // Sampler thread: a hardware error is written at once, not with the next step.
       telemetry_->set_error_handler([this](const HardwareError& e) { report_hardware_error(e); });
@@ -1329,7 +1331,7 @@ class ProfilerImpl final : public SignalClosable {
   std::unique_ptr<PrometheusSink> metrics_;
 
   // Last: destroyed first, so the writer thread stops before the names it reads go.
-  std::unique_ptr<JsonlWriter> writer_;
+  std::unique_ptr<RecordPipeline> writer_;
 };
 
 }  // namespace detail

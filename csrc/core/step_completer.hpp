@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/step_record.hpp"
+#include "step_record.hpp"
 
 namespace steptrace::detail {
 

@@ -1,4 +1,5 @@
-#include "sinks/jsonl_writer.hpp"
+#include "core/record_pipeline.hpp"
+#include "sinks/jsonl_file_sink.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -24,7 +25,7 @@ int open_file(const std::string& path) {
   return ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 }
 
-void push_steps(JsonlWriter& w, std::int64_t first, std::int64_t count) {
+void push_steps(RecordPipeline& w, std::int64_t first, std::int64_t count) {
   for (std::int64_t i = first; i < first + count; ++i) {
     StepRecord* r = w.begin_step_record();
     *r = StepRecord{};
@@ -34,13 +35,13 @@ void push_steps(JsonlWriter& w, std::int64_t first, std::int64_t count) {
   }
 }
 
-TEST(JsonlWriter, WritesEveryRecordInOrder) {
+TEST(RecordPipeline, WritesEveryRecordInOrder) {
   TempDir tmp;
   const std::string path = tmp.str("log.jsonl");
   PhaseNames names;
   {
-    JsonlWriter w(open_file(path), "{\"kind\":\"run_start\"}\n", 0, names, 16,
-                  std::chrono::milliseconds(100));
+    RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                     0, names, 16, std::chrono::milliseconds(100));
     push_steps(w, 0, 5000);  // far more than the ring holds: the producer waits
     w.push_line("{\"kind\":\"alert\"}\n");
     w.close(RunEnd{"normal", {}, 1, 0.5, 0});
@@ -56,13 +57,13 @@ TEST(JsonlWriter, WritesEveryRecordInOrder) {
   EXPECT_EQ(records.back()["steps"], 5000);
 }
 
-TEST(JsonlWriter, AFullRingWakesTheWriterAtOnce) {
+TEST(RecordPipeline, AFullRingWakesTheWriterAtOnce) {
   TempDir tmp;
   const std::string path = tmp.str("log.jsonl");
   PhaseNames names;
   // A flush interval far longer than the test: only the producer's wake-ups can drain.
-  JsonlWriter w(open_file(path), "{\"kind\":\"run_start\"}\n", 0, names, 16,
-                std::chrono::milliseconds(60000));
+  RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                   0, names, 16, std::chrono::milliseconds(60000));
   const auto start = std::chrono::steady_clock::now();
   push_steps(w, 0, 5000);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
@@ -70,13 +71,13 @@ TEST(JsonlWriter, AFullRingWakesTheWriterAtOnce) {
   EXPECT_EQ(read_jsonl(path).size(), 5002u);
 }
 
-TEST(JsonlWriter, FlushMakesRecordsVisible) {
+TEST(RecordPipeline, FlushMakesRecordsVisible) {
   TempDir tmp;
   const std::string path = tmp.str("log.jsonl");
   PhaseNames names;
   // An interval far longer than the test: only flush() can get the records out.
-  JsonlWriter w(open_file(path), "{\"kind\":\"run_start\"}\n", 0, names, 64,
-                std::chrono::milliseconds(60000));
+  RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                   0, names, 64, std::chrono::milliseconds(60000));
   EXPECT_EQ(read_jsonl(path).size(), 1u);  // run_start is written at construction
   push_steps(w, 0, 10);
   w.flush();
@@ -87,12 +88,12 @@ TEST(JsonlWriter, FlushMakesRecordsVisible) {
   EXPECT_EQ(read_jsonl(path).size(), 12u);
 }
 
-TEST(JsonlWriter, RecordsReachTheFileWithinTheFlushInterval) {
+TEST(RecordPipeline, RecordsReachTheFileWithinTheFlushInterval) {
   TempDir tmp;
   const std::string path = tmp.str("log.jsonl");
   PhaseNames names;
-  JsonlWriter w(open_file(path), "{\"kind\":\"run_start\"}\n", 0, names, 64,
-                std::chrono::milliseconds(20));
+  RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                   0, names, 64, std::chrono::milliseconds(20));
   push_steps(w, 0, 3);
   // Poll (not sleep-and-hope): the writer's own timer must get the lines out.
   const auto start = std::chrono::steady_clock::now();
@@ -105,13 +106,13 @@ TEST(JsonlWriter, RecordsReachTheFileWithinTheFlushInterval) {
   w.close(RunEnd{"normal", {}, 1, 0.5, 0});
 }
 
-TEST(JsonlWriter, DestructorWritesRunEnd) {
+TEST(RecordPipeline, DestructorWritesRunEnd) {
   TempDir tmp;
   const std::string path = tmp.str("log.jsonl");
   PhaseNames names;
   {
-    JsonlWriter w(open_file(path), "{\"kind\":\"run_start\"}\n", 0, names, 64,
-                  std::chrono::milliseconds(100));
+    RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                     0, names, 64, std::chrono::milliseconds(100));
     push_steps(w, 0, 2);
   }
   const auto records = read_jsonl(path);
@@ -132,12 +133,12 @@ void within(std::chrono::seconds limit, const std::function<void()>& body) {
   t.join();
 }
 
-TEST(JsonlWriter, AClosedWriterDropsAndCountsInsteadOfWaiting) {
+TEST(RecordPipeline, AClosedWriterDropsAndCountsInsteadOfWaiting) {
   TempDir tmp;
   const std::string path = tmp.str("log.jsonl");
   PhaseNames names;
-  JsonlWriter w(open_file(path), "{\"kind\":\"run_start\"}\n", 0, names, 16,
-                std::chrono::milliseconds(60000));
+  RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                   0, names, 16, std::chrono::milliseconds(60000));
   push_steps(w, 0, 3);
   w.close(RunEnd{"normal", {}, 1, 0.5, 0});
   // Nothing drains the ring any more: far more records than it holds must not wait.
@@ -154,14 +155,15 @@ TEST(JsonlWriter, AClosedWriterDropsAndCountsInsteadOfWaiting) {
   EXPECT_EQ(records.back()["dropped_steps"], 0);
 }
 
-TEST(JsonlWriter, WriteErrorsAreCountedAndReportedInRunEnd) {
+TEST(RecordPipeline, WriteErrorsAreCountedAndReportedInRunEnd) {
   TempDir tmp;
   const std::string path = tmp.str("log.jsonl");
   PhaseNames names;
   // /dev/full fails every write with ENOSPC, like a full disk.
   const int fd = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0) << std::strerror(errno);
-  JsonlWriter w(fd, "{\"kind\":\"run_start\"}\n", 0, names, 64, std::chrono::milliseconds(60000));
+  RecordPipeline w(std::make_unique<JsonlFileSink>(fd), "{\"kind\":\"run_start\"}\n", 0, names, 64,
+                   std::chrono::milliseconds(60000));
   EXPECT_EQ(w.write_errors(), 1);  // run_start
   push_steps(w, 0, 10);
   w.flush();  // the batch is lost: counted, training goes on

@@ -1,4 +1,4 @@
-#include "jsonl_writer.hpp"
+#include "record_pipeline.hpp"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <exception>
 #include <iterator>
 
-#include "../core/lifecycle.hpp"
+#include "lifecycle.hpp"
 
 namespace steptrace::detail {
 namespace {
@@ -16,40 +16,8 @@ namespace {
 constexpr std::size_t kWriteChunkBytes = 1 << 16;
 }  // namespace
 
-void JsonlFileSink::write(std::string_view lines) {
-  const char* p = lines.data();
-  std::size_t left = lines.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd_, p, left);
-    if (n < 0) {
-      const int e = errno;
-      if (e == EINTR) continue;
-      // Keep training going: the batch is lost, counted, and reported in run_end.
-      int none = 0;
-      first_errno_.compare_exchange_strong(none, e, std::memory_order_relaxed);
-      last_errno_.store(e, std::memory_order_relaxed);
-      write_errors_.fetch_add(1, std::memory_order_relaxed);
-      break;
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-}
-
-void JsonlFileSink::on_close() {
-  ::fsync(fd_);
-  ::close(fd_);
-}
-
-void JsonlFileSink::abandon() noexcept { ::close(fd_); }
-
-std::string JsonlFileSink::first_error() const {
-  const int e = first_errno();
-  return e == 0 ? std::string() : fmt::format("write: {}", std::strerror(e));
-}
-
 template <typename Fn>
-void JsonlWriter::feed(Fn&& fn) noexcept {
+void RecordPipeline::feed(Fn&& fn) noexcept {
   for (SinkState& s : sinks_) {
     if (s.failed) continue;
     const auto start = std::chrono::steady_clock::now();
@@ -87,7 +55,7 @@ void JsonlWriter::feed(Fn&& fn) noexcept {
   }
 }
 
-std::string JsonlWriter::sinks_json() const {
+std::string RecordPipeline::sinks_json() const {
   fmt::memory_buffer out;
   auto it = std::back_inserter(out);
   out.append(std::string_view("\"sinks\":["));
@@ -111,24 +79,24 @@ std::string JsonlWriter::sinks_json() const {
   return std::string(out.data(), out.size());
 }
 
-std::vector<std::string> JsonlWriter::sink_failures() const {
+std::vector<std::string> RecordPipeline::sink_failures() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sink_failures_;
 }
 
-JsonlWriter::JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
-                         std::size_t capacity, std::chrono::milliseconds flush_interval,
-                         StepObserver* observer, StepCompleter* completer,
-                         std::vector<RecordSink*> sinks)
+RecordPipeline::RecordPipeline(std::unique_ptr<RecordSink> log, std::string first_line, int rank,
+                               const PhaseNames& names, std::size_t capacity,
+                               std::chrono::milliseconds flush_interval, StepObserver* observer,
+                               StepCompleter* completer, std::vector<RecordSink*> sinks)
     : rank_(rank),
       names_(names),
       flush_interval_(flush_interval),
-      file_(fd),
+      log_(std::move(log)),
       observer_(observer),
       completer_(completer),
       ring_(capacity),
       fork_generation_(fork_generation()) {
-  sinks_.emplace_back(&file_);
+  sinks_.emplace_back(log_.get());
   for (RecordSink* sink : sinks) {
     if (sink != nullptr) sinks_.emplace_back(sink);
   }
@@ -137,14 +105,14 @@ JsonlWriter::JsonlWriter(int fd, std::string first_line, int rank, const PhaseNa
   thread_ = std::thread([this] { run(); });
 }
 
-JsonlWriter::~JsonlWriter() {
+RecordPipeline::~RecordPipeline() {
   if (abandoned_) return;
   RunEnd end;
   end.reason = "exit";
   close(end);
 }
 
-StepRecord* JsonlWriter::begin_step_record() noexcept {
+StepRecord* RecordPipeline::begin_step_record() noexcept {
   // Stopping or closed: nothing drains the ring any more (and a record pushed now could
   // come after run_end), so drop it rather than wait for a slot that never frees.
   if (stopping_.load(std::memory_order_acquire)) {
@@ -170,7 +138,7 @@ StepRecord* JsonlWriter::begin_step_record() noexcept {
   return slot;
 }
 
-void JsonlWriter::request_drain() noexcept {
+void RecordPipeline::request_drain() noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     drain_requested_.store(true, std::memory_order_relaxed);
@@ -178,14 +146,14 @@ void JsonlWriter::request_drain() noexcept {
   wake_.notify_one();
 }
 
-void JsonlWriter::push_line(std::string line) {
+void RecordPipeline::push_line(std::string line) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     lines_.push_back(std::move(line));
   }
 }
 
-void JsonlWriter::push_line_now(std::string line) {
+void RecordPipeline::push_line_now(std::string line) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_ || stop_) return;
@@ -195,7 +163,7 @@ void JsonlWriter::push_line_now(std::string line) {
   wake_.notify_one();
 }
 
-bool JsonlWriter::flush(std::chrono::milliseconds wait) {
+bool RecordPipeline::flush(std::chrono::milliseconds wait) {
   if (abandoned_) return true;
   std::unique_lock<std::mutex> lock(mu_);
   if (closed_) return true;
@@ -209,7 +177,7 @@ bool JsonlWriter::flush(std::chrono::milliseconds wait) {
   return done_.wait_for(lock, wait, done);
 }
 
-void JsonlWriter::close(const RunEnd& end, bool finish_device, std::chrono::milliseconds wait) {
+void RecordPipeline::close(const RunEnd& end, bool finish_device, std::chrono::milliseconds wait) {
   if (abandoned_) return;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -257,16 +225,16 @@ void JsonlWriter::close(const RunEnd& end, bool finish_device, std::chrono::mill
   done_.notify_all();
 }
 
-void JsonlWriter::abandon() noexcept {
+void RecordPipeline::abandon() noexcept {
   if (abandoned_) return;
   abandoned_ = true;
   stopping_.store(true, std::memory_order_release);
   // The std::thread names a thread of the parent: neither join nor destroy it.
   if (thread_.joinable()) new std::thread(std::move(thread_));  // NOLINT: leaked on purpose
-  file_.abandon();  // the child's copy only; the parent's file is untouched
+  log_->abandon();  // the child's copy only; the parent's file is untouched
 }
 
-void JsonlWriter::run() {
+void RecordPipeline::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     // Woken early by a flush request, a full ring, or close; else once per interval.
@@ -286,7 +254,7 @@ void JsonlWriter::run() {
   }
 }
 
-void JsonlWriter::drain(bool force) {
+void RecordPipeline::drain(bool force) {
   std::vector<std::string> lines;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -312,7 +280,7 @@ void JsonlWriter::drain(bool force) {
   write_buffer();
 }
 
-void JsonlWriter::write_step(const StepRecord& r) {
+void RecordPipeline::write_step(const StepRecord& r) {
   totals_.add(r);
   append_step_json(buf_, r, rank_, names_);
   if (observer_ != nullptr) observer_->on_step(r, buf_);
@@ -320,7 +288,7 @@ void JsonlWriter::write_step(const StepRecord& r) {
   if (buf_.size() >= kWriteChunkBytes) write_buffer();
 }
 
-void JsonlWriter::write_buffer() {
+void RecordPipeline::write_buffer() {
   if (buf_.size() == 0) return;
   const std::string_view lines(buf_.data(), buf_.size());
   feed([lines](RecordSink& s) { s.write(lines); });

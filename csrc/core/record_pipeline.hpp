@@ -1,6 +1,8 @@
-// The JSONL sink: a background thread that drains step records from a bounded ring,
-// serializes them and appends them to the log file in batches, at most one flush
-// interval behind. The training thread only copies a fixed-size record into the ring.
+// The record pipeline: a background thread that drains step records from a bounded ring,
+// completes them (device data), runs the detectors over them, serializes each once and
+// hands the batch to every sink, the log first, at most one flush interval behind. The
+// training thread only copies a fixed-size record into the ring. Sinks (csrc/sinks/) are
+// given to it; it knows them only as RecordSink.
 #pragma once
 
 #include <atomic>
@@ -14,53 +16,30 @@
 #include <thread>
 #include <vector>
 
-#include "../core/record_json.hpp"
-#include "../core/record_sink.hpp"
-#include "../core/spsc_ring.hpp"
-#include "../core/step_record.hpp"
+#include <memory>
+
+#include "record_json.hpp"
+#include "record_sink.hpp"
+#include "spsc_ring.hpp"
 #include "step_completer.hpp"
+#include "step_record.hpp"
 
 namespace steptrace::detail {
 
-/// The log file: appends each batch to the file descriptor it owns. A failed write loses
-/// that batch, is counted, and the writer keeps going (reported in run_end).
-class JsonlFileSink final : public RecordSink {
+/// The writer thread: drains the record queue and feeds every sink, the log first.
+class RecordPipeline final : public StepRecordQueue {
  public:
-  explicit JsonlFileSink(int fd) : fd_(fd) {}
-  std::string_view name() const noexcept override { return "jsonl"; }
-  void write(std::string_view lines) override;
-  /// fsyncs and closes the file.
-  void on_close() override;
-  /// Closes the descriptor without syncing (a forked child's copy).
-  void abandon() noexcept;
-
-  std::int64_t write_errors() const noexcept {
-    return write_errors_.load(std::memory_order_relaxed);
-  }
-  int first_errno() const noexcept { return first_errno_.load(std::memory_order_relaxed); }
-  int last_errno() const noexcept { return last_errno_.load(std::memory_order_relaxed); }
-  std::string first_error() const override;
-
- private:
-  int fd_;
-  std::atomic<std::int64_t> write_errors_{0};
-  std::atomic<int> first_errno_{0};
-  std::atomic<int> last_errno_{0};
-};
-
-/// The writer thread: drains the record queue and feeds every sink, the log file first.
-class JsonlWriter final : public StepRecordQueue {
- public:
-  /// Takes ownership of `fd` (open for writing). `first_line` (run_start, with its
-  /// newline) is the first thing written, to the file and to each of `sinks` (not owned;
-  /// they must outlive the writer).
-  JsonlWriter(int fd, std::string first_line, int rank, const PhaseNames& names,
-              std::size_t capacity, std::chrono::milliseconds flush_interval,
-              StepObserver* observer = nullptr, StepCompleter* completer = nullptr,
-              std::vector<RecordSink*> sinks = {});
-  ~JsonlWriter();
-  JsonlWriter(const JsonlWriter&) = delete;
-  JsonlWriter& operator=(const JsonlWriter&) = delete;
+  /// `log` is the run's log (the JSONL file sink), owned, fed first; its failed writes
+  /// are run_end's write_errors. `first_line` (run_start, with its newline) is the first
+  /// thing written, to the log and to each of `sinks` (not owned; they must outlive the
+  /// pipeline).
+  RecordPipeline(std::unique_ptr<RecordSink> log, std::string first_line, int rank,
+                 const PhaseNames& names, std::size_t capacity,
+                 std::chrono::milliseconds flush_interval, StepObserver* observer = nullptr,
+                 StepCompleter* completer = nullptr, std::vector<RecordSink*> sinks = {});
+  ~RecordPipeline();
+  RecordPipeline(const RecordPipeline&) = delete;
+  RecordPipeline& operator=(const RecordPipeline&) = delete;
 
   /// Training thread: the slot to fill with the next step record. When the ring is full
   /// it wakes the writer and waits for a free slot (counted in waits()) while the writer
@@ -103,10 +82,10 @@ class JsonlWriter final : public StepRecordQueue {
   std::int64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
   /// Failed writes (e.g. disk full: the batch is lost, the writer keeps going), and the
   /// first one's errno (0: none).
-  std::int64_t write_errors() const noexcept { return file_.write_errors(); }
-  int first_errno() const noexcept { return file_.first_errno(); }
+  std::int64_t write_errors() const noexcept { return log_->write_errors(); }
+  int first_errno() const noexcept { return log_->first_errno(); }
   /// The most recent failed write's errno (0: none).
-  int last_errno() const noexcept { return file_.last_errno(); }
+  int last_errno() const noexcept { return log_->last_errno(); }
   /// Sinks disabled after throwing, with what they threw ("name: message"); writer thread
   /// until close, any thread after it.
   std::vector<std::string> sink_failures() const;
@@ -142,8 +121,8 @@ class JsonlWriter final : public StepRecordQueue {
   const int rank_;
   const PhaseNames& names_;
   const std::chrono::milliseconds flush_interval_;
-  JsonlFileSink file_;
-  std::vector<SinkState> sinks_;            // the file first
+  std::unique_ptr<RecordSink> log_;
+  std::vector<SinkState> sinks_;            // the log first
   std::vector<std::string> sink_failures_;  // guarded by mu_
   StepObserver* observer_;
   StepCompleter* completer_;
