@@ -70,7 +70,10 @@ def _get(url: str) -> dict:
         with urllib.request.urlopen(url, timeout=10) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
-        return json.loads(exc.read())
+        try:
+            return json.loads(exc.read())  # the API's own error object
+        except ValueError:
+            return {}  # "Service Unavailable" (plain text) while Prometheus starts up
     except (urllib.error.URLError, OSError):
         return {}  # not listening yet
 
