@@ -678,35 +678,23 @@ template <typename Explain>
 void DeviceDiagnosisDetector::update(Episode& e, const char* type, bool condition,
                                      const StepRecord& r, double value, double threshold,
                                      Explain explain, std::vector<AlertEvent>& out) {
-  if (condition) {
-    e.misses = 0;
-    if (e.hits++ == 0) e.hits_from = r.step;
-    if (!e.active && e.hits >= config_.regression_min_steps) {
-      Diagnosis d = explain();
-      AlertEvent a;
-      a.value = value;
-      a.threshold = threshold;
-      a.message = std::move(d.message);
-      a.details = std::move(d.details);
-      a.type = type;
-      a.step = r.step;
-      a.details["since_step"] = e.hits_from;
-      out.push_back(std::move(a));
-      e.active = true;
-      e.start = e.hits_from;
-    }
-    return;
-  }
-  e.hits = 0;
-  if (e.active && ++e.misses >= config_.regression_min_steps) {
-    AlertEvent done;
-    done.resolved = true;
-    done.type = type;
-    done.step = r.step;
-    done.first_step = e.start;
-    done.message = fmt::format("{} ended at step {} (from step {})", type, r.step, e.start);
-    out.push_back(std::move(done));
-    e = Episode{};
+  const Episode::Change change = e.observe(condition, r.step);
+  if (change == Episode::Change::kOpened) {
+    Diagnosis d = explain();
+    AlertEvent a;
+    a.value = value;
+    a.threshold = threshold;
+    a.message = std::move(d.message);
+    a.details = std::move(d.details);
+    a.type = type;
+    a.step = r.step;
+    a.details["since_step"] = e.first_step();
+    out.push_back(std::move(a));
+  } else if (change == Episode::Change::kResolved) {
+    out.push_back(
+        e.resolved(type, r.step,
+                   fmt::format("{} ended at step {} (from step {})", type, r.step, e.first_step()),
+                   /*with_repeats=*/false));
   }
 }
 

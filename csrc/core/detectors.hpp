@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "alert.hpp"
+#include "episode.hpp"
 #include "rolling_median.hpp"
 #include "step_record.hpp"
 #include "steptrace/config.hpp"
@@ -153,17 +154,14 @@ class MemoryGrowthDetector {
 /// after as many observed steps in a row without it.
 class DeviceDiagnosisDetector {
  public:
-  explicit DeviceDiagnosisDetector(const Config& config) : config_(config) {}
+  explicit DeviceDiagnosisDetector(const Config& config)
+      : config_(config),
+        tensor_(config.regression_min_steps, config.regression_min_steps),
+        memory_(config.regression_min_steps, config.regression_min_steps),
+        comm_(config.regression_min_steps, config.regression_min_steps) {}
   void observe(const StepRecord& r, std::vector<AlertEvent>& out);
 
  private:
-  struct Episode {
-    bool active = false;
-    int hits = 0;    // consecutive observed steps meeting the condition
-    int misses = 0;  // consecutive observed steps not meeting it, while active
-    std::int64_t hits_from = 0;
-    std::int64_t start = 0;
-  };
   // The text of an alert, built only when it fires.
   struct Diagnosis {
     std::string message;

@@ -217,25 +217,17 @@ std::string TelemetryStage::run_end_fields() {
   return "\"hw\":" + hw.dump();
 }
 
+template <typename MakeAlert>
 void TelemetryDetector::episode(Episode& e, const char* type, bool now, const StepRecord& r,
-                                std::vector<AlertEvent>& out, AlertEvent alert) {
-  if (now && !e.active) {
-    e = {true, r.step, 0};
+                                std::vector<AlertEvent>& out, MakeAlert make_alert) {
+  const Episode::Change change = e.observe(now, r.step);
+  if (change == Episode::Change::kOpened) {
+    AlertEvent alert = make_alert();
     alert.type = type;
     alert.step = r.step;
     out.push_back(std::move(alert));
-  } else if (now) {
-    ++e.repeats;
-  } else if (e.active) {
-    AlertEvent done;
-    done.resolved = true;
-    done.type = type;
-    done.step = r.step;
-    done.first_step = e.first_step;
-    done.repeats = e.repeats;
-    done.message = fmt::format("{} cleared at step {}", type, r.step);
-    out.push_back(std::move(done));
-    e.active = false;
+  } else if (change == Episode::Change::kResolved) {
+    out.push_back(e.resolved(type, r.step, fmt::format("{} cleared at step {}", type, r.step)));
   }
 }
 
@@ -257,7 +249,7 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
   if (low && low_since_ns_ < 0) low_since_ns_ = r.telemetry_begin_ns;
   const bool sustained =
       low && static_cast<double>(t - low_since_ns_) >= config_.power_low_min_s * kNsPerS;
-  if (sustained != power_low_.active) {
+  episode(power_low_, "power_low", sustained, r, out, [&] {
     AlertEvent a;
     a.value = h.avg_power_w;
     a.baseline = limit;
@@ -286,10 +278,8 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
       a.message += fmt::format("; SM throughput {:.0f}% of peak", sm_pct);
       a.details["sm_throughput_pct"] = sm_pct;
     }
-    episode(power_low_, "power_low", sustained, r, out, std::move(a));
-  } else if (sustained) {
-    ++power_low_.repeats;
-  }
+    return a;
+  });
 
   // temperature_rising: the trend over the last minute of steps
   if (std::isfinite(h.max_temp_c)) {
@@ -301,21 +291,23 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
       rate = (h.max_temp_c - temps_.front().temp_c) / (static_cast<double>(span) / 60e9);
     }
     const bool rising = warm && rate > config_.temp_rise_c_per_min;
-    AlertEvent a;
-    a.value = rate;
-    a.baseline = temps_.front().temp_c;
-    a.threshold = config_.temp_rise_c_per_min;
-    a.message = fmt::format(
-        "GPU temperature rises {:.1f} C/min ({:.0f} -> {:.0f} C): check the cooling (fans, "
-        "airflow, coolant) before the GPU throttles",
-        rate, temps_.front().temp_c, h.max_temp_c);
-    episode(temp_rising_, "temperature_rising", rising, r, out, std::move(a));
+    episode(temp_rising_, "temperature_rising", rising, r, out, [&] {
+      AlertEvent a;
+      a.value = rate;
+      a.baseline = temps_.front().temp_c;
+      a.threshold = config_.temp_rise_c_per_min;
+      a.message = fmt::format(
+          "GPU temperature rises {:.1f} C/min ({:.0f} -> {:.0f} C): check the cooling (fans, "
+          "airflow, coolant) before the GPU throttles",
+          rate, temps_.front().temp_c, h.max_temp_c);
+      return a;
+    });
   }
 
   // power_drop: a fall between two readings while steps continue; the smaller threshold
   // wins, so a 300 W card (120 W) and a 1,000 W one (300 W) are both covered
   const double drop_w = std::min(config_.power_drop_w, config_.power_drop_fraction * limit);
-  {
+  episode(power_drop_, "power_drop", h.max_drop_w > drop_w, r, out, [&] {
     AlertEvent a;
     a.value = h.max_drop_w;
     a.threshold = drop_w;
@@ -323,8 +315,8 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
         "GPU power fell by {} between two readings while steps continued (now {} avg): a "
         "power-capping event, a stalled rank or lost work on this GPU",
         watts(h.max_drop_w), watts(h.avg_power_w));
-    episode(power_drop_, "power_drop", h.max_drop_w > drop_w, r, out, std::move(a));
-  }
+    return a;
+  });
 
   // thermal_throttle / power_throttle, with the step time they cost
   const bool thermal = (h.throttle_reasons & kThermalThrottle) != 0;
@@ -347,9 +339,9 @@ void TelemetryDetector::observe(const StepRecord& r, std::vector<AlertEvent>& ou
     return a;
   };
   episode(thermal_, "thermal_throttle", warm && thermal, r, out,
-          throttle_alert("are thermally throttled: the GPU is too hot"));
+          [&] { return throttle_alert("are thermally throttled: the GPU is too hot"); });
   episode(power_cap_, "power_throttle", warm && power, r, out,
-          throttle_alert("are held down by the power cap"));
+          [&] { return throttle_alert("are held down by the power cap"); });
   if (warm && !thermal && !power) {  // warmup steps (compiling, allocating) are no baseline
     ++unthrottled_steps_;
     unthrottled_step_ms_ +=

@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "step_completer.hpp"
 #include "alert.hpp"
+#include "episode.hpp"
+#include "step_completer.hpp"
 #include "step_record.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
@@ -79,14 +80,11 @@ class TelemetryDetector {
   void observe(const StepRecord& r, std::vector<AlertEvent>& out);
 
  private:
-  // One alert per episode; `resolved` when its condition clears.
-  struct Episode {
-    bool active = false;
-    std::int64_t first_step = 0;
-    std::int64_t repeats = 0;
-  };
+  // One alert per episode (it opens at the first step with its condition and resolves at
+  // the first without); `make_alert` builds the alert only when one opens.
+  template <typename MakeAlert>
   void episode(Episode& e, const char* type, bool now, const StepRecord& r,
-               std::vector<AlertEvent>& out, AlertEvent alert);
+               std::vector<AlertEvent>& out, MakeAlert make_alert);
 
   const Config& config_;
   std::int64_t steps_ = 0;
