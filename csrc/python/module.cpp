@@ -698,6 +698,7 @@ steptrace::IntervalKind parse_interval(const std::string& kind) {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "steptrace's C++ core (use the steptrace package, not this module)";
+  m.attr("MAX_PHASES") = steptrace::kMaxPhases;  // the phase table's size, for Python's bounds
 
   // steptrace.errors defines the exception classes (each also a ValueError/RuntimeError).
   {
@@ -732,6 +733,27 @@ PYBIND11_MODULE(_core, m) {
   init_phase_gates_type(m);
   init_phase_table_type();
   init_data_iterator_type();
+
+  // The records this profiler writes, read in this process (the cross-rank exchange and
+  // the OTLP export follow them without reading the log file back).
+  struct RecordReader {
+    std::function<std::vector<std::string>()> next;
+  };
+  py::class_<RecordReader>(m, "RecordReader")
+      .def(
+          "new_lines",
+          [](RecordReader& r) {
+            std::vector<std::string> lines;
+            {
+              py::gil_scoped_release nogil;
+              lines = r.next();
+            }
+            py::list out;
+            for (const std::string& line : lines) out.append(py::bytes(line));
+            return out;
+          },
+          "The whole lines (bytes, no newline) written since the previous call; run_start "
+          "first.");
 
   py::class_<PyProfiler>(m, "Profiler")
       .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool, bool,
@@ -879,6 +901,7 @@ PYBIND11_MODULE(_core, m) {
           "Whether device-wide memory comes from the telemetry sampler (NVML): no step calls "
           "mem_get_info then")
       .def_property_readonly("write_errors", [](PyProfiler& p) { return p.core().write_errors(); })
+      .def("record_reader", [](PyProfiler& p) { return RecordReader{p.core().record_reader()}; })
       .def_property_readonly("write_error", [](PyProfiler& p) { return p.core().write_error(); })
       .def_property_readonly("data_inside_step",
                              [](PyProfiler& p) { return p.core().data_inside_step(); })

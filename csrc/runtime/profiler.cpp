@@ -36,6 +36,7 @@
 #include "../core/telemetry.hpp"
 #include "../sinks/jsonl_file_sink.hpp"
 #include "../sinks/prometheus_sink.hpp"
+#include "../sinks/record_tap.hpp"
 #include "steptrace/error.hpp"
 
 #ifndef STEPTRACE_VERSION
@@ -270,7 +271,7 @@ class ProfilerImpl final : public SignalClosable {
     start_unix_ns_ = unix_now_ns();
     process_start_unix_ns_ = process_start_unix_ns();
     if (config_.detect) detection_ = std::make_unique<DetectionStage>(config_, names_, alerts_);
-    std::vector<RecordSink*> sinks;
+    std::vector<RecordSink*> sinks = {&tap_};
     if (config_.metrics_port >= 0 || !config_.metrics_textfile.empty() ||
         !config_.metrics_pushgateway.empty()) {
       setup_metrics();
@@ -714,6 +715,10 @@ class ProfilerImpl final : public SignalClosable {
     return telemetry_ != nullptr && telemetry_->device_memory(&used, &total);
   }
   std::int64_t write_errors() const noexcept { return writer_->write_errors(); }
+  std::function<std::vector<std::string>()> record_reader() {
+    std::shared_ptr<RecordTap::Reader> reader = tap_.open();
+    return [reader] { return reader->new_lines(); };
+  }
   std::int64_t data_inside_step() const noexcept {
     return data_inside_step_.load(std::memory_order_relaxed);
   }
@@ -1331,6 +1336,7 @@ class ProfilerImpl final : public SignalClosable {
   std::unique_ptr<PrometheusSink> metrics_;
 
   // Last: destroyed first, so the writer thread stops before the names it reads go.
+  RecordTap tap_;  // before the pipeline, which feeds it until it is destroyed
   std::unique_ptr<RecordPipeline> writer_;
 };
 
@@ -1444,6 +1450,9 @@ void Profiler::close(EndReason reason, std::string_view error) { impl_->close(re
 bool Profiler::closed() const noexcept { return impl_->closed(); }
 bool Profiler::device_memory_sampled() const noexcept { return impl_->device_memory_sampled(); }
 std::int64_t Profiler::write_errors() const noexcept { return impl_->write_errors(); }
+std::function<std::vector<std::string>()> Profiler::record_reader() {
+  return impl_->record_reader();
+}
 std::int64_t Profiler::data_inside_step() const noexcept { return impl_->data_inside_step(); }
 std::string Profiler::write_error() const {
   const int e = impl_->write_errno();

@@ -223,6 +223,11 @@ class STEPTRACE_API Profiler {
   /// how many), and the first failure's error text ("" while there is none). Any thread.
   std::int64_t write_errors() const noexcept;
   std::string write_error() const;
+  /// A reader of the records this profiler writes, in this process (nothing reads the log
+  /// file back): each call returns the whole lines (without newlines) written since the
+  /// previous call, run_start first. A reader more than 65536 lines behind loses the
+  /// oldest. Any thread; the reader may outlive the profiler.
+  std::function<std::vector<std::string>()> record_reader();
   /// Calls `callback` with every alert and resolved record (one JSON line) as it is
   /// written, on the writer or watchdog thread: keep it short and thread-safe.
   void set_alert_callback(std::function<void(const std::string& json_line)> callback);

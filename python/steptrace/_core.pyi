@@ -77,6 +77,9 @@ class PhaseGates:
     def end(self, index: int) -> None: ...
     def close(self) -> None: ...
 
+class RecordReader:
+    def new_lines(self) -> list[bytes]: ...
+
 class Profiler:
     closed: bool
     device_memory_sampled: bool
@@ -86,6 +89,7 @@ class Profiler:
     metrics_port: int
     config: Config
     write_errors: int
+    def record_reader(self) -> RecordReader: ...
     write_error: str
     data_inside_step: int
     def __init__(self, config: Config, versions: Dict[str, str] = ..., fake_device: bool = False,

@@ -27,16 +27,19 @@ import threading
 import urllib.parse
 from typing import Any, Mapping, Optional
 
-from steptrace.cluster import LogTail
+from steptrace import _core
+from steptrace._options import PYTHON_OPTIONS
+from steptrace.cluster.exchange import follow_records
 from steptrace.errors import ConfigError
 
 logger = logging.getLogger("steptrace")
 
-OTLP_OPTIONS: dict = {"metrics_otlp": "", "metrics_otlp_interval_s": 10.0}
+# Its options and their defaults, from the option table (include/steptrace/config_options.def).
+OTLP_OPTIONS: dict = {k: v for k, v in PYTHON_OPTIONS.items() if k.startswith("metrics_otlp")}
 _INTERVAL_RANGE = (0.1, 3600.0)
 # The Prometheus endpoint's histogram buckets (csrc/sinks/prometheus_sink.hpp), in seconds.
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_MAX_PHASES = 64  # the core's phase table (kMaxPhases): bounded attribute values
+_MAX_PHASES = _core.MAX_PHASES  # the core's phase table (kMaxPhases): bounded attribute values
 _MAX_ALERT_TYPES = 256
 _MAX_CLUSTER_ROWS = 64  # as the Prometheus sink: the stragglers first, then by score
 _EXPORT_TIMEOUT_S = 5.0
@@ -78,7 +81,8 @@ def _cluster_rows(record: Mapping[str, Any]) -> list[dict]:
 
 
 class OtlpExporter:
-    """One daemon thread tailing the log of ``core`` into OpenTelemetry instruments,
+    """One daemon thread following the records of ``core`` (in process, not its log file)
+    into OpenTelemetry instruments,
     exported every ``metrics_otlp_interval_s`` to ``metrics_otlp`` by the SDK's periodic
     reader. :meth:`stop` (after the core closed) reads the rest, exports once more and
     shuts the SDK down (at most the export timeout)."""
@@ -92,8 +96,9 @@ class OtlpExporter:
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
 
         self._core = core
-        self._path = core.log_path
         config = core.config
+        self._log = follow_records(core)
+        self._pending = self._log.new_lines()  # run_start first: the run's identity
         start = self._run_start()
         self.run_id = str(start.get("run_id") or config.run_id)
         self.rank = int(start.get("rank", config.rank))
@@ -117,7 +122,6 @@ class OtlpExporter:
             views=[View(instrument_name="steptrace.*.duration", aggregation=buckets)])
         self._rows: list[dict] = []  # the last cluster record's, for the observable gauges
         self._make_instruments(self._provider.get_meter("steptrace"))
-        self._log = LogTail(self._path)
         self._phases: set[str] = set()
         self._alert_types: set[str] = set()
         self._stop = threading.Event()
@@ -172,9 +176,8 @@ class OtlpExporter:
 
     def _run_start(self) -> dict:
         try:
-            with open(self._core.log_path, "rb") as f:
-                return json.loads(f.readline())
-        except (OSError, ValueError):
+            return json.loads(self._pending[0]) if self._pending else {}
+        except ValueError:
             return {}
 
     def start(self) -> "OtlpExporter":
@@ -205,7 +208,8 @@ class OtlpExporter:
 
     def poll_once(self) -> None:
         with self._lock:
-            for line in self._log.new_lines():
+            lines, self._pending = self._pending + self._log.new_lines(), []
+            for line in lines:
                 try:
                     rec = json.loads(line)
                 except ValueError:

@@ -1,5 +1,7 @@
 #include "core/record_pipeline.hpp"
+
 #include "sinks/jsonl_file_sink.hpp"
+#include "sinks/record_tap.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -9,10 +11,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <thread>
 
+#include "steptrace/profiler.hpp"
 #include "test_util.hpp"
 
 namespace steptrace::detail {
@@ -186,6 +190,56 @@ TEST(RecordPipeline, WriteErrorsAreCountedAndReportedInRunEnd) {
   EXPECT_EQ(end["write_error"], std::strerror(ENOSPC));
   EXPECT_EQ(end["steps"], 12);  // handed over, including the ones the disk lost
   EXPECT_EQ(w.write_errors(), 2);
+}
+
+}  // namespace
+}  // namespace steptrace::detail
+
+namespace steptrace::detail {
+namespace {
+
+TEST(RecordTap, AReaderGetsRunStartThenWhatFollowsItsOpening) {
+  RecordTap tap;
+  tap.write("{\"kind\":\"run_start\"}\n{\"kind\":\"step\",\"step\":0}\n");  // before any reader
+  auto reader = tap.open();
+  tap.write("{\"kind\":\"step\",\"step\":1}\n{\"kind\":\"step\",\"step\":2}\n");
+  EXPECT_EQ(reader->new_lines(),
+            (std::vector<std::string>{"{\"kind\":\"run_start\"}", "{\"kind\":\"step\",\"step\":1}",
+                                      "{\"kind\":\"step\",\"step\":2}"}));
+  EXPECT_TRUE(reader->new_lines().empty());  // each line once
+  auto late = tap.open();
+  tap.write("{\"kind\":\"run_end\"}\n");
+  EXPECT_EQ(reader->new_lines(), (std::vector<std::string>{"{\"kind\":\"run_end\"}"}));
+  EXPECT_EQ(late->new_lines(),
+            (std::vector<std::string>{"{\"kind\":\"run_start\"}", "{\"kind\":\"run_end\"}"}));
+}
+
+TEST(RecordTap, AReaderFarBehindLosesTheOldestLinesAndCountsThem) {
+  RecordTap tap;
+  tap.write("start\n");
+  auto reader = tap.open();
+  for (std::size_t i = 0; i < RecordTap::kMaxLines + 10; ++i) tap.write(std::to_string(i) + "\n");
+  const std::vector<std::string> lines = reader->new_lines();
+  ASSERT_EQ(lines.size(), RecordTap::kMaxLines);
+  EXPECT_EQ(lines.front(), "10");  // run_start and lines 0-9 went first
+  EXPECT_EQ(reader->dropped(), 11);
+}
+
+TEST(RecordTap, AProfilersReaderFollowsItsRecordsWithoutTheFile) {
+  testing::TempDir tmp;
+  Config config;
+  config.log_dir = tmp.str("run");
+  Profiler prof(config);
+  auto next = prof.record_reader();
+  { auto s = prof.step(); }
+  prof.close();
+  std::vector<std::string> lines = next();
+  ASSERT_GE(lines.size(), 3u);
+  std::filesystem::remove_all(tmp.str("run"));  // nothing below reads the file
+  EXPECT_EQ(nlohmann::json::parse(lines.front())["kind"], "run_start");
+  EXPECT_EQ(nlohmann::json::parse(lines[1])["kind"], "step");
+  EXPECT_EQ(nlohmann::json::parse(lines.back())["kind"], "run_end");
+  EXPECT_TRUE(next().empty());
 }
 
 }  // namespace

@@ -31,9 +31,19 @@ def _default_store() -> Any:
 _PROBES = 64  # most existence checks of not-yet-seen ranks per poll
 
 
+def follow_records(core: Any) -> Any:
+    """What this rank's pipeline writes, for the background threads that follow it (the
+    cross-rank exchange, the OTLP export): the core's in-process reader
+    (``core.record_reader()``: nothing reads the log file back), whose ``new_lines()``
+    returns the whole lines written since the last call, run_start first. A stand-in core
+    without one (tests that write a log by hand) is followed through its file."""
+    reader = getattr(core, "record_reader", None)
+    return reader() if reader is not None else LogTail(core.log_path)
+
+
 class LogTail:
-    """The whole lines a log file gained since the last call, for the background threads
-    that follow what this rank's writer wrote (the cross-rank exchange, the OTLP export)."""
+    """The whole lines a log file gained since the last call (a finished run's log, or a
+    stand-in core's)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -56,7 +66,7 @@ class LogTail:
 class ClusterExchange:
     """Publishes this rank's window summaries and heartbeats through a c10d Store and, on
     the aggregating rank, writes the cross-rank view into this rank's log. One daemon
-    thread; a step never waits for it (it reads the log file the writer already wrote and
+    thread; a step never waits for it (it follows the records the pipeline wrote, in process, and
     a few atomics of the core)."""
 
     def __init__(self, core: Any, options: Mapping[str, Any], *, store: Any = None,
@@ -76,7 +86,7 @@ class ClusterExchange:
         self._aggregator = self.rank == int(self.options["cluster_rank"])
         self._analyzer = ClusterAnalyzer(self.options, rank=self.rank)
         self._stop = threading.Event()
-        self._log = LogTail(core.log_path)
+        self._log = follow_records(core)
         self._window_steps: list[dict] = []
         self._window_index: Optional[int] = None
         self._published_window = -1

@@ -5,25 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from steptrace._options import OPTION_GROUPS, PYTHON_OPTIONS
 from steptrace.errors import ConfigError
 
-# Options of the cross-rank view (keyword arguments of steptrace.Profiler) and defaults.
-CLUSTER_OPTIONS: dict[str, Any] = {
-    "cluster": "auto",  # auto: on when torch.distributed runs with more than one rank
-    "cluster_interval": 50,  # steps per window
-    "cluster_rank": 0,  # the rank that aggregates and writes cluster records
-    "cluster_poll_s": 1.0,  # how often summaries and heartbeats are published and read
-    "cluster_silent_s": 10.0,  # a rank stuck this long (and > 10 median steps) is silent
-    "straggler_pct": 10.0,  # own work above the other ranks' median by more than this
-    "straggler_windows": 2,  # ... for this many windows in a row
-    "straggler_min_ms": 1.0,  # ... and by at least this much (noise floor)
-    "comm_imbalance_pct": 50.0,  # a rank's communication above the others' median by this
-    "comm_share_pct": 25.0,  # communication above this share of the step: comm_heavy
-    "compute_comm_ratio": 4.0,  # ... or compute below this multiple of communication
-    "cluster_max_rows": 64,  # per-rank rows in a cluster record at most (the notable ranks)
-    "hot_gpu_c": 5.0,  # a GPU this much above the median of GPUs at similar power: hot_gpu
-    "hot_gpu_power_pct": 15.0,  # "similar power": within this % of the GPU's own power
-}
+# Options of the cross-rank view (keyword arguments of steptrace.Profiler) and their
+# defaults, from the option table (include/steptrace/config_options.def: what each means):
+# cluster (auto: on when torch.distributed runs with more than one rank), the window
+# (cluster_interval steps), the rank that writes cluster records, how often summaries are
+# published (cluster_poll_s), when a rank is silent, the straggler / comm / hot-GPU rules.
+CLUSTER_OPTIONS: dict[str, Any] = {k: v for k, v in PYTHON_OPTIONS.items()
+                                   if OPTION_GROUPS[k] == "cluster"}
 
 _RANGES: dict[str, tuple[float, float]] = {
     "cluster_interval": (2, 1_000_000),
