@@ -59,11 +59,13 @@ std::string RecordPipeline::sinks_json() const {
   fmt::memory_buffer out;
   auto it = std::back_inserter(out);
   out.append(std::string_view("\"sinks\":["));
-  for (std::size_t i = 0; i < sinks_.size(); ++i) {
-    const SinkState& s = sinks_[i];
+  bool first = true;
+  for (const SinkState& s : sinks_) {
+    if (!s.sink->listed()) continue;
     const std::string error = s.failed ? s.failure : s.sink->first_error();
     const char* status = !error.empty() ? "failing" : s.slow_calls > 0 ? "slow" : "ok";
-    if (i > 0) out.push_back(',');
+    if (!first) out.push_back(',');
+    first = false;
     out.append(std::string_view("{\"name\":"));
     append_json_string(out, s.sink->name());
     fmt::format_to(it, ",\"status\":\"{}\"", status);

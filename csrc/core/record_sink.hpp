@@ -25,6 +25,9 @@ class RecordSink {
   virtual ~RecordSink() = default;
   /// A short name for messages ("jsonl", "prometheus").
   virtual std::string_view name() const noexcept = 0;
+  /// Whether run_end's `sinks` lists it (an output the user configured; not internal
+  /// plumbing such as the in-process tap).
+  virtual bool listed() const noexcept { return true; }
   /// A batch of complete JSON lines (each with its newline), exactly as the log has them:
   /// run_start first, run_end last.
   virtual void write(std::string_view /*lines*/) {}
@@ -43,6 +46,18 @@ class RecordSink {
   /// In a forked child: release the target without flushing or syncing (the parent's).
   virtual void abandon() noexcept {}
 };
+
+/// Calls `fn(line)` for each line of a batch (without its newline).
+template <typename Fn>
+void for_each_line(std::string_view lines, Fn&& fn) {
+  std::size_t pos = 0;
+  while (pos < lines.size()) {
+    std::size_t end = lines.find('\n', pos);
+    if (end == std::string_view::npos) end = lines.size();
+    fn(lines.substr(pos, end - pos));
+    pos = end + 1;
+  }
+}
 
 /// Sees every step record on the writer thread, in step order, before it is written,
 /// and may append lines (alerts) after it. Also supplies run_end's alert counts.

@@ -244,18 +244,13 @@ std::vector<ClusterRow> cluster_rows(const nlohmann::json& record) {
 
 void MetricsRegistry::observe_lines(std::string_view lines) {
   // Alerts and cluster records are rare: only lines that look like one are parsed.
-  std::size_t pos = 0;
-  while (pos < lines.size()) {
-    std::size_t end = lines.find('\n', pos);
-    if (end == std::string_view::npos) end = lines.size();
-    const std::string_view line = lines.substr(pos, end - pos);
-    pos = end + 1;
+  for_each_line(lines, [&](std::string_view line) {
     const bool cluster = line.find("\"kind\":\"cluster\"") != std::string_view::npos;
-    if (!cluster && line.find("\"alert\"") == std::string_view::npos) continue;
+    if (!cluster && line.find("\"alert\"") == std::string_view::npos) return;
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) continue;
+    if (!j.is_object()) return;
     const auto kind = j.find("kind");
-    if (kind == j.end() || !kind->is_string()) continue;
+    if (kind == j.end() || !kind->is_string()) return;
     if (*kind == "cluster") {
       std::vector<ClusterRow> rows = cluster_rows(j);
       std::lock_guard<std::mutex> lock(mu_);
@@ -265,10 +260,10 @@ void MetricsRegistry::observe_lines(std::string_view lines) {
       const auto s = j.find("stragglers");
       values_.stragglers = s != j.end() && s->is_array() ? static_cast<double>(s->size()) : 0.0;
       values_.cluster_rows = std::move(rows);
-      continue;
+      return;
     }
     const auto type = j.find("type");
-    if (*kind != "alert" || type == j.end() || !type->is_string()) continue;
+    if (*kind != "alert" || type == j.end() || !type->is_string()) return;
     std::string t = type->get<std::string>();
     std::string hw_kind;
     double xid = 0;
@@ -293,7 +288,7 @@ void MetricsRegistry::observe_lines(std::string_view lines) {
       ++values_.hardware_errors[hw_kind];
       if (xid > 0) values_.last_xid = xid;
     }
-  }
+  });
 }
 
 std::string MetricsRegistry::render() const {

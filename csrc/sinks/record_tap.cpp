@@ -6,15 +6,10 @@ namespace steptrace::detail {
 
 void RecordTap::write(std::string_view lines) {
   std::lock_guard<std::mutex> lock(*mu_);
-  std::size_t pos = 0;
-  while (pos < lines.size()) {
-    std::size_t end = lines.find('\n', pos);
-    if (end == std::string_view::npos) end = lines.size();
-    const std::string_view line = lines.substr(pos, end - pos);
-    pos = end + 1;
+  for_each_line(lines, [&](std::string_view line) {
     if (first_line_.empty()) {
       first_line_ = std::string(line);
-      continue;
+      return;
     }
     bool expired = false;
     for (const auto& weak : readers_) {
@@ -34,7 +29,7 @@ void RecordTap::write(std::string_view lines) {
                                     [](const std::weak_ptr<Reader>& w) { return w.expired(); }),
                      readers_.end());
     }
-  }
+  });
 }
 
 std::shared_ptr<RecordTap::Reader> RecordTap::open() {

@@ -43,6 +43,7 @@ class RecordTap final : public RecordSink {
   RecordTap& operator=(const RecordTap&) = delete;
 
   std::string_view name() const noexcept override { return "tap"; }
+  bool listed() const noexcept override { return false; }
   void write(std::string_view lines) override;
 
   /// A new reader: its first new_lines() starts with run_start.
