@@ -23,9 +23,11 @@
 #include "../core/alert.hpp"
 #include "../core/check.hpp"
 #include "../core/collective_timer.hpp"
+#include "../core/detection_stage.hpp"
 #include "../core/detectors.hpp"
 #include "../core/device_activity.hpp"
 #include "../core/device_timing.hpp"
+#include "../core/hardware_alert.hpp"
 #include "../core/heap_sampler.hpp"
 #include "../core/lifecycle.hpp"
 #include "../core/record_json.hpp"
@@ -37,6 +39,7 @@
 #include "../sinks/jsonl_file_sink.hpp"
 #include "../sinks/prometheus_sink.hpp"
 #include "../sinks/record_tap.hpp"
+#include "run_environment.hpp"
 #include "steptrace/error.hpp"
 
 #ifndef STEPTRACE_VERSION
@@ -48,117 +51,6 @@ namespace detail {
 namespace {
 
 constexpr std::int64_t kUnset = -1;
-
-std::int64_t unix_now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-// When this process started (unix ns), from /proc/self/stat's starttime (field 22, clock
-// ticks after boot; proc(5)) against CLOCK_BOOTTIME; 0 where unknown.
-std::int64_t process_start_unix_ns() {
-  std::FILE* f = std::fopen("/proc/self/stat", "re");
-  if (f == nullptr) return 0;
-  char buf[1024];
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
-  if (p == nullptr) return 0;
-  unsigned long long start_ticks = 0;
-  // fields 3..22 after ") ": state, then 18 numbers, then starttime
-  if (std::sscanf(
-          p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-          &start_ticks) != 1) {
-    return 0;
-  }
-  const long hz = sysconf(_SC_CLK_TCK);
-  timespec boot{};
-  if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0) return 0;
-  const std::int64_t boot_ns =
-      static_cast<std::int64_t>(boot.tv_sec) * 1'000'000'000 + boot.tv_nsec;
-  const auto start_ns = static_cast<std::int64_t>(start_ticks) * (1'000'000'000 / hz);
-  const std::int64_t age = boot_ns - start_ns;
-  return age >= 0 ? unix_now_ns() - age : 0;
-}
-
-// An int from the environment, or `fallback` when unset; ConfigError when malformed.
-int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  char* end = nullptr;
-  const long parsed = std::strtol(value, &end, 10);
-  STEPTRACE_CHECK(*end == '\0' && parsed >= 0 && parsed < (1 << 24), ConfigError,
-                  "environment variable {}={:?} is not a non-negative integer", name, value);
-  return static_cast<int>(parsed);
-}
-
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
-}
-
-std::string default_run_id() {
-  for (const char* var : {"STEPTRACE_RUN_ID", "TORCHELASTIC_RUN_ID"}) {
-    const char* v = std::getenv(var);
-    if (v != nullptr && *v != '\0' && std::strcmp(v, "none") != 0) return v;
-  }
-  // torchrun without a rendezvous id: every rank of one job shares the master address.
-  const char* addr = std::getenv("MASTER_ADDR");
-  const char* port = std::getenv("MASTER_PORT");
-  if (addr != nullptr && port != nullptr && std::getenv("WORLD_SIZE") != nullptr) {
-    return fmt::format("job-{}-{}", addr, port);
-  }
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  return fmt::format("{:04}{:02}{:02}T{:02}{:02}{:02}Z-{}-{}", tm.tm_year + 1900, tm.tm_mon + 1,
-                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, host_name(), getpid());
-}
-
-// Resolves rank, world size and run id; throws ConfigError for inconsistent values.
-void resolve(Config& c) {
-  if (c.rank < 0) c.rank = env_int("RANK", 0);
-  if (c.world_size < 0) c.world_size = env_int("WORLD_SIZE", 1);
-  STEPTRACE_CHECK(c.world_size >= 1 && c.rank < c.world_size, ConfigError,
-                  "rank={} is not below world_size={}; ranks are 0..world_size-1", c.rank,
-                  c.world_size);
-  if (c.run_id.empty()) c.run_id = default_run_id();
-  if (c.job.empty()) {
-    const char* job = std::getenv("STEPTRACE_JOB");
-    c.job = job != nullptr && *job != '\0' ? job : "steptrace";
-  }
-}
-
-// Creates log_dir and opens the rank's file; every failure is a ConfigError that names
-// the path. Nothing is left behind when the directory cannot be used.
-int open_log_file(const Config& c, std::string& path_out) {
-  namespace fs = std::filesystem;
-  const fs::path dir(c.log_dir);
-  std::error_code ec;
-  const auto status = fs::status(dir, ec);
-  if (fs::exists(status)) {
-    STEPTRACE_CHECK(fs::is_directory(status), ConfigError,
-                    "log_dir {:?} exists and is not a directory; give a folder", c.log_dir);
-  } else {
-    fs::create_directories(dir, ec);
-    STEPTRACE_CHECK(!ec, ConfigError, "cannot create log_dir {:?}: {}", c.log_dir, ec.message());
-  }
-  path_out = (dir / fmt::format("rank{}.jsonl", c.rank)).string();
-  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (c.overwrite ? O_TRUNC : O_EXCL);
-  const int fd = ::open(path_out.c_str(), flags, 0644);
-  if (fd < 0 && errno == EEXIST) {
-    STEPTRACE_THROW(ConfigError,
-                    "log file {:?} already exists (an earlier run); pass overwrite=True or "
-                    "use another log_dir",
-                    path_out);
-  }
-  STEPTRACE_CHECK(fd >= 0, ConfigError, "cannot write in log_dir {:?}: {}", c.log_dir,
-                  std::strerror(errno));
-  return fd;
-}
 
 const char* reason_name(EndReason r) {
   switch (r) {
@@ -173,60 +65,6 @@ const char* reason_name(EndReason r) {
   }
   return "normal";
 }
-
-std::int64_t host_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : 0;
-}
-
-// Runs the record detectors on the writer thread, right after each step record, and
-// publishes what the training thread and the watchdog need from them.
-class DetectionStage final : public StepObserver {
- public:
-  DetectionStage(const Config& config, const PhaseNames& names, AlertLog& alerts)
-      : config_(config), alerts_(alerts), detectors_(config, names, host_memory_bytes()) {}
-
-  void on_step(const StepRecord& r, fmt::memory_buffer& out) override {
-    events_.clear();
-    detectors_.observe(r, events_);
-    publish(out);
-    median_ms_.store(detectors_.slow().median_iteration_ms(), std::memory_order_relaxed);
-    history_ok_.store(detectors_.slow().history() >= static_cast<std::size_t>(config_.min_history),
-                      std::memory_order_relaxed);
-    phase_memory_.store(detectors_.memory().wants_phase_memory(), std::memory_order_relaxed);
-  }
-
-  void on_finish(fmt::memory_buffer& out) override {
-    events_.clear();
-    detectors_.finish(events_);
-    publish(out);
-  }
-
-  std::map<std::string, std::int64_t> alert_counts() const override { return alerts_.counts(); }
-  std::map<std::string, std::int64_t> alert_repeats() const override { return alerts_.repeats(); }
-
-  double median_ms() const { return median_ms_.load(std::memory_order_relaxed); }
-  bool history_ok() const { return history_ok_.load(std::memory_order_relaxed); }
-  bool wants_phase_memory() const { return phase_memory_.load(std::memory_order_relaxed); }
-
- private:
-  void publish(fmt::memory_buffer& out) {
-    for (const AlertEvent& e : events_) {
-      const std::string line = alert_json_line(e, config_.rank);
-      out.append(line.data(), line.data() + line.size());
-      alerts_.publish(e, line);
-    }
-  }
-
-  const Config& config_;
-  AlertLog& alerts_;
-  RecordDetectors detectors_;
-  std::vector<AlertEvent> events_;
-  std::atomic<double> median_ms_{0.0};
-  std::atomic<bool> history_ok_{false};
-  std::atomic<bool> phase_memory_{false};
-};
 
 }  // namespace
 
@@ -270,7 +108,8 @@ class ProfilerImpl final : public SignalClosable {
     start_ns_ = clock_->now_ns();
     start_unix_ns_ = unix_now_ns();
     process_start_unix_ns_ = process_start_unix_ns();
-    if (config_.detect) detection_ = std::make_unique<DetectionStage>(config_, names_, alerts_);
+    if (config_.detect)
+      detection_ = std::make_unique<DetectionStage>(config_, names_, alerts_, host_memory_bytes());
     std::vector<RecordSink*> sinks = {&tap_};
     if (config_.metrics_port >= 0 || !config_.metrics_textfile.empty() ||
         !config_.metrics_pushgateway.empty()) {
@@ -980,38 +819,8 @@ class ProfilerImpl final : public SignalClosable {
   // Sampler thread: an XID or a new uncorrectable ECC error is page-worthy.
   void report_hardware_error(const HardwareError& e) {
     try {
-      AlertEvent a;
-      a.type = "hardware_error";
+      AlertEvent a = hardware_alert(e, telemetry_->device());
       a.step = std::max<std::int64_t>(last_done_step_.load(std::memory_order_relaxed), 0);
-      a.value = static_cast<double>(e.code);
-      a.threshold = 0;
-      if (e.kind == "xid") {
-        a.message = fmt::format(
-            "GPU reported XID {} ({}): look it up in NVIDIA's XID catalog; the job may need "
-            "this GPU drained",
-            e.code, telemetry_->device());
-      } else if (e.kind == "nvlink_crc") {
-        a.message = fmt::format(
-            "NVLink CRC errors keep growing (+{} to {} over the active links, {}): a failing "
-            "link or cable slows collectives and may drop; drain this GPU's node",
-            e.delta, e.code, telemetry_->device());
-      } else if (e.kind == "remapped_rows") {
-        a.message = fmt::format(
-            "GPU memory rows remapped after uncorrectable errors (+{} to {}, or a remap "
-            "failed; {}): reset the GPU, replace it if remapping failed",
-            e.delta, e.code, telemetry_->device());
-      } else {
-        a.message = fmt::format(
-            "GPU uncorrectable ECC errors rose by {} to {} ({}): the data on this GPU may be "
-            "corrupt; drain it and reset",
-            e.delta, e.code, telemetry_->device());
-      }
-      a.details = {{"kind", e.kind}, {"code", e.code}};
-      if (e.kind != "xid") a.details["delta"] = e.delta;
-      if (e.kind == "nvlink_crc" || e.kind == "remapped_rows") {
-        a.details["source"] = e.kind;
-        a.details["count"] = e.code;
-      }
       a.unix_ns = unix_ns_at(clock_->now_ns());
       const std::string line = alert_json_line(a, config_.rank);
       writer_->push_line_now(line);
