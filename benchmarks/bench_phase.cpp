@@ -64,6 +64,7 @@
 #include "core/device_activity.hpp"
 #include "core/run_queue.hpp"
 #include "core/sample_aggregation.hpp"
+#include "steptrace/ext/device_activity.hpp"
 #include "steptrace/steptrace.hpp"
 
 namespace {

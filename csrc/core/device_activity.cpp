@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sample_aggregation.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::detail {
 namespace {

@@ -16,6 +16,7 @@
 #include "step_record.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::detail {
 

@@ -1,6 +1,7 @@
 #include "hardware_alert.hpp"
 
 #include <fmt/format.h>
+#include "steptrace/ext/telemetry.hpp"
 
 namespace steptrace::detail {
 

@@ -6,6 +6,7 @@
 
 #include "alert.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/telemetry.hpp"
 
 namespace steptrace::detail {
 

@@ -6,6 +6,7 @@
 
 #include "check.hpp"
 #include "steptrace/error.hpp"
+#include "steptrace/ext/device_activity.hpp"
 #include "telemetry.hpp"
 
 namespace steptrace::detail {

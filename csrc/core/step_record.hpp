@@ -15,6 +15,7 @@
 
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
+#include "steptrace/ext/device_activity.hpp"
 #include "steptrace/interval.hpp"
 
 namespace steptrace::detail {

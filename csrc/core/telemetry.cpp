@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sample_aggregation.hpp"
+#include "steptrace/ext/device_activity.hpp"
+#include "steptrace/ext/telemetry.hpp"
 
 namespace steptrace::detail {
 namespace {

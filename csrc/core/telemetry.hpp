@@ -18,6 +18,7 @@
 #include "step_record.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
+#include "steptrace/ext/telemetry.hpp"
 
 namespace steptrace::detail {
 

@@ -726,6 +726,7 @@ PYBIND11_MODULE(_core, m) {
 #define STEPTRACE_CONFIG_OPTION(group, type, name, default_value, check, doc) \
   config_type.def_readwrite(#name, &steptrace::Config::name, doc);
 #include "steptrace/config_options.def"
+#include "steptrace/ext/device_activity.hpp"
   config_type.def("validate", &steptrace::Config::validate);
 
   init_step_scope_type(m);

@@ -999,6 +999,8 @@ class ProfilerImpl final : public SignalClosable {
     options[#name] = config_.name;                                                \
   }
 #include "steptrace/config_options.def"
+#include "steptrace/ext/device_activity.hpp"
+#include "steptrace/ext/telemetry.hpp"
     return options;
   }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 #if STEPTRACE_HAVE_HTTPLIB
 #include <httplib.h>

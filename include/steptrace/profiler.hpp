@@ -21,6 +21,8 @@
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
 #include "steptrace/export.hpp"
+#include "steptrace/ext/device_activity.hpp"
+#include "steptrace/ext/telemetry.hpp"
 #include "steptrace/interval.hpp"
 
 namespace steptrace {

@@ -19,6 +19,7 @@
 #include "backends/cupti/activity_records.hpp"
 #include "backends/cupti/cupti_host.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::detail::cupti {
 namespace {

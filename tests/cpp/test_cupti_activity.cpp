@@ -21,6 +21,7 @@
 #include "core/device_activity.hpp"
 #include "fake_cupti/fake_cupti.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"
 

@@ -17,6 +17,7 @@
 
 #include "backends/cupti/pm_sampling_logic.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 #include "steptrace/metrics.hpp"
 
 namespace steptrace {

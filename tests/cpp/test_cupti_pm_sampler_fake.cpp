@@ -16,6 +16,7 @@
 #include "fake_cupti/fake_cupti.hpp"
 #include "fake_cupti/fake_profiler.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace {
 namespace {

@@ -11,6 +11,7 @@
 
 #include "backends/cupti/pm_sampling_logic.hpp"
 #include "backends/cupti/range_profiler_logic.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace {
 namespace {

@@ -10,6 +10,7 @@
 #include "backends/fake/fake_device_activity.hpp"
 #include "core/detectors.hpp"
 #include "core/device_activity.hpp"
+#include "steptrace/ext/device_activity.hpp"
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"
 

@@ -12,6 +12,7 @@
 
 #include "fake_cupti/fake_cuda.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/telemetry.hpp"
 
 namespace steptrace {
 namespace {

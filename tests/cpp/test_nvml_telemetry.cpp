@@ -8,6 +8,7 @@
 
 #include "core/telemetry.hpp"
 #include "steptrace/error.hpp"
+#include "steptrace/ext/telemetry.hpp"
 
 namespace steptrace::detail {
 namespace {

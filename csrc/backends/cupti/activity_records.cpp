@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "kernel_classes.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::detail::cupti {
 namespace {

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::detail::cupti {
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "cupti_errors.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::detail::cupti {
 

@@ -25,6 +25,7 @@
 #include "metric_sets.hpp"
 #include "pm_sampling_logic.hpp"
 #include "profiler_host.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::detail::cupti {
 

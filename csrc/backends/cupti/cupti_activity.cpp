@@ -7,6 +7,7 @@
 // call layer and the buffer bookkeeping: the correlation, naming and classification
 // logic is in activity_records.cpp. Without the headers it is a stub.
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 #if !STEPTRACE_HAVE_CUPTI_HEADERS
 

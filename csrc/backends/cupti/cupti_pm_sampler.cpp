@@ -7,6 +7,7 @@
 // (the copy already in the process when there is one); the CUPTI headers give only the
 // parameter structs. Without them at build time this is a stub that says so.
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 #if STEPTRACE_HAVE_CUPTI_HEADERS
 

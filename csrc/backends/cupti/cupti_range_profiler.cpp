@@ -11,6 +11,7 @@
 // other: no locks on the training thread. The session's lifecycle (setup, status,
 // failures, finish and teardown) is CounterSession's (counter_session.hpp).
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 #if STEPTRACE_HAVE_CUPTI_HEADERS
 

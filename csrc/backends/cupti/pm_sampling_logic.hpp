@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 #include "steptrace/metrics.hpp"
 
 namespace steptrace::detail::cupti {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string_view>
 #include <system_error>
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::detail::cupti {
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/device_activity.hpp"
 
 namespace steptrace::fake {
 

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/telemetry.hpp"
 
 namespace steptrace {
 namespace detail::nvml {
