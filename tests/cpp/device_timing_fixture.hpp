@@ -30,6 +30,11 @@ struct DeviceTimingRun {
       : work(std::move(device_work)) {
     Config config = run_config(tmp);
     config.max_inflight_steps = max_inflight;
+    // Device timing only: the machine's real CUPTI and NVML (the CUDA toolkit's libcupti
+    // loads here without a GPU) stay out of these tests.
+    config.kernel_activity = "off";
+    config.counters = "off";
+    config.nvml = "off";
     if (configure) configure(config);
     Backends backends;
     auto c = std::make_unique<fake::FakeClock>();
