@@ -17,7 +17,7 @@ class Episode {
  public:
   enum class Change { kNone, kOpened, kResolved };
 
-  Episode(int open_after = 1, int close_after = 1) noexcept
+  explicit Episode(int open_after = 1, int close_after = 1) noexcept
       : open_after_(open_after), close_after_(close_after) {}
 
   /// The condition at `step`: what it changed.

@@ -6,6 +6,7 @@ namespace steptrace::detail {
 
 void RecordTap::write(std::string_view lines) {
   std::lock_guard<std::mutex> lock(*mu_);
+  if (readers_.empty() && !first_line_.empty()) return;  // nobody follows: nothing to keep
   for_each_line(lines, [&](std::string_view line) {
     if (first_line_.empty()) {
       first_line_ = std::string(line);
