@@ -62,6 +62,7 @@
 #include "backends/fake/fake_device_activity.hpp"
 #include "backends/fake/fake_device_timer.hpp"
 #include "core/device_activity.hpp"
+#include "core/host_steal.hpp"
 #include "core/run_queue.hpp"
 #include "core/sample_aggregation.hpp"
 #include "steptrace/ext/device_activity.hpp"
@@ -369,13 +370,13 @@ BENCHMARK(BM_AggregateSamples)->Arg(10)->Arg(100)->Arg(1000);
 // ---- (k) the run-queue wait reading (issue 24: at most 0.5 us per step) ----
 void BM_RunQueueRead(benchmark::State& state) {
   steptrace::detail::RunQueueReader reader;
-  std::int64_t wait = reader.read();  // the first call opens the file (once per profiler)
+  std::int64_t wait = reader.read().wait_ns;  // the first call opens the file (once per profiler)
   if (wait < 0) {
     state.SkipWithError("no /proc/thread-self/schedstat here");
     return;
   }
   for (auto _ : state) {
-    wait = reader.read();
+    wait = reader.read().wait_ns;
     benchmark::DoNotOptimize(wait);
   }
 }
@@ -388,11 +389,22 @@ void BM_RunQueueOpenRead(benchmark::State& state) {
     const ssize_t n = fd >= 0 ? ::read(fd, buf, sizeof buf) : -1;
     if (fd >= 0) ::close(fd);
     auto wait =
-        n > 0 ? steptrace::detail::parse_schedstat_wait(buf, static_cast<std::size_t>(n)) : -1;
+        n > 0 ? steptrace::detail::parse_schedstat(buf, static_cast<std::size_t>(n)).wait_ns : -1;
     benchmark::DoNotOptimize(wait);
   }
 }
 BENCHMARK(BM_RunQueueOpenRead);
+
+// The steal sample: /proc/stat on the watchdog thread every 10 ms (never the training thread).
+void BM_StealSample(benchmark::State& state) {
+  steptrace::detail::StealReader reader;
+  if (!reader.available()) {
+    state.SkipWithError("no steal clock here (bare metal): nothing is sampled");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(reader.sample());
+}
+BENCHMARK(BM_StealSample);
 
 void BM_Step5PhasesRunQueueEveryStep(benchmark::State& state) {
   steptrace::Profiler prof(make_config("step5_runq", /*sample_rss=*/false));
@@ -437,7 +449,7 @@ void BM_AfterUserWork(benchmark::State& state, AfterUserWork what) {
         v += ::pread(statm, buf, sizeof buf, 0);
         break;
       default:
-        v += reader.read();
+        v += reader.read().wait_ns;
         break;
     }
     const auto t1 = std::chrono::steady_clock::now();

@@ -176,6 +176,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
 
   const bool judged = iteration_.size() >= static_cast<std::size_t>(config_.min_history);
   bool slow = false;
+  bool contended = false;  // slow, and mostly the host's doing
   if (judged) {
     const double median = iteration_.median();
     const double excess = iteration_ms - median;
@@ -198,10 +199,11 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     }
     // Most of the excess spent waiting for a CPU is the host's doing, not the model's.
     // It alerts where the step would have (a stall, or a regression's run of slow steps).
-    if (slow && runq_in_iteration_ms(r) >= kContentionShare * excess) {
+    if (slow && host_wait_in_iteration(r).total_ms >= kContentionShare * excess) {
       ++contention_streak_;
       const bool alert = stall || contention_streak_ >= regression_steps(median);
       slow = stall = false;
+      contended = true;
       contention(r, iteration_ms, median, alert, out);
     } else {
       contention_streak_ = 0;
@@ -233,16 +235,18 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     }
   }
 
-  // The window: slow steps are held outside it while their streak may become an episode
-  // and while the episode is open (at most a window of them: a lasting slowdown becomes
-  // the new normal), so a slow stretch does not raise its own baseline; they join it when
-  // the streak or the episode ends, so the window still samples every step.
-  if (slow && held_.size() < static_cast<std::size_t>(config_.window)) {
+  // The window: slow steps (contended ones too) are held outside it while their streak may
+  // become an episode and while the episode is open (at most a window of them: a lasting
+  // slowdown becomes the new normal), so a slow stretch does not raise its own baseline or
+  // noise; they join it when the streak or the episode ends, so the window still samples
+  // every step.
+  const bool hold = slow || contended;
+  if (hold && held_.size() < static_cast<std::size_t>(config_.window)) {
     held_.push_back(iteration_ms);
   } else {
     iteration_.push(iteration_ms);
   }
-  if (!slow) {
+  if (!hold) {
     for (double v : held_) iteration_.push(v);
     held_.clear();
   }
@@ -266,17 +270,20 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
 
 // The reading spans the time since the previous one, which may reach before the iteration:
 // at least this much of the wait fell inside it (all of the rest may have fallen before).
-double SlowStepDetector::runq_in_iteration_ms(const StepRecord& r) {
-  if (r.runq_ns < 0) return -1;
+SlowStepDetector::HostWait SlowStepDetector::host_wait_in_iteration(const StepRecord& r) {
+  if (r.runq_ns < 0) return {};
   const std::int64_t host_iteration =
       r.data_ns + r.between.other_ns + r.host_ns - r.between.inside_step_ns;
   const std::int64_t before = std::max<std::int64_t>(0, r.runq_span_ns - host_iteration);
-  return static_cast<double>(std::max<std::int64_t>(0, r.runq_ns - before)) / kNsPerMs;
+  const std::int64_t wait = r.runq_ns + std::max<std::int64_t>(0, r.steal_ns);
+  const std::int64_t inside = std::max<std::int64_t>(0, wait - before);
+  return {static_cast<double>(inside) / kNsPerMs,
+          static_cast<double>(std::min(inside, r.runq_ns)) / kNsPerMs};
 }
 
 void SlowStepDetector::contention(const StepRecord& r, double iteration_ms, double median,
                                   bool alert, std::vector<AlertEvent>& out) {
-  const double runq_ms = runq_in_iteration_ms(r);
+  const HostWait wait = host_wait_in_iteration(r);
   if (contention_active_) {  // folded into the open episode
     contention_last_ = r.step;
     ++contention_steps_;
@@ -290,21 +297,30 @@ void SlowStepDetector::contention(const StepRecord& r, double iteration_ms, doub
   AlertEvent a;
   a.type = "host_contention";
   a.step = r.step;
-  a.value = runq_ms;
+  const double steal_ms = wait.total_ms - wait.runq_ms;
+  a.value = wait.total_ms;
   a.baseline = median;
   a.threshold = kContentionShare * (iteration_ms - median);
   a.message = fmt::format(
-      "step {} took {:.2f} ms vs the trailing median {:.2f} ms, and the training thread waited "
-      "at least {:.2f} ms of it for a CPU (runnable, not running): the host is oversubscribed, "
-      "not the model; check other processes on the node, DataLoader workers and OMP/MKL "
-      "threads (torch.set_num_threads) against the cores",
-      r.step, iteration_ms, median, runq_ms);
-  a.details = {{"runq_ms", runq_ms},
-               {"runq_read_ms", static_cast<double>(r.runq_ns) / kNsPerMs},
-               {"runq_span_ms", static_cast<double>(r.runq_span_ns) / kNsPerMs},
-               {"excess_ms", iteration_ms - median},
-               {"iteration_ms", iteration_ms},
-               {"share_threshold", kContentionShare}};
+      "step {} took {:.2f} ms vs the trailing median {:.2f} ms, and the training thread {}: the "
+      "host is oversubscribed, not the model; check other processes on the node, DataLoader "
+      "workers and OMP/MKL threads (torch.set_num_threads) against the cores{}",
+      r.step, iteration_ms, median,
+      steal_ms > 0 ? fmt::format("lost at least {:.2f} ms of it to the host ({:.2f} ms waiting "
+                                 "for a CPU, {:.2f} ms of CPU time taken by the hypervisor)",
+                                 wait.total_ms, wait.runq_ms, steal_ms)
+                   : fmt::format("waited at least {:.2f} ms of it for a CPU (runnable, not "
+                                 "running)",
+                                 wait.total_ms),
+      steal_ms > 0 ? ", and the virtual machine's share of its host (steal)" : "");
+  a.details = {
+      {"runq_ms", wait.runq_ms},
+      {"steal_ms", r.steal_ns >= 0 ? nlohmann::ordered_json(steal_ms) : nlohmann::ordered_json()},
+      {"runq_read_ms", static_cast<double>(r.runq_ns) / kNsPerMs},
+      {"runq_span_ms", static_cast<double>(r.runq_span_ns) / kNsPerMs},
+      {"excess_ms", iteration_ms - median},
+      {"iteration_ms", iteration_ms},
+      {"share_threshold", kContentionShare}};
   out.push_back(std::move(a));
 }
 

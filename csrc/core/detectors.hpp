@@ -34,11 +34,12 @@ namespace steptrace::detail {
 /// it afterwards. Names the phase (data included) that grew most against its own median.
 /// The iteration is data + other + step, less intervals inside the step (iteration_ns):
 /// evaluation and checkpoint intervals are never part of it.
-/// host_contention: a slow step whose run-queue wait inside its iteration (at least: the
-/// reading spans the time since the previous one) is at least kContentionShare of its excess is the
-/// host's doing: it is neither slow for these rules nor a stall; where the step would have alerted
-/// (a stall, or the K-th such step in a row) it opens a host_contention episode instead (one alert;
-/// resolved after a window of steps without another such step).
+/// host_contention: a slow step whose time lost to the host inside its iteration (run-queue
+/// wait, and CPU time the hypervisor stole; at least: the reading spans the time since the
+/// previous one) is at least kContentionShare of its excess is the host's doing: it is neither slow
+/// for these rules nor a stall; where the step would have alerted (a stall, or the K-th such step
+/// in a row) it opens a host_contention episode instead (one alert; resolved after a window of
+/// steps without another such step).
 class SlowStepDetector {
  public:
   SlowStepDetector(const Config& config, const PhaseNames& names);
@@ -66,9 +67,14 @@ class SlowStepDetector {
                   std::vector<AlertEvent>& out);
   AlertEvent contention_end(std::int64_t step);
   static constexpr double kContentionShare = 0.5;
-  // The part of the step's run-queue reading that fell inside its iteration, at least (ms);
-  // -1 when the step has no reading.
-  static double runq_in_iteration_ms(const StepRecord& r);
+  // The part of the step's host reading (run-queue wait and steal) that fell inside its
+  // iteration, at least (ms): the total, and the run-queue wait's part; total -1 when the
+  // step has no reading.
+  struct HostWait {
+    double total_ms = -1;
+    double runq_ms = 0;
+  };
+  static HostWait host_wait_in_iteration(const StepRecord& r);
   int regression_steps(double median_ms) const;
   AlertEvent slow_alert(const StepRecord& r, int level, double iteration_ms, double median,
                         const Grew& grew, const Noise& noise) const;

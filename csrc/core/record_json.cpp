@@ -191,6 +191,7 @@ void RunTotals::add(const StepRecord& r) noexcept {
   other_ns_sum += r.between.other_ns;
   for (std::size_t k = 0; k < kIntervalKinds; ++k) interval_ns_sum[k] += r.between.interval_ns[k];
   if (r.runq_ns > 0) runq_ns_sum += r.runq_ns;
+  if (r.steal_ns >= 0) steal_ns_sum = std::max<std::int64_t>(steal_ns_sum, 0) + r.steal_ns;
   if (r.device_clock) ++device_clock_steps;
   if (r.captured) ++captured_steps;
   clamped_intervals += r.clamped_intervals;
@@ -275,6 +276,14 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
     append_ms(out, r.runq_ns);
     out.append(std::string_view(",\"runq_span_ms\":"));
     append_ms(out, r.runq_span_ns);
+    if (r.on_cpu_ns >= 0) {
+      out.append(std::string_view(",\"on_cpu_ms\":"));
+      append_ms(out, r.on_cpu_ns);
+    }
+    if (r.steal_ns >= 0) {
+      out.append(std::string_view(",\"steal_ms\":"));
+      append_ms(out, r.steal_ns);
+    }
     out.push_back('}');
   }
   out.append(std::string_view(",\"host_ms\":"));
@@ -366,6 +375,10 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
   append_ms(out, totals.data_ns_sum);
   out.append(std::string_view(",\"runq_ms_total\":"));
   append_ms(out, totals.runq_ns_sum);
+  if (totals.steal_ns_sum >= 0) {
+    out.append(std::string_view(",\"steal_ms_total\":"));
+    append_ms(out, totals.steal_ns_sum);
+  }
   out.append(std::string_view(",\"phases_ms_total\":{"));
   bool first = true;
   for (std::size_t id = 0; id < names.size(); ++id) {

@@ -25,6 +25,7 @@ struct RunTotals {
   std::int64_t other_ns_sum = 0;
   std::array<std::int64_t, kIntervalKinds> interval_ns_sum{};  // by IntervalKind
   std::int64_t runq_ns_sum = 0;
+  std::int64_t steal_ns_sum = -1;        // -1: steal never sampled
   std::int64_t device_clock_steps = 0;   // timed with device events
   std::int64_t captured_steps = 0;       // host-timed: their stream captured a CUDA graph
   std::int64_t clamped_intervals = 0;    // negative device intervals written as 0

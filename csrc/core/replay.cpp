@@ -41,6 +41,8 @@ std::vector<std::string> replay_detectors(const Config& config,
     r.between.other_ns = ns(s.other_ms);
     r.between.inside_step_ns = ns(s.interval_in_step_ms);
     r.runq_ns = s.runq_ms >= 0 ? ns(s.runq_ms) : -1;
+    r.runq_span_ns = ns(s.runq_span_ms);
+    r.steal_ns = s.steal_ms >= 0 ? ns(s.steal_ms) : -1;
     r.step_ns = r.host_ns = ns(s.step_ms);
     r.failed = s.failed;
     r.memory = s.memory;

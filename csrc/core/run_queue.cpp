@@ -3,40 +3,56 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cstddef>
+#include <ctime>
 
 namespace steptrace::detail {
+namespace {
+// A decimal field at text[i], advancing i past it; -1 when there is none.
+std::int64_t field(const char* text, std::size_t size, std::size_t& i) noexcept {
+  const std::size_t start = i;
+  std::int64_t v = 0;
+  for (; i < size && text[i] >= '0' && text[i] <= '9'; ++i) v = v * 10 + (text[i] - '0');
+  return i > start ? v : -1;
+}
+}  // namespace
 
-std::int64_t parse_schedstat_wait(const char* text, std::size_t size) noexcept {
+SchedStat parse_schedstat(const char* text, std::size_t size) noexcept {
   // "<on-cpu ns> <run-queue wait ns> <timeslices>\n"
   std::size_t i = 0;
-  while (i < size && text[i] >= '0' && text[i] <= '9') ++i;  // on-cpu time
-  if (i == 0 || i >= size || text[i] != ' ') return -1;
+  const std::int64_t on_cpu = field(text, size, i);
+  if (on_cpu < 0 || i >= size || text[i] != ' ') return {};
   ++i;
-  const std::size_t start = i;
-  std::int64_t wait = 0;
-  for (; i < size && text[i] >= '0' && text[i] <= '9'; ++i) wait = wait * 10 + (text[i] - '0');
-  return i > start ? wait : -1;
+  const std::int64_t wait = field(text, size, i);
+  return wait < 0 ? SchedStat{} : SchedStat{on_cpu, wait};
 }
 
 RunQueueReader::~RunQueueReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::int64_t RunQueueReader::read() noexcept {
-  if (failed_) return -1;
+SchedStat RunQueueReader::read() noexcept {
+  if (failed_) return {};
   if (fd_ < 0) {
     fd_ = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
       failed_ = true;
-      return -1;
+      return {};
     }
   }
   char buf[96];
   const ssize_t n = ::pread(fd_, buf, sizeof buf, 0);
-  const std::int64_t wait = n > 0 ? parse_schedstat_wait(buf, static_cast<std::size_t>(n)) : -1;
-  if (wait < 0) failed_ = true;
-  return wait;
+  SchedStat s = n > 0 ? parse_schedstat(buf, static_cast<std::size_t>(n)) : SchedStat{};
+  if (s.wait_ns < 0) {
+    failed_ = true;
+    return s;
+  }
+  // schedstat's on-CPU field is the runtime as of the last tick or switch (up to a tick
+  // old for a thread that keeps running); the thread's CPU clock brings it up to date.
+  timespec cpu{};
+  if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
+    s.on_cpu_ns = static_cast<std::int64_t>(cpu.tv_sec) * 1'000'000'000 + cpu.tv_nsec;
+  }
+  return s;
 }
 
 }  // namespace steptrace::detail

@@ -1,15 +1,24 @@
-// The training thread's run-queue wait: time it was runnable but not running (another
-// process or thread had the CPU), from Linux schedstat. A slow step whose excess is this
-// wait is host contention, not the model.
+// The training thread's scheduler figures: time it was runnable but not running (another
+// process or thread had the CPU) and time it ran, from Linux schedstat. A slow step whose
+// excess is this wait (or CPU time the hypervisor took: host_steal.hpp) is host
+// contention, not the model.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace steptrace::detail {
 
-/// Reads /proc/thread-self/schedstat, whose second field is the calling thread's
-/// cumulative run-queue delay in nanoseconds (kernel Documentation/scheduler/sched-stats:
-/// "time spent waiting on a runqueue"). The file is opened on the first read by the thread
+/// One /proc/thread-self/schedstat reading (kernel Documentation/scheduler/sched-stats:
+/// "time spent on the cpu", "time spent waiting on a runqueue", both in ns). Under
+/// CONFIG_PARAVIRT_TIME_ACCOUNTING the on-CPU time leaves out time the hypervisor stole.
+struct SchedStat {
+  std::int64_t on_cpu_ns = -1;
+  std::int64_t wait_ns = -1;  // -1: no reading
+};
+
+/// Reads /proc/thread-self/schedstat (and the thread's CPU clock, the same runtime brought up
+/// to date). The file is opened on the first read by the thread
 /// that reads (it names that thread) and re-read with pread. Training thread only.
 class RunQueueReader {
  public:
@@ -18,16 +27,16 @@ class RunQueueReader {
   RunQueueReader(const RunQueueReader&) = delete;
   RunQueueReader& operator=(const RunQueueReader&) = delete;
 
-  /// The thread's total run-queue wait in ns, or -1 where schedstat is unavailable (then
-  /// every later call returns -1 at once).
-  std::int64_t read() noexcept;
+  /// The thread's totals, wait_ns -1 where schedstat is unavailable (then every later
+  /// call returns that at once).
+  SchedStat read() noexcept;
 
  private:
   int fd_ = -1;
   bool failed_ = false;
 };
 
-/// Parses the wait (the second field) out of a schedstat line; -1 when malformed.
-std::int64_t parse_schedstat_wait(const char* text, std::size_t size) noexcept;
+/// Parses a schedstat line; wait_ns -1 when malformed.
+SchedStat parse_schedstat(const char* text, std::size_t size) noexcept;
 
 }  // namespace steptrace::detail

@@ -108,6 +108,10 @@ struct StepRecord {
   // read at this step. Summed over the steps it is the run's total.
   std::int64_t runq_ns = -1;
   std::int64_t runq_span_ns = 0;  // the time since the previous reading
+  std::int64_t on_cpu_ns = -1;    // the thread's time on a CPU in that span; -1: not read
+  // CPU time the hypervisor took in that span (host_steal.hpp), at most the thread's time
+  // off a CPU without waiting for one (span - on_cpu - runq); -1: not sampled (bare metal)
+  std::int64_t steal_ns = -1;
   MemorySample memory;
   bool rss_fresh = false;  // rss_bytes was read at this step (else repeated from an earlier one)
   bool failed = false;

@@ -925,7 +925,7 @@ PYBIND11_MODULE(_core, m) {
         "writes them to fd; False when no handler is installed for it");
   using ReplayTuple = std::tuple<std::int64_t, std::int64_t, double, double, bool,
                                  std::vector<std::pair<std::string, double>>,
-                                 std::array<std::int64_t, 7>, bool, std::array<double, 3>>;
+                                 std::array<std::int64_t, 7>, bool, std::array<double, 5>>;
   m.def(
       "replay_detectors",
       [](const steptrace::Config& config, const std::vector<ReplayTuple>& steps) {
@@ -939,6 +939,8 @@ PYBIND11_MODULE(_core, m) {
           s.other_ms = between[0];
           s.interval_in_step_ms = between[1];
           s.runq_ms = between[2];
+          s.runq_span_ms = between[3];
+          s.steal_ms = between[4];
           const auto& m = std::get<6>(t);
           s.memory.allocated_bytes = m[0];
           s.memory.reserved_bytes = m[1];
@@ -955,7 +957,8 @@ PYBIND11_MODULE(_core, m) {
       py::arg("config"), py::arg("steps"),
       "The record detectors over steps (step, start_unix_ns, data_ms, step_ms, failed, "
       "[(phase, ms)], (allocated, reserved, peak, rss, heap, device_used, device_total) bytes "
-      "or -1, rss_fresh, (other_ms, interval_in_step_ms, runq_ms or -1)): their records as JSON "
+      "or -1, rss_fresh, (other_ms, interval_in_step_ms, runq_ms or -1, runq_span_ms, steal_ms or "
+      "-1)): their records as JSON "
       "lines");
   m.def(
       "check_metric_set",

@@ -29,6 +29,7 @@
 #include "../core/device_timing.hpp"
 #include "../core/hardware_alert.hpp"
 #include "../core/heap_sampler.hpp"
+#include "../core/host_steal.hpp"
 #include "../core/lifecycle.hpp"
 #include "../core/record_json.hpp"
 #include "../core/record_pipeline.hpp"
@@ -126,7 +127,11 @@ class ProfilerImpl final : public SignalClosable {
       telemetry_->set_error_handler([this](const HardwareError& e) { report_hardware_error(e); });
       telemetry_->start();
     }
-    if (config_.detect) watchdog_ = std::thread([this] { watchdog_loop(); });
+    if (config_.detect) {
+      auto steal = std::make_unique<StealReader>();
+      if (steal->available()) steal_ = std::move(steal);
+      watchdog_ = std::thread([this] { watchdog_loop(); });
+    }
     owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     register_for_signal(this);
   }
@@ -230,6 +235,8 @@ class ProfilerImpl final : public SignalClosable {
     }
     if (heap_) heap_->sample(current_.step, current_.memory);
     current_.runq_ns = -1;
+    current_.on_cpu_ns = -1;
+    current_.steal_ns = -1;
     // Read at most every 10 ms, and at every iteration much longer than the recent ones, so
     // that a slow step always has the figure that tells contention from the model.
     const std::int64_t iteration =
@@ -242,12 +249,20 @@ class ProfilerImpl final : public SignalClosable {
             : iteration_ewma_ns_ +
                   (std::min(iteration, 4 * iteration_ewma_ns_) - iteration_ewma_ns_) / 16;
     if (now - runq_read_ns_ >= kRunQueueInterval || long_iteration) {
-      const std::int64_t wait = run_queue_.read();
-      if (wait >= 0 && runq_read_ns_ != kUnset) {
-        current_.runq_ns = std::max<std::int64_t>(0, wait - runq_wait_ns_);
+      const SchedStat sched = run_queue_.read();
+      const std::int64_t steal = steal_total_ns_.load(std::memory_order_relaxed);
+      if (sched.wait_ns >= 0 && runq_read_ns_ != kUnset) {
+        current_.runq_ns = std::max<std::int64_t>(0, sched.wait_ns - runq_sched_.wait_ns);
         current_.runq_span_ns = now - runq_read_ns_;
+        current_.on_cpu_ns = std::max<std::int64_t>(0, sched.on_cpu_ns - runq_sched_.on_cpu_ns);
+        if (steal_) {  // what the host took can only be time this thread was off a CPU
+          const std::int64_t off_cpu = std::max<std::int64_t>(
+              0, current_.runq_span_ns - current_.on_cpu_ns - current_.runq_ns);
+          current_.steal_ns = std::min(off_cpu, std::max<std::int64_t>(0, steal - runq_steal_ns_));
+        }
       }
-      runq_wait_ns_ = wait;
+      runq_sched_ = sched;
+      runq_steal_ns_ = steal;
       runq_read_ns_ = now;
     }
     merge(current_.memory, external_memory_);
@@ -274,8 +289,9 @@ class ProfilerImpl final : public SignalClosable {
       writer_->push_step_record(current_);
     }
     clear_step_values();  // values set from now on belong to the next step
-    // The next step's data wait starts here, after the bookkeeping above (memory reads).
-    last_step_end_ns_ = clock_->now_ns();
+    // The next step's gap starts where this step ended: the bookkeeping above (memory reads,
+    // slow only when preempted) is the next gap's `other`, so every second is accounted.
+    last_step_end_ns_ = now;
     data_accum_ns_ = 0;
     data_wrapped_ = false;
     in_step_ = false;
@@ -891,10 +907,18 @@ class ProfilerImpl final : public SignalClosable {
     HangDetector hang(config_);
     IntervalHangDetector interval_hang(config_);
     std::unique_lock<std::mutex> lock(watchdog_mu_);
-    for (bool last = false; !last;) {
-      watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watchdog_stop_; });
-      last = watchdog_stop_;  // one more check at close: a hang resolved just before it
+    // Steal is sampled every 10 ms (its ticks are 10 ms at USER_HZ 100), hangs every 100.
+    const auto period = std::chrono::milliseconds(steal_ ? 10 : 100);
+    const int wakes_per_check = steal_ ? 10 : 1;
+    for (int wake = 0, last = 0; !last; ++wake) {
+      watchdog_cv_.wait_for(lock, period, [&] { return watchdog_stop_; });
+      last = watchdog_stop_ ? 1 : 0;  // one more check at close: a hang resolved just before it
       lock.unlock();
+      if (steal_) steal_total_ns_.store(steal_->sample(), std::memory_order_relaxed);
+      if (!last && wake % wakes_per_check != 0) {
+        lock.lock();
+        continue;
+      }
       HangDetector::Poll poll;
       poll.step = inflight_step_.load(std::memory_order_acquire);
       poll.start_ns = inflight_start_ns_.load(std::memory_order_relaxed);
@@ -1077,8 +1101,9 @@ class ProfilerImpl final : public SignalClosable {
   bool data_suspended_ = false;    // a data wait was open when the interval began
   static constexpr std::int64_t kRunQueueInterval = 10'000'000;  // ns between schedstat reads
   RunQueueReader run_queue_;
-  std::int64_t runq_read_ns_ = kUnset;  // when it was last read, and the wait then
-  std::int64_t runq_wait_ns_ = 0;
+  std::int64_t runq_read_ns_ = kUnset;  // when it was last read, and the figures then
+  SchedStat runq_sched_;
+  std::int64_t runq_steal_ns_ = 0;
   std::int64_t iteration_ewma_ns_ = 0;  // recent iterations (the gap and the step), smoothed
   bool data_ignored_ = false;  // begin_data came inside a step: its end_data is ignored too
   std::atomic<std::int64_t> data_inside_step_{0};  // read by close() on any thread
@@ -1125,6 +1150,8 @@ class ProfilerImpl final : public SignalClosable {
 
   AlertLog alerts_;
   std::unique_ptr<DetectionStage> detection_;
+  std::unique_ptr<StealReader> steal_;           // null: no steal to sample (bare metal)
+  std::atomic<std::int64_t> steal_total_ns_{0};  // the watchdog's latest StealReader::sample
   std::mutex watchdog_mu_;
   std::condition_variable watchdog_cv_;
   bool watchdog_stop_ = false;  // guarded by watchdog_mu_

@@ -23,6 +23,8 @@ struct ReplayStep {
   double other_ms = 0;             // the rest of the gap before the step (not data, not intervals)
   double interval_in_step_ms = 0;  // evaluation / checkpoint intervals inside the step
   double runq_ms = -1;             // run-queue wait read at this step; -1: none
+  double runq_span_ms = 0;         // the time that reading spans (0: the step's own)
+  double steal_ms = -1;            // CPU time the hypervisor took in that span; -1: none
   double step_ms = 0;
   bool failed = false;
   std::vector<std::pair<std::string, double>> phases_ms;

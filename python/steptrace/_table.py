@@ -29,13 +29,15 @@ FIXED_COLUMNS = (
     "run_id", "rank", "step", "start_unix_ns", "clock", "status",
     "step_ms", "data_ms", "host_ms", "iteration_ms", "waited",
     "other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms", "runq_ms", "runq_span_ms",
+    "on_cpu_ms", "steal_ms",
 )
 #: The time between steps, by kind, as step fields (after data_ms): fixed columns, NaN
 #: where a step does not have the field (older logs have none of them; eval_ms,
 #: checkpoint_ms and interval_in_step_ms are written only when > 0).
 BETWEEN_FIELDS = ("other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms")
-#: The step's ``host`` object (run-queue wait, on the steps where it was read).
-HOST_FIELDS = ("runq_ms", "runq_span_ms")
+#: The step's ``host`` object (run-queue wait, time on a CPU and steal, on the steps where
+#: it was read).
+HOST_FIELDS = ("runq_ms", "runq_span_ms", "on_cpu_ms", "steal_ms")
 #: The kinds of an ``interval`` record.
 INTERVAL_KINDS = ("eval", "checkpoint", "other")
 

@@ -14,7 +14,8 @@ DataFrames from them on first use. A million steps load in seconds.
 - the time between steps by kind: ``other_ms`` (the rest of the gap before the step),
   ``eval_ms``, ``checkpoint_ms`` (intervals that ended since the previous step),
   ``interval_in_step_ms`` (the part of them inside the step), and the run-queue wait
-  ``runq_ms`` over ``runq_span_ms`` (on the steps where it was read): always there, NaN
+  ``runq_ms`` over ``runq_span_ms`` (on the steps where it was read), with the thread's
+  ``on_cpu_ms`` and the hypervisor's ``steal_ms`` in that span: always there, NaN
   where a step does not have the field (older logs have none of them; eval_ms,
   checkpoint_ms and interval_in_step_ms are written only when > 0);
 - one ``<phase>_ms`` column per phase (``forward_ms``, ...), ``host_<phase>_ms`` for

@@ -51,14 +51,17 @@ def _step_tuple(rec: dict, where: str, previous_rss: Any) -> tuple:
             # a live run re-reads RSS at most every 10 ms and repeats it in between
             memory.get("rss_bytes") != previous_rss,
             (float(_number(rec, "other_ms", where, 0.0)), float(_number(rec, "interval_in_step_ms", where, 0.0)),
-             _runq_ms(rec, where)))
+             *_host(rec, where)))
 
 
-def _runq_ms(rec: dict, where: str) -> float:
+def _host(rec: dict, where: str) -> tuple[float, float, float]:
+    """The step's host reading: (runq_ms, runq_span_ms, steal_ms), -1 for a figure it lacks."""
     host = rec.get("host")
     if not isinstance(host, dict) or "runq_ms" not in host:
-        return -1.0
-    return float(_number(host, "runq_ms", f"{where}: host"))
+        return -1.0, 0.0, -1.0
+    at = f"{where}: host"
+    return (float(_number(host, "runq_ms", at)), float(_number(host, "runq_span_ms", at, 0.0)),
+            float(_number(host, "steal_ms", at, -1.0)))
 
 
 def detect(source: Source, **options: Any) -> list[dict[str, Any]]:

@@ -464,8 +464,10 @@ def _runq(table: StepTable, ops: Any) -> Optional[dict[str, Any]]:
     total, over = ops.total(runq), ops.total(span)
     if not (math.isfinite(total) and math.isfinite(over)):
         return None
+    steal = ops.nonnan(ops.col(table.host["steal_ms"]))
+    stolen = ops.total(steal) if len(steal) else None
     return {"total_ms": total, "span_ms": over, "share_pct": 100.0 * total / over if over > 0 else None,
-            "readings": len(runq)}
+            "readings": len(runq), "steal_ms": stolen if stolen is not None and math.isfinite(stolen) else None}
 
 
 def _finite(v: Any) -> bool:
@@ -938,6 +940,8 @@ def goodput_lines(summary: dict[str, Any]) -> list[str]:
         n = (summary.get("alerts") or {}).get("host_contention", {}).get("count")
         alerts = f"; {n} host_contention alert{'s' if n != 1 else ''}" if n else ""
         out.append(f"run-queue wait (runnable, waiting for a CPU): {_duration(rq['total_ms'])}{share}{alerts}")
+        if rq.get("steal_ms"):
+            out.append(f"CPU time the hypervisor took (steal): {_duration(rq['steal_ms'])}")
     return out
 
 

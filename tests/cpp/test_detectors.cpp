@@ -383,6 +383,41 @@ TEST(SlowStepDetector, RunQueueWaitMakesASlowStepHostContention) {
   EXPECT_EQ(done.repeats, 1);  // steps 60 and 62
 }
 
+// On a virtual machine the hypervisor can take the CPU from a thread that is running: no
+// run-queue wait, and no time on a CPU either. A run of steps slowed by that steal is
+// host_contention, not a regression blaming the phase that happened to grow.
+TEST(SlowStepDetector, StolenCpuTimeIsHostContentionNotARegression) {
+  Timeline t;
+  SlowStepDetector d(t.config, t.names);
+  Events events;
+  auto step = [&](int i, double backward_ms, double steal_ms) {
+    StepRecord r = t.step(i, 1, 4, backward_ms);
+    r.runq_ns = 0;
+    r.runq_span_ns = r.step_ns + r.data_ns;
+    r.on_cpu_ns = r.runq_span_ns - static_cast<std::int64_t>(steal_ms * kMs);
+    r.steal_ns = static_cast<std::int64_t>(steal_ms * kMs);
+    return r;
+  };
+  for (int i = 0; i < 40; ++i) d.observe(step(i, 5, 0), events);
+  for (int i = 40; i < 70; ++i) d.observe(step(i, 10, 4), events);  // +5 ms, 4 of it stolen
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "host_contention");
+  EXPECT_DOUBLE_EQ(events[0].details["steal_ms"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(events[0].details["runq_ms"].get<double>(), 0.0);
+  EXPECT_NE(events[0].message.find("4.00 ms of CPU time taken by the hypervisor"),
+            std::string::npos)
+      << events[0].message;
+  // the same slowdown with nothing stolen is the model's: a regression in backward
+  Timeline u;
+  SlowStepDetector model(u.config, u.names);
+  Events regression;
+  for (int i = 0; i < 40; ++i) model.observe(step(i, 5, 0), regression);
+  for (int i = 40; i < 70; ++i) model.observe(step(i, 10, 0), regression);
+  ASSERT_FALSE(regression.empty());
+  EXPECT_EQ(regression[0].type, "step_regression");
+  EXPECT_EQ(regression[0].phase, "backward");
+}
+
 TEST(CheckpointDetector, ACheckpointFarSlowerThanTheEarlierOnesIsTheFilesystem) {
   CheckpointDetector d;
   Events events;

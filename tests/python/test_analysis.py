@@ -43,7 +43,7 @@ def test_steps_dataframe_columns_and_dtypes(tmp_path: Path) -> None:
     df = run.steps
     assert list(df.columns) == [
         "run_id", "rank", "step", "start_unix_ns", "clock", "status", "step_ms", "data_ms", "host_ms",
-        "iteration_ms", "other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms", "runq_ms", "runq_span_ms",
+        "iteration_ms", "other_ms", "eval_ms", "checkpoint_ms", "interval_in_step_ms", "runq_ms", "runq_span_ms", "on_cpu_ms", "steal_ms",
         "forward_ms", "backward_ms", "phase_step_ms", "backward_retained_bytes",
         "rss_bytes", "allocated_bytes", "tensor_active_pct",
         "kernel_compute_ms", "kernel_nccl_ms", "kernel_idle_ms", "kernel_count",

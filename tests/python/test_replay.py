@@ -127,3 +127,18 @@ def test_a_compute_loop_sharing_its_core_with_a_hog_raises_nothing():
     rng = random.Random(3)
     times = [4.5 * rng.uniform(0.95, 1.05) if rng.random() < 0.5 else rng.uniform(8, 13) for _ in range(3000)]
     assert steptrace.detect(steps(times)) == []
+
+
+def test_steps_slowed_by_hypervisor_steal_replay_as_host_contention():
+    # a 12 ms loop whose steps take 20 ms for 20 steps, 5 ms of each stolen by the VM's host:
+    # the live verdict (host_contention) comes back from the records' host figures alone
+    recs = steps([12.0] * 60 + [20.0] * 20 + [12.0] * 20)
+    for r in recs:
+        stolen = 5.0 if 60 <= r["step"] < 80 else 0.0
+        r["host"] = {"runq_ms": 0.0, "runq_span_ms": r["step_ms"], "on_cpu_ms": r["step_ms"] - stolen,
+                     "steal_ms": stolen}
+    out = alerts(steptrace.detect(recs))
+    assert [(a["type"], a["details"]["steal_ms"]) for a in out] == [("host_contention", 5.0)]
+    for r in recs:  # the same records without steal: the model's regression
+        r["host"] = {"runq_ms": 0.0, "runq_span_ms": r["step_ms"]}
+    assert [a["type"] for a in alerts(steptrace.detect(recs))] == ["step_regression"]
