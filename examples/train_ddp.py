@@ -6,9 +6,9 @@ and the cross-rank view on rank 0.
     steptrace cluster runs/ddp
 
 Every rank writes runs/ddp/rank<N>.jsonl; torchrun's RANK / WORLD_SIZE and the master
-address give the ranks their numbers and one shared run id. ``prof.watch(model)`` times
-DDP's gradient all-reduces, so that each step says how long the rank computed and how
-long it was blocked on communication; every ``cluster_interval`` steps the ranks publish
+address give the ranks their numbers and one shared run id. The Profiler times DDP's
+gradient all-reduces by itself (no extra call), so that each step says how long the rank
+computed and how long it was blocked on communication; every ``cluster_interval`` steps the ranks publish
 a summary through torch.distributed's store and rank 0 writes ``cluster`` records.
 
 To see a straggler: ``--straggler-rank 1 --straggler-pct 30`` makes rank 1 do 30% more
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--cluster-interval", type=int, default=50)
     parser.add_argument("--cluster-poll-s", type=float, default=1.0)
     parser.add_argument("--cluster-silent-s", type=float, default=10.0)
-    parser.add_argument("--no-watch", action="store_true", help="do not time the all-reduces")
+    parser.add_argument("--no-comm-timing", action="store_true", help="do not time the collectives")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -64,9 +64,8 @@ def main() -> None:
             yield batches[i % len(batches)]
 
     with steptrace.Profiler(args.log_dir, overwrite=True, cluster_interval=args.cluster_interval,
-                            cluster_poll_s=args.cluster_poll_s, cluster_silent_s=args.cluster_silent_s) as prof:
-        if not args.no_watch:
-            prof.watch(model)  # time DDP's all-reduces: compute vs communication vs waiting
+                            cluster_poll_s=args.cluster_poll_s, cluster_silent_s=args.cluster_silent_s,
+                            comm_timing="off" if args.no_comm_timing else "auto") as prof:
         for i, x in enumerate(prof.data(loader())):
             with prof.step():
                 with prof.phase("forward"):

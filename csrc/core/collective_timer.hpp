@@ -21,10 +21,16 @@ class CollectiveTimer {
     store_max(last_begin_ns_, now_ns);
   }
   /// The collective launched at `begin_ns` completed at `now_ns`, with phase slot
-  /// `phase` (an interned phase id, -1: none) open on the training thread.
-  void end(std::int64_t begin_ns, std::int64_t now_ns, int phase) noexcept {
+  /// `phase` (an interned phase id, -1: none) open on the training thread. `host_blocked`
+  /// false: the host did not wait for it (its work ran on the device while the host went
+  /// on): outstanding time only, never blocked time.
+  void end(std::int64_t begin_ns, std::int64_t now_ns, int phase,
+           bool host_blocked = true) noexcept {
     busy_sum_ns_.fetch_add(std::max<std::int64_t>(0, now_ns - begin_ns), std::memory_order_relaxed);
-    if (store_max(last_end_ns_, now_ns)) end_phase_.store(phase, std::memory_order_relaxed);
+    store_max(last_end_ns_, now_ns);
+    if (host_blocked && store_max(last_blocking_end_ns_, now_ns)) {
+      end_phase_.store(phase, std::memory_order_relaxed);
+    }
     count_.fetch_add(1, std::memory_order_relaxed);
     in_flight_.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -41,11 +47,14 @@ class CollectiveTimer {
     const std::int64_t first = first_begin_ns_.exchange(kNone, std::memory_order_relaxed);
     const std::int64_t last_begin = last_begin_ns_.exchange(-kNone, std::memory_order_relaxed);
     const std::int64_t last_end = last_end_ns_.exchange(-kNone, std::memory_order_relaxed);
+    const std::int64_t blocking_end =
+        last_blocking_end_ns_.exchange(-kNone, std::memory_order_relaxed);
     s.exposed_phase = end_phase_.exchange(-1, std::memory_order_relaxed);
     // Overlapping collectives (queued buckets) count once: the outstanding time is at
     // most the span from the first launch to the last completion.
     s.busy_ns = first <= last_end ? std::min(sum, last_end - first) : sum;
-    s.exposed_ns = std::max<std::int64_t>(0, last_end - last_begin);
+    // (compared before subtracting: -kNone, none the host waited for, must not overflow)
+    s.exposed_ns = blocking_end > last_begin ? blocking_end - last_begin : 0;
     return s;
   }
 
@@ -70,6 +79,7 @@ class CollectiveTimer {
   std::atomic<std::int64_t> first_begin_ns_{kNone};
   std::atomic<std::int64_t> last_begin_ns_{-kNone};
   std::atomic<std::int64_t> last_end_ns_{-kNone};
+  std::atomic<std::int64_t> last_blocking_end_ns_{-kNone};  // of those the host waited for
   std::atomic<int> end_phase_{-1};
 };
 

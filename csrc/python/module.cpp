@@ -883,8 +883,10 @@ PYBIND11_MODULE(_core, m) {
       .def("collective_begin", [](PyProfiler& p) { return p.core().collective_begin(); })
       .def(
           "collective_end",
-          [](PyProfiler& p, std::int64_t token) { p.core().collective_end(token); },
-          py::arg("token"))
+          [](PyProfiler& p, std::int64_t token, bool host_blocked) {
+            p.core().collective_end(token, host_blocked);
+          },
+          py::arg("token"), py::arg("host_blocked") = true)
       .def_property_readonly("collectives_in_flight",
                              [](PyProfiler& p) { return p.core().collectives_in_flight(); })
       .def_property_readonly("current_phase",

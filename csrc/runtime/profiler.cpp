@@ -587,8 +587,9 @@ class ProfilerImpl final : public SignalClosable {
     collectives_.begin(now);
     return now;
   }
-  void collective_end(std::int64_t begin_ns) noexcept {
-    collectives_.end(begin_ns, clock_->now_ns(), inflight_phase_.load(std::memory_order_relaxed));
+  void collective_end(std::int64_t begin_ns, bool host_blocked) noexcept {
+    collectives_.end(begin_ns, clock_->now_ns(), inflight_phase_.load(std::memory_order_relaxed),
+                     host_blocked);
   }
   int collectives_in_flight() const noexcept { return collectives_.in_flight(); }
   std::string current_phase() const {
@@ -1300,8 +1301,8 @@ const std::string& Profiler::log_path() const noexcept { return impl_->log_path(
 int Profiler::metrics_port() const noexcept { return impl_->metrics_port(); }
 const Config& Profiler::config() const noexcept { return impl_->config(); }
 std::int64_t Profiler::collective_begin() noexcept { return impl_->collective_begin(); }
-void Profiler::collective_end(std::int64_t begin_token) noexcept {
-  impl_->collective_end(begin_token);
+void Profiler::collective_end(std::int64_t begin_token, bool host_blocked) noexcept {
+  impl_->collective_end(begin_token, host_blocked);
 }
 int Profiler::collectives_in_flight() const noexcept { return impl_->collectives_in_flight(); }
 std::string Profiler::current_phase() const { return impl_->current_phase(); }

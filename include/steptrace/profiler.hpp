@@ -245,8 +245,11 @@ class STEPTRACE_API Profiler {
   /// collective_end() when it completes. Any thread, lock-free. The step in progress
   /// gets a "comm" object: the time a collective was outstanding, the time the step
   /// stayed blocked after its last launch (exposed), and the rest (compute).
+  /// `host_blocked` false: the host did not wait for this one (a backend whose work
+  /// completes on the device while the host goes on, as NCCL's): it counts as outstanding
+  /// time, never as blocked. It counts in the step in progress when it completes.
   std::int64_t collective_begin() noexcept;
-  void collective_end(std::int64_t begin_token) noexcept;
+  void collective_end(std::int64_t begin_token, bool host_blocked = true) noexcept;
   /// Collectives begun and not yet ended. Any thread.
   int collectives_in_flight() const noexcept;
   /// The innermost phase in progress ("" outside phases). Any thread.

@@ -363,13 +363,12 @@ class GlobalPhaseHooks(_Hooks):
     gradients between steps begin no step but, given ``intervals``, an evaluation
     interval. ``end_open_step()`` ends a step left open at the end of the program.
 
-    With ``ddp_comm=True`` (``steptrace run``) the gradient all-reduces of the
-    DistributedDataParallel models the program makes are timed too, so that its step
-    records get ``comm`` (see :meth:`_time_ddp_collectives`).
+    (The gradient all-reduces of DistributedDataParallel models are timed by the
+    Profiler itself: steptrace.comm.)
     """
 
     def __init__(self, core: Any, *, steps: bool = False, backward: bool = True, clip: bool = True,
-                 discover_steps: int = 2, ddp_comm: bool = False, intervals: Any = None) -> None:
+                 discover_steps: int = 2, intervals: Any = None) -> None:
         import torch
         from torch.nn.modules import module as module_mod
         from torch.optim import optimizer as optimizer_mod
@@ -472,66 +471,6 @@ class GlobalPhaseHooks(_Hooks):
             _BACKWARD.before.append(maybe_begin_step)
             self._undo.append(lambda: _BACKWARD.before.remove(maybe_begin_step))
         self._undo.append(tops.clear)
-        if ddp_comm and backward:
-            self._time_ddp_collectives(core)
-
-    def _time_ddp_collectives(self, core: Any) -> None:
-        """Times the gradient all-reduces of every DistributedDataParallel model made from
-        now on, as ``watch(ddp_model)`` does: a comm hook the program registers itself is
-        wrapped by the timing; a model without one gets DDP's own all-reduce, timed, at its
-        first backward (DDP takes a comm hook once, before backward: registering it then
-        leaves the program every chance to register its own first). Never raises into
-        the program: a model whose hook cannot be added (a built-in C++ hook) is not
-        timed."""
-        import weakref
-
-        import torch.distributed as dist
-
-        if not dist.is_available():
-            return
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        from steptrace.comm import timed_comm_hook
-
-        original_init, original_register = DDP.__init__, DDP.register_comm_hook
-        timed: "weakref.WeakSet[Any]" = weakref.WeakSet()  # models whose collectives are timed
-        pending: list[Any] = []  # weak references to models made since the last backward
-
-        def register_comm_hook(ddp: Any, state: Any, hook: Callable[..., Any]) -> None:
-            if ddp in timed:  # ours is in: DDP's own "only once" error, as without us
-                return original_register(ddp, state, hook)
-            timed.add(ddp)
-            return original_register(ddp, state, timed_comm_hook(core, hook))
-
-        def init(ddp: Any, *args: Any, **kwargs: Any) -> None:
-            original_init(ddp, *args, **kwargs)
-            pending.append(weakref.ref(ddp))
-
-        def before_backward() -> None:
-            while pending:
-                ddp = pending.pop()()
-                if ddp is None or ddp in timed or getattr(ddp, "_comm_hooks", None):
-                    continue
-                timed.add(ddp)
-                try:
-                    original_register(ddp, None, timed_comm_hook(core, None))
-                except Exception:  # noqa: BLE001 - e.g. a built-in hook is registered: leave it untimed
-                    pass
-
-        register_comm_hook.__wrapped__ = original_register  # type: ignore[attr-defined]
-        init.__wrapped__ = original_init  # type: ignore[attr-defined]
-        DDP.__init__, DDP.register_comm_hook = init, register_comm_hook  # type: ignore[method-assign]
-        _BACKWARD.before.append(before_backward)
-
-        def undo() -> None:
-            _BACKWARD.before.remove(before_backward)
-            if DDP.__init__ is init:  # someone who patched it after us keeps theirs
-                DDP.__init__ = original_init  # type: ignore[method-assign]
-            if DDP.register_comm_hook is register_comm_hook:
-                DDP.register_comm_hook = original_register  # type: ignore[method-assign]
-            pending.clear()
-
-        self._undo.append(undo)
 
     def end_open_step(self, failed: bool = False) -> None:
         """Ends the step in progress (one begun by a forward or backward that no optimizer

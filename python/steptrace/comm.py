@@ -1,33 +1,418 @@
-"""Host timing of collectives: a DDP communication hook that times each bucket's
-all-reduce from launch to completion through the core's lock-free collective timer."""
+"""Timing of collectives by their completion, not their launch, with no call from the
+program: while a Profiler is open, the ``torch.distributed`` collectives (``all_reduce``,
+``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``broadcast``, ...) are timed from
+launch to completion, and every DistributedDataParallel model, made before or after the
+Profiler, sends its gradient buckets through them.
 
+Completion is ``Work.is_completed()``, the documented non-blocking query ("Checks if
+request has completed. Non-blocking operation."), asked every 0.5 ms by one thread while
+work is outstanding; nothing synchronizes the device. Not the future: where it completes
+with the work (gloo) that would do, but where it is complete as soon as the work is
+enqueued (NCCL: "marked complete immediately upon construction", PyTorch PR #48499; its
+callbacks are ordered on the CUDA streams, not the host) it would time the launch. Which
+of the two the backend does tells whether the host waits for the work (gloo: DDP waits for
+its buckets) or goes on (NCCL): only the first is blocked time. No Python callback is
+attached to a backend's future: one left to be destroyed on a backend thread needs the
+GIL, and at exit that can deadlock against a main thread joining that backend's threads.
+
+The core's collective timer (core/collective_timer.hpp) turns begin / end pairs into the
+step record's ``comm`` object: time with communication outstanding, time blocked after the
+last launch, compute.
+
+Not seen: collectives issued from C++ or through ``torch.distributed._functional_collectives``
+(FSDP2, DTensor), a function bound before the Profiler opened (``from torch.distributed
+import all_reduce``), and a DDP model with a built-in C++ comm hook registered before the
+Profiler opened.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+import time
+import weakref
 from typing import Any, Callable, Optional
 
+#: The torch.distributed collectives timed (those that take ``async_op``).
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier")
+#: How often outstanding work whose future completed at launch is polled (seconds).
+POLL_S = 0.0005
 
-def timed_comm_hook(core: Any, hook: Optional[Callable[[Any, Any], Any]] = None) -> Callable[[Any, Any], Any]:
-    """``hook`` (default: DDP's own all-reduce) wrapped so that the core sees when each
-    bucket's collective was launched and when it completed (on the backend's thread)."""
-    if hook is None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+_lock = threading.Lock()
+_active: list["CollectiveTiming"] = []  # open timings, newest last: the newest times
+_originals: dict[str, Callable[..., Any]] = {}  # the patched functions' originals
+_wrappers: dict[str, Callable[..., Any]] = {}
 
-        hook = allreduce_hook
-    begin, end = core.collective_begin, core.collective_end
+
+def _current() -> Optional["CollectiveTiming"]:
+    return _active[-1] if _active else None
+
+
+def _async_index(original: Callable[..., Any]) -> int:
+    """Position of ``async_op`` among the positional parameters, -1 when it has none."""
+    try:
+        names = list(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        return -1
+    return names.index("async_op") if "async_op" in names else -1
+
+
+def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
+    index = _async_index(original)
+
+    @functools.wraps(original)
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        timing = _current()
+        if timing is None or index < 0:
+            return original(*args, **kwargs)
+        if len(args) > index:
+            async_op = bool(args[index])
+            args = args[:index] + (True,) + args[index + 1:]
+        else:
+            async_op = bool(kwargs.get("async_op", False))
+            kwargs["async_op"] = True
+        work = timing.launch(original, args, kwargs)
+        if async_op or work is None:
+            return work
+        work.wait()  # what the synchronous call does (on NCCL: the current stream waits)
+        return None
+
+    return collective
+
+
+def _patch_collectives() -> None:
+    import torch.distributed as dist
+
+    for name in COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is None or name in _originals:
+            continue
+        _originals[name] = fn
+        _wrappers[name] = _timed(fn)
+        setattr(dist, name, _wrappers[name])
+
+
+def _unpatch_collectives() -> None:
+    dist = sys.modules.get("torch.distributed")
+    for name, original in _originals.items():
+        if dist is not None and getattr(dist, name, None) is _wrappers[name]:  # a later patch keeps its own
+            setattr(dist, name, original)
+    _originals.clear()
+    _wrappers.clear()
+
+
+class _CompletionPoller:
+    """One thread that asks outstanding work whether it has completed, every POLL_S, and
+    sleeps while there is none. An item may carry a future to complete with a value once
+    its work has (a DDP bucket's result: see CollectiveTiming.reduce_bucket)."""
+
+    def __init__(self, end: Callable[[int, bool], None]) -> None:
+        self._end = end
+        self._cond = threading.Condition()
+        self._pending: list[tuple] = []  # (token, work, host_blocked, result future or None, value)
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, token: int, work: Any, host_blocked: bool, result: Any = None, value: Any = None) -> None:
+        item = (token, work, host_blocked, result, value)
+        with self._cond:
+            if not self._stop:
+                self._pending.append(item)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="steptrace-collectives", daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+                return
+        self._finish(item, wait=True)
+
+    def _finish(self, item: tuple, wait: bool) -> None:
+        token, work, host_blocked, result, value = item
+        self._end(token, host_blocked)
+        if result is None:
+            return
+        try:
+            if wait:
+                work.wait()  # the profiler closed: the program still needs its result
+            result.set_result(value)
+        except Exception as exc:  # noqa: BLE001 - the collective failed: DDP sees why
+            result.set_exception(exc)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                pending = list(self._pending)
+            done = []
+            for item in pending:
+                try:
+                    completed = item[1].is_completed()
+                except Exception:  # noqa: BLE001 - an aborted group: the work is over
+                    completed = True
+                if completed:
+                    done.append(item)
+            if done:
+                with self._cond:
+                    self._pending = [p for p in self._pending if not any(p is d for d in done)]
+                for item in done:
+                    self._finish(item, wait=False)
+            time.sleep(POLL_S)
+
+    def stop(self) -> None:
+        """Ends what is outstanding now (a run's last figures; results still come when
+        their work completes) and the thread."""
+        with self._cond:
+            self._stop = True
+            pending, self._pending = self._pending, []
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        for item in pending:
+            self._finish(item, wait=True)
+
+
+class CollectiveTiming:
+    """The timing of one Profiler's collectives: installed at its start when
+    torch.distributed is available, removed at its close."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self._begin, self._end = core.collective_begin, core.collective_end
+        self._poller = _CompletionPoller(core.collective_end)
+        self._ddp = _DdpAdoption()
+        self.polled = 0  # collectives whose future completed at launch (NCCL-like)
+        self.by_future = 0  # collectives whose future completed with the work (gloo-like)
+
+    def install(self) -> "CollectiveTiming":
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return self
+        with _lock:
+            if not _active:
+                _patch_collectives()
+            _active.append(self)
+        self._ddp.install()
+        return self
+
+    def uninstall(self) -> None:
+        with _lock:
+            if self not in _active:
+                return
+            _active.remove(self)
+            if not _active:
+                _unpatch_collectives()
+        self._ddp.uninstall()
+        self._poller.stop()
+
+    def forget(self) -> None:
+        """In a forked child: stop timing into the parent's profiler (its poller thread
+        does not exist here), without joining anything."""
+        with _lock:
+            if self in _active:
+                _active.remove(self)
+                if not _active:
+                    _unpatch_collectives()
+        self._ddp.uninstall()
+
+    def launch(self, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Calls ``original`` (with ``async_op=True``) and times its work to completion."""
+        token = self._begin()
+        try:
+            work = original(*args, **kwargs)
+        except BaseException:
+            self._end(token)
+            raise
+        if work is None:  # not a member of the group, or queued in a coalescing manager
+            self._end(token)
+            return None
+        try:
+            fut = work.get_future()
+        except Exception:  # noqa: BLE001 - a backend without futures: as a blocking one
+            fut = None
+        self._track(token, work, fut)
+        return work
+
+    def _track(self, token: int, work: Any, fut: Any) -> None:
+        try:
+            completed = work.is_completed()
+        except Exception:  # noqa: BLE001 - an aborted group: the work is over
+            completed = True
+        if completed:
+            self._end(token)
+            return
+        # a future complete before its work is: the host does not wait for it (NCCL)
+        host_blocked = fut is None or not fut.done()
+        if host_blocked:
+            self.by_future += 1
+        else:
+            self.polled += 1
+        self._poller.add(token, work, host_blocked)
+
+    def reduce_bucket(self, all_reduce: Callable[..., Any], tensor: Any, group: Any) -> Any:
+        """A DDP bucket's all-reduce, timed, and the future DDP waits for. Where the
+        backend's future is complete at launch (NCCL), that future's ``then`` runs here, on
+        this thread; else the result is a future this module completes once the work has,
+        so that no Python callback waits on a backend thread (torch 2.9's DDP wants a
+        Python object from a Python hook, which takes a ``then``)."""
+        import torch
+
+        token = self._begin()
+        try:
+            work = all_reduce(tensor, group=group, async_op=True)
+            fut = work.get_future()
+        except BaseException:
+            self._end(token)
+            raise
+        if fut.done():
+            self._track(token, work, fut)
+            return fut.then(_first_tensor)
+        self.by_future += 1
+        result = torch.futures.Future()
+        self._poller.add(token, work, True, result, tensor)
+        return result
+
+    def describe(self) -> str:
+        """How the collectives were timed, for the records."""
+        if self.polled and self.by_future:
+            return "completion (Work.is_completed); some futures complete at launch: host not blocked"
+        if self.polled:
+            return "completion (Work.is_completed); futures complete at launch: host not blocked"
+        if self.by_future:
+            return "completion (Work.is_completed); futures complete with the work: host blocked"
+        return "no collective seen"
+
+
+# DDP models given the dispatcher, with the program's (hook, state) once it registers one.
+_adopted: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+_register_patched = False
+
+
+def _patch_ddp_registration(ddp_class: Any) -> None:
+    """A comm hook the program registers on a model that has the dispatcher goes behind
+    it (DDP takes only one). For the process's lifetime: a model keeps the dispatcher
+    after the Profiler closes, and the program may still register its hook then."""
+    global _register_patched
+    if _register_patched:
+        return
+    _register_patched = True
+    original_register = ddp_class.register_comm_hook
+    original_builtin = ddp_class._register_builtin_comm_hook
+
+    def register_comm_hook(ddp: Any, state: Any, hook: Callable[..., Any]) -> None:
+        box = _adopted.get(ddp)
+        if box is None or box[0] is not None:  # not ours, or a second hook: DDP's own rules
+            return original_register(ddp, state, hook)
+        ddp._check_comm_hook(hook)
+        if ddp.logger is not None:
+            ddp.logger._set_comm_hook_name(hook.__qualname__)
+        ddp._comm_hooks.append((hook, state))
+        box[0] = (hook, state)
+
+    def register_builtin(ddp: Any, comm_hook_type: Any) -> None:
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        box = _adopted.get(ddp)
+        kinds = getattr(dist, "BuiltinCommHookType", None)
+        if box is None or box[0] is not None or kinds is None:
+            return original_builtin(ddp, comm_hook_type)
+        if comm_hook_type == kinds.ALLREDUCE:
+            return None  # what the dispatcher does already
+        if comm_hook_type == kinds.FP16_COMPRESS:
+            box[0] = (default_hooks.fp16_compress_hook, ddp.process_group)
+            return None
+        return original_builtin(ddp, comm_hook_type)  # DDP's own error: one hook
+
+    register_comm_hook.__wrapped__ = original_register  # type: ignore[attr-defined]
+    register_builtin.__wrapped__ = original_builtin  # type: ignore[attr-defined]
+    ddp_class.register_comm_hook = register_comm_hook
+    ddp_class._register_builtin_comm_hook = register_builtin
+
+
+def adopt_ddp(ddp: Any) -> bool:
+    """Gives ``ddp`` the dispatcher (DDP's own all-reduce, averaged, through the timed
+    ``dist.all_reduce``, or the program's hook once it registers one) unless it has a
+    comm hook already (then that hook's collectives are timed where they go through
+    torch.distributed). False where it was not given (already, or a built-in C++ hook)."""
+    if ddp in _adopted or getattr(ddp, "_comm_hooks", None) or getattr(ddp, "reducer", None) is None:
+        return False
+    import torch.distributed as dist
+
+    _patch_ddp_registration(type(ddp))
+    box: list = [None]
+    group = ddp.process_group
+    size = group.size()
 
     # No annotations: DDP rejects a hook whose annotations are not GradBucket / Future.
-    def timed(state, bucket):  # type: ignore[no-untyped-def]
-        token = begin()
-        try:
-            fut = hook(state, bucket)
-        except BaseException:
-            end(token)
-            raise
+    def steptrace_dispatch(state, bucket):  # type: ignore[no-untyped-def]
+        chosen = box[0]
+        if chosen is not None:
+            return chosen[0](chosen[1], bucket)
+        tensor = bucket.buffer()
+        tensor.div_(size)  # DDP's average, as its allreduce_hook does
+        all_reduce = _originals.get("all_reduce", dist.all_reduce)
+        timing = _current()
+        if timing is None:  # the Profiler has closed: DDP's own allreduce_hook
+            return all_reduce(tensor, group=group, async_op=True).get_future().then(_first_tensor)
+        return timing.reduce_bucket(all_reduce, tensor, group)
 
-        def done(f: Any) -> Any:
-            try:
-                return f.value()
-            finally:
-                end(token)
+    register = type(ddp).register_comm_hook
+    try:
+        getattr(register, "__wrapped__", register)(ddp, None, steptrace_dispatch)
+    except Exception:  # noqa: BLE001 - a built-in C++ hook is in: its collectives are not seen
+        return False
+    ddp._comm_hooks.clear()  # the program has registered nothing
+    _adopted[ddp] = box
+    return True
 
-        return fut.then(done)
 
-    return timed
+class _DdpAdoption:
+    """Every DistributedDataParallel model gets the dispatcher: those made before the
+    Profiler, found once at its start, and those made while it is open, right after
+    their construction."""
+
+    def __init__(self) -> None:
+        self._undo: Optional[Callable[[], None]] = None
+
+    def install(self) -> None:
+        nn_parallel = sys.modules.get("torch.nn.parallel")
+        if nn_parallel is None:
+            return
+        ddp_class = nn_parallel.DistributedDataParallel
+        original_init = ddp_class.__init__
+
+        def init(ddp: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(ddp, *args, **kwargs)
+            adopt_ddp(ddp)
+
+        init.__wrapped__ = original_init  # type: ignore[attr-defined]
+        ddp_class.__init__ = init
+
+        def undo() -> None:
+            if ddp_class.__dict__.get("__init__") is init:  # someone who patched after us keeps theirs
+                ddp_class.__init__ = original_init
+
+        self._undo = undo
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # models made before the Profiler (once, at its start)
+            import gc
+
+            for obj in gc.get_objects():
+                if isinstance(obj, ddp_class):
+                    adopt_ddp(obj)
+
+    def uninstall(self) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+
+def _first_tensor(fut: Any) -> Any:
+    return fut.value()[0]

@@ -152,7 +152,7 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
         raise LaunchError(f"--log-dir {log_dir}: {exc}") from None
     # checkpoints, the DataLoader's fetches and evaluation forwards between steps
     intervals = IntervalWatch(prof._core, data=True)
-    hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps, ddp_comm=True,
+    hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps,
                              intervals=intervals)
     saved_argv = sys.argv
     sys.argv = [script, *argv]

@@ -570,6 +570,12 @@ class Profiler:
             self._alert_thread.start()
         if python_options["handle_signals"]:
             _install_sigterm_handler(python_options["sigterm_grace_s"])
+        self._comm: Any = None
+        if python_options["comm_timing"] == "auto" and "torch.distributed" in sys.modules:
+            from steptrace.comm import CollectiveTiming  # noqa: PLC0415
+
+            # collectives timed to their completion, every DDP model included: no watch()
+            self._comm = CollectiveTiming(self._core).install()
         self._cluster: Optional[ClusterExchange] = None
         if wants_exchange(python_options["cluster"], int(self._core.config.world_size)):
             # the cross-rank view through torch.distributed's store (see steptrace.cluster)
@@ -591,17 +597,13 @@ class Profiler:
         alone records the forward / loss / backward / clip / optimizer phases (see
         :class:`steptrace.autophase.PhaseHooks` and docs/auto-instrumentation.md; phases
         you open yourself take precedence, ``phases=False`` installs none). For a
-        DistributedDataParallel model it also times the gradient all-reduces from the
-        host, so that every step record gets a ``comm`` object (communication, time
-        blocked on it, compute) and the cross-rank view can tell a straggler from the
-        ranks that wait for it: it registers a DDP communication hook, ``hook(state,
-        bucket)`` (default: DDP's own all-reduce, the same result) timed from launch to
-        completion, instead of ``model.register_comm_hook``. Call it once per model,
-        before the first step; :meth:`close` removes the hooks. A forward of ``model`` with
+        DistributedDataParallel model, ``hook(state, bucket)`` is registered as its
+        communication hook (``model.register_comm_hook(state, hook)``); its gradient
+        all-reduces are timed without watch() (see ``comm_timing``, and
+        docs/distributed.md). Call it once per model, before the first step;
+        :meth:`close` removes the phase hooks. A forward of ``model`` with
         gradients disabled between steps opens an evaluation interval (see
         :meth:`interval`), ended by the next step. Returns ``model``."""
-        from steptrace.comm import timed_comm_hook
-
         if optimizer is not None and callable(optimizer):  # watch(ddp, hook) from before optimizer=
             raise ConfigError(f"watch(model, optimizer): optimizer={optimizer!r} is callable; pass a DDP "
                               f"communication hook as watch(model, hook=...)")
@@ -623,7 +625,12 @@ class Profiler:
                                    intervals=IntervalWatch(self._core, checkpoints=False))
         if register is not None:
             try:
-                register(state, timed_comm_hook(self._core, hook))
+                if hook is not None:  # behind the dispatcher when the model has it
+                    register(state, hook)
+                elif self._comm is not None:
+                    from steptrace.comm import adopt_ddp  # noqa: PLC0415
+
+                    adopt_ddp(model)  # a model the Profiler has not seen (made in another way)
             except BaseException:
                 if installed is not None:
                     installed.remove()
@@ -730,6 +737,9 @@ class Profiler:
         hooks, self._phase_hooks = self._phase_hooks, []
         for h in hooks:
             h.remove()  # the wrapped torch functions are restored once nobody watches
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.uninstall()  # collectives still outstanding end now, in the last step
         cluster, self._cluster = self._cluster, None
         if cluster is not None:
             cluster.stop()  # its last records go in before run_end
@@ -749,6 +759,9 @@ class Profiler:
         self._alert_thread = None
         self._cluster = None  # its thread stayed in the parent
         self._otlp = None
+        if self._comm is not None:
+            self._comm.forget()  # the parent's timing: the child's collectives go untimed
+            self._comm = None
         try:
             self._core.close()  # the core sees the fork: it writes nothing and joins nothing
         except Exception:

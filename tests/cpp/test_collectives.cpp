@@ -37,6 +37,28 @@ TEST(CollectiveTimer, OverlappingCollectivesCountOnceAndExposedIsAfterTheLastLau
   EXPECT_EQ(t.take().count, 0);       // take() resets
 }
 
+// NCCL's work completes on the device while the host goes on (its future is complete at
+// enqueue): such a collective counts as outstanding time, never as time the step blocked.
+TEST(CollectiveTimer, WorkTheHostDidNotWaitForIsOutstandingNotBlocked) {
+  detail::CollectiveTimer t;
+  t.begin(10 * kMs);
+  t.end(10 * kMs, 60 * kMs, 2, /*host_blocked=*/false);
+  detail::CommStats s = t.take();
+  EXPECT_EQ(s.count, 1);
+  EXPECT_EQ(s.busy_ns, 50 * kMs);
+  EXPECT_EQ(s.exposed_ns, 0);
+  EXPECT_EQ(s.exposed_phase, -1);
+  // one the host waited for beside it: only that one's wait is blocked time
+  t.begin(100 * kMs);
+  t.begin(110 * kMs);
+  t.end(100 * kMs, 130 * kMs, 3, /*host_blocked=*/false);
+  t.end(110 * kMs, 120 * kMs, 4);
+  s = t.take();
+  EXPECT_EQ(s.busy_ns, 30 * kMs);
+  EXPECT_EQ(s.exposed_ns, 10 * kMs);
+  EXPECT_EQ(s.exposed_phase, 4);
+}
+
 struct FakeClockRun {
   explicit FakeClockRun(const TempDir& tmp) {
     Config config = testing::run_config(tmp);

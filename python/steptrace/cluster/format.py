@@ -29,7 +29,7 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
         return f"{source or 'run'}: no completed steps"
     lines.append(f"cluster view of {source or 'run'}: {len(table['ranks'])} rank(s), "
                  f"windows of {result['interval']} steps, communication timed by: "
-                 f"{table['method'] or 'nothing (call prof.watch(ddp_model))'}")
+                 f"{table['method'] or 'nothing (comm_timing off, or collectives steptrace does not see)'}")
     head = ["rank", "host", "steps", "p50 ms", "p95 ms", "compute", "comm", "wait", "data",
             "straggler", "memory"]
     # the GPU's power and temperature (NVML), where any rank has them: hot_gpu compares these
@@ -66,7 +66,12 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
     for a in result["alerts"]:
         if a["kind"] == "alert" and a["type"] != "straggler":
             lines.append(f"{a['type'].upper()} at step {a['step']}: {a['message']}")
-    if not found and len(table["ranks"]) >= 2:
+    if not found and len(table["ranks"]) >= 2 and not table["method"]:
+        # step times alone: every rank waits for the slowest at each collective, so they agree
+        lines.append(f"no verdict: communication was not timed, so a straggler hidden by the others' waiting "
+                     f"cannot be told apart (step times alone, {windows} windows compared; see "
+                     f"docs/distributed.md#communication-timing)")
+    elif not found and len(table["ranks"]) >= 2:
         slowest = table.get("slowest_rank")
         lines.append(f"no straggler: the slowest rank ({slowest}) is {table.get('slowest_excess_pct', 0):+.1f}% "
                      f"against the other ranks' median over the run, in {windows} windows compared")

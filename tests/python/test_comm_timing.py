@@ -1,0 +1,133 @@
+"""Collectives timed by their completion, with no call from the program: on a process
+group that behaves as NCCL's does on the host (futures complete at enqueue, the work 50 ms
+later: tests/python/fake_nccl.py), and for DDP models made before or after the Profiler,
+with no ``watch()``. (gloo, whose futures complete with the work, runs in test_cluster.py's
+torchrun tests.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+# Each case runs in its own interpreter: a default process group is per process.
+PRELUDE = textwrap.dedent("""
+    import json, sys, time
+    import torch, torch.distributed as dist
+    from torch import nn
+    sys.path.insert(0, {here!r})
+    import fake_nccl
+    import steptrace
+    fake_nccl.init(0.05)
+    def comm_of(prof):
+        return [r.get("comm") for r in steptrace.read(prof.log_path) if r["kind"] == "step"]
+    def compute(s):
+        time.sleep(s)  # stands for the device's compute while the collective runs
+""")
+
+
+def run_case(tmp_path: Path, body: str) -> dict:
+    code = PRELUDE.format(here=str(HERE)) + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_collective_whose_future_completes_at_launch_is_timed_to_its_completion(tmp_path):
+    out = run_case(tmp_path, """
+        with steptrace.Profiler("run") as prof:
+            for i in range(4):
+                with prof.step():
+                    with prof.phase("backward"):
+                        t = torch.ones(8)
+                        dist.all_reduce(t)  # returns at once, as on NCCL; done 50 ms later
+                    with prof.phase("optimizer"):
+                        compute(0.15)
+            how = prof._comm.describe()
+        print(json.dumps({"comm": comm_of(prof), "how": how}))
+    """)
+    for comm in out["comm"]:
+        assert comm is not None and comm["collectives"] == 1
+        assert 49.0 <= comm["comm_ms"] <= 120.0, out  # the work's 50 ms, not the launch's µs
+        assert comm["exposed_ms"] == 0.0  # the host never waited for it
+    assert "host not blocked" in out["how"]
+
+
+@pytest.mark.parametrize("made", ["before", "after"])
+def test_ddp_gradient_all_reduces_are_timed_without_watch(tmp_path, made):
+    out = run_case(tmp_path, f"""
+        def make():
+            return nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 4)))
+        model = make() if {made!r} == "before" else None
+        with steptrace.Profiler("run") as prof:
+            model = model or make()
+            for i in range(4):
+                with prof.step():
+                    with prof.phase("forward"):
+                        loss = model(torch.randn(8, 16)).sum()
+                    with prof.phase("backward"):
+                        loss.backward()
+                    with prof.phase("optimizer"):
+                        compute(0.15)
+        print(json.dumps({{"comm": comm_of(prof)}}))
+    """)
+    assert all(c is not None and c["collectives"] >= 1 and c["comm_ms"] >= 49.0 for c in out["comm"]), out
+
+
+def test_a_hook_the_program_registers_later_replaces_ddps_own_and_is_timed(tmp_path):
+    out = run_case(tmp_path, """
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+        calls = []
+        def my_hook(state, bucket):
+            calls.append(bucket.index())
+            return fp16_compress_hook(state, bucket)
+        with steptrace.Profiler("run") as prof:
+            model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))  # gets steptrace's dispatcher
+            model.register_comm_hook(None, my_hook)  # DDP takes one hook: this one goes behind it
+            for i in range(3):
+                with prof.step():
+                    with prof.phase("backward"):
+                        model(torch.randn(8, 16)).sum().backward()
+                    with prof.phase("optimizer"):
+                        compute(0.15)
+        try:
+            model.register_comm_hook(None, my_hook)  # a second hook: DDP's own error, as without steptrace
+            second = "accepted"
+        except RuntimeError as exc:
+            second = str(exc)
+        print(json.dumps({"calls": len(calls), "comm": comm_of(prof), "second": second}))
+    """)
+    assert out["calls"] >= 3
+    assert all(c is not None and c["comm_ms"] >= 49.0 for c in out["comm"]), out
+    assert "only be called once" in out["second"]
+
+
+def test_comm_timing_off_leaves_torch_distributed_as_it_was(tmp_path):
+    out = run_case(tmp_path, """
+        original = dist.all_reduce
+        with steptrace.Profiler("run", comm_timing="off") as prof:
+            same = dist.all_reduce is original
+            with prof.step():
+                dist.all_reduce(torch.ones(2))
+        with steptrace.Profiler("run2") as prof2:
+            patched = dist.all_reduce is not original
+        print(json.dumps({"same": same, "patched": patched, "restored": dist.all_reduce is original,
+                          "comm": comm_of(prof)}))
+    """)
+    assert out == {"same": True, "patched": True, "restored": True, "comm": [None]}
+
+
+def test_bad_comm_timing_is_refused_before_any_file(tmp_path):
+    import steptrace
+
+    with pytest.raises(steptrace.ConfigError, match=r"comm_timing='sometimes'.*'auto', 'off'"):
+        steptrace.Profiler(tmp_path / "run", comm_timing="sometimes")
+    assert not (tmp_path / "run").exists()
