@@ -11,6 +11,14 @@
 namespace steptrace::detail {
 
 std::int64_t unix_now_ns();
+/// The run's one mapping of its clock to unix time, taken as it starts.
+struct ClockMapping {
+  std::int64_t start_ns = 0;       // a reading of the run's clock
+  std::int64_t start_unix_ns = 0;  // and unix time then
+  std::int64_t unix_ns_at(std::int64_t clock_ns) const noexcept {
+    return start_unix_ns + (clock_ns - start_ns);
+  }
+};
 /// When this process started (unix ns); 0 where unknown.
 std::int64_t process_start_unix_ns();
 std::string host_name();

@@ -1,0 +1,149 @@
+#include "run_manifest.hpp"
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "../core/device_timing.hpp"
+#include "../sinks/prometheus_sink.hpp"
+#include "run_environment.hpp"
+
+#ifndef STEPTRACE_VERSION
+#error "STEPTRACE_VERSION must be defined by the build"
+#endif
+
+namespace steptrace::detail {
+namespace {
+
+using nlohmann::ordered_json;
+
+ordered_json metrics_json(const RunManifest& m) {
+  if (!m.metrics) return nullptr;
+  const Config& config = *m.config;
+  ordered_json j = {{"port", nullptr}, {"path", "/metrics"}};
+  if (m.metrics->port() >= 0) j["port"] = m.metrics->port();
+  if (!m.metrics->error().empty()) j["error"] = m.metrics->error();
+  if (!config.metrics_textfile.empty()) j["textfile"] = config.metrics_textfile;
+  if (!config.metrics_pushgateway.empty()) j["pushgateway"] = config.metrics_pushgateway;
+  return j;
+}
+
+ordered_json telemetry_json(const RunManifest& m) {
+  const TelemetrySource* telemetry = m.telemetry;
+  if (!telemetry) {
+    return {{"active", ordered_json::array()},
+            {"unavailable", {{"nvml", *m.telemetry_unavailable}}}};
+  }
+  ordered_json j = {{"active", {telemetry->name()}}, {"unavailable", ordered_json::object()}};
+  if (std::string device = telemetry->device(); !device.empty()) j["device"] = device;
+  if (telemetry->power_limit_w() > 0) j["power_limit_w"] = telemetry->power_limit_w();
+  j["interval_ms"] = m.config->nvml_interval_ms;
+  std::int64_t used = -1, total = -1;
+  if (telemetry->device_memory(&used, &total)) j["device_memory"] = true;
+  if (auto board = telemetry->board_wide(); !board.empty()) j["board_wide"] = board;
+  return j;
+}
+
+// One of the device-activity entries of run_start's "backends".
+ordered_json optional_backend_json(const char* active_name, const std::string& unavailable) {
+  if (active_name != nullptr) {
+    return {{"active", {active_name}}, {"unavailable", ordered_json::object()}};
+  }
+  return {{"active", ordered_json::array()}, {"unavailable", {{"cupti", unavailable}}}};
+}
+
+ordered_json counters_json(const RunManifest& m) {
+  const CounterSampler* sampler = m.sampler;
+  ordered_json j =
+      optional_backend_json(sampler ? sampler->name() : nullptr, *m.counters_unavailable);
+  if (sampler) {
+    ordered_json metrics = ordered_json::object();
+    for (std::size_t i = 0; i < kCounterCount; ++i) {
+      const std::string metric = sampler->metric(i);
+      if (!metric.empty()) metrics[kCounterNames[i]] = metric;
+    }
+    j["metrics"] = metrics;
+    if (std::string device = sampler->device(); !device.empty()) j["device"] = device;
+  }
+  return j;
+}
+
+ordered_json timer_json(const RunManifest& m) {
+  if (m.device) {
+    return {{"active", {m.device->timer().name(), "host"}},
+            {"unavailable", ordered_json::object()}};
+  }
+  return {{"active", {"host"}}, {"unavailable", {{"cuda", *m.device_unavailable}}}};
+}
+
+ordered_json device_json(const RunManifest& m) {
+  if (!m.device) return nullptr;
+  const std::string name = m.device->timer().device_name();
+  if (name.empty()) return nullptr;
+  ordered_json d = {{"name", name}};
+  const std::int64_t bytes = m.device->timer().device_memory_bytes();
+  if (bytes > 0) d["memory_total_bytes"] = bytes;
+  return d;
+}
+
+// run_start.config: every option of steptrace/config_options.def, in table order, but
+// run_id, rank and world_size (resolved, at the top level of run_start).
+ordered_json config_json(const Config& config) {
+  ordered_json options = ordered_json::object();
+#define STEPTRACE_CONFIG_OPTION(group, type, name, default_value, check, doc)     \
+  if (std::string_view(#name) != "run_id" && std::string_view(#name) != "rank" && \
+      std::string_view(#name) != "world_size") {                                  \
+    options[#name] = config.name;                                                 \
+  }
+#include "steptrace/config_options.def"
+#include "steptrace/ext/device_activity.hpp"
+#include "steptrace/ext/telemetry.hpp"
+  return options;
+}
+
+}  // namespace
+
+std::string run_start_json(const RunManifest& m) {
+  const Config& config = *m.config;
+  ordered_json versions = {{"steptrace", STEPTRACE_VERSION}};
+  for (const auto& [key, value] : m.info->versions) versions[key] = value;
+  ordered_json memory_active = ordered_json::array();
+  for (const auto& source : *m.memory_sources) memory_active.push_back(source->name());
+  if (m.heap) memory_active.push_back("heap");
+  ordered_json memory_unavailable = ordered_json::object();
+  if (!config.sample_rss) memory_unavailable["rss"] = "disabled by sample_rss=false";
+  if (!config.sample_heap) {
+    memory_unavailable["heap"] = "disabled by sample_heap=false";
+  } else if (!m.heap) {
+    memory_unavailable["heap"] = "the C library has no mallinfo2 (not glibc)";
+  }
+  const ordered_json record = {
+      {"kind", "run_start"},
+      {"schema", "steptrace/1"},
+      {"run_id", config.run_id},
+      {"rank", config.rank},
+      {"world_size", config.world_size},
+      {"host", host_name()},
+      {"pid", getpid()},
+      {"start_unix_ns", m.start_unix_ns},
+      {"versions", versions},
+      {"device", device_json(m)},
+      {"config", config_json(config)},
+      {"backends",
+       {{"timer", timer_json(m)},
+        {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}},
+        {"kernel_activity",
+         optional_backend_json(m.activity ? m.activity->name() : nullptr, *m.activity_unavailable)},
+        {"counters", counters_json(m)},
+        {"telemetry", telemetry_json(m)}}},
+  };
+  if (m.metrics) {
+    ordered_json with_metrics = record;
+    with_metrics["metrics"] = metrics_json(m);
+    return with_metrics.dump() + "\n";
+  }
+  return record.dump() + "\n";
+}
+
+}  // namespace steptrace::detail

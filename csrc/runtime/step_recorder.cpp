@@ -1,0 +1,245 @@
+#include "step_recorder.hpp"
+
+#include <algorithm>
+
+#include "../core/alert.hpp"
+#include "../core/detection_stage.hpp"
+#include "../core/record_pipeline.hpp"
+#include "steptrace/error.hpp"
+
+namespace steptrace::detail {
+
+void StepRecorder::bind(const Parts& parts) {
+  parts_ = parts;
+  source_samples_.resize(parts_.memory_sources->size());
+  source_sampled_ns_.assign(parts_.memory_sources->size(), INT64_MIN / 2);
+}
+
+void StepRecorder::begin_step() {
+  if (parts_.device) {
+    parts_.device->poll(*parts_.writer);
+    report_device_failure();
+    DeviceStream stream;
+    if (parts_.stream_source && parts_.stream_source->current(&stream)) {
+      parts_.device->set_stream(stream);
+    } else if (parts_.stream_source) {
+      parts_.device->clear_stream();
+    }
+  }
+  on_device_ = parts_.device && parts_.device->usable();
+  const std::int64_t now = parts_.clock->now_ns();
+  current_.step = step_index_++;
+  current_.start_unix_ns = unix_ns_at(now);
+  if (open_interval_ >= 0) end_open_interval(now);  // a step ends the interval before it
+  // The gap since the previous step: the loader's waits (data only when the loader is
+  // wrapped), the intervals ended in it, and the rest (other host work).
+  current_.data_ns = data_wrapped_ ? data_accum_ns_ : 0;
+  current_.between = pending_;
+  pending_ = BetweenSteps{};
+  const std::int64_t gap = last_step_end_ns_ == kUnset ? 0 : now - last_step_end_ns_;
+  current_.between.other_ns = std::max<std::int64_t>(
+      0, gap - current_.data_ns - current_.between.eval_ns() - current_.between.checkpoint_ns());
+  current_.phase_count = 0;
+  current_.memory = MemorySample{};
+  current_.failed = false;
+  current_.phase_memory = parts_.detection && parts_.detection->wants_phase_memory();
+  if (current_.phase_memory) current_.memory_at_start = attribution_level();
+  ended_phases_ = 0;
+  step_start_ns_ = now;
+  in_step_ = true;
+  if (on_device_) parts_.device->begin_step();
+  current_.activity_begin_ns = -1;  // no kernels for this step
+  if (parts_.activity && !activity_yielding_.load(std::memory_order_relaxed)) {
+    current_.activity_begin_ns = parts_.activity->now_ns();
+    parts_.activity->begin_step(current_.step);
+  }
+  if (parts_.sampler) {
+    const bool sampled =
+        current_.step % parts_.config->counter_every < parts_.config->counter_burst;
+    parts_.sampler->begin_step(current_.step, sampled);
+    current_.counters_sampled = sampled;
+    current_.sampler_begin_ns = sampled ? parts_.sampler->now_ns() : -1;
+  }
+  current_.telemetry_begin_ns = parts_.telemetry ? parts_.telemetry->now_ns() : -1;
+  inflight_.start_ns.store(now, std::memory_order_relaxed);
+  inflight_.excluded_ns.store(0, std::memory_order_relaxed);
+  inflight_.step.store(current_.step, std::memory_order_release);
+}
+
+void StepRecorder::end_step(bool failed) {
+  STEPTRACE_CHECK(in_step_, UsageError, "end of a step without its start (no step is running)");
+  const std::int64_t now = parts_.clock->now_ns();
+  for (std::uint16_t i = 0; i < current_.phase_count; ++i) {  // phases left open end here
+    const std::uint16_t id = current_.phase_ids[i];
+    if (phase_start_ns_[id] != kUnset) close_phase(id, now);
+    slot_of_[id] = -1;
+  }
+  current_.step_ns = now - step_start_ns_;
+  current_.host_ns = current_.step_ns;
+  current_.comm = collectives_.take();
+  current_.failed = failed;
+  current_.rss_fresh = false;
+  for (std::size_t i = 0; i < parts_.memory_sources->size(); ++i) {
+    if (now - source_sampled_ns_[i] >= (*parts_.memory_sources)[i]->min_interval_ns()) {
+      source_samples_[i] = MemorySample{};
+      (*parts_.memory_sources)[i]->sample(source_samples_[i]);
+      source_sampled_ns_[i] = now;
+      current_.rss_fresh = current_.rss_fresh || source_samples_[i].rss_bytes >= 0;
+    }
+    merge(current_.memory, source_samples_[i]);
+  }
+  if (parts_.heap) parts_.heap->sample(current_.step, current_.memory);
+  current_.runq_ns = -1;
+  current_.on_cpu_ns = -1;
+  current_.steal_ns = -1;
+  // Read at most every 10 ms, and at every iteration much longer than the recent ones, so
+  // that a slow step always has the figure that tells contention from the model.
+  const std::int64_t iteration =
+      last_step_end_ns_ == kUnset ? current_.step_ns : now - last_step_end_ns_;
+  const bool long_iteration = iteration_ewma_ns_ > 0 && iteration > 2 * iteration_ewma_ns_;
+  // one long iteration moves the average a little, a lasting slowdown becomes its level
+  iteration_ewma_ns_ =
+      iteration_ewma_ns_ == 0
+          ? iteration
+          : iteration_ewma_ns_ +
+                (std::min(iteration, 4 * iteration_ewma_ns_) - iteration_ewma_ns_) / 16;
+  if (now - runq_read_ns_ >= kRunQueueInterval || long_iteration) {
+    const SchedStat sched = run_queue_.read();
+    const std::int64_t steal = parts_.watchdog->steal_total_ns();
+    if (sched.wait_ns >= 0 && runq_read_ns_ != kUnset) {
+      current_.runq_ns = std::max<std::int64_t>(0, sched.wait_ns - runq_sched_.wait_ns);
+      current_.runq_span_ns = now - runq_read_ns_;
+      current_.on_cpu_ns = std::max<std::int64_t>(0, sched.on_cpu_ns - runq_sched_.on_cpu_ns);
+      // what the host took can only be time this thread was off a CPU
+      if (parts_.watchdog->samples_steal()) {
+        const std::int64_t off_cpu = std::max<std::int64_t>(
+            0, current_.runq_span_ns - current_.on_cpu_ns - current_.runq_ns);
+        current_.steal_ns = std::min(off_cpu, std::max<std::int64_t>(0, steal - runq_steal_ns_));
+      }
+    }
+    runq_sched_ = sched;
+    runq_steal_ns_ = steal;
+    runq_read_ns_ = now;
+  }
+  merge(current_.memory, external_memory_);
+  external_memory_ = MemorySample{};
+  if (parts_.telemetry) {  // device-wide memory at the sampler's latest reading: no driver call;
+    MemorySample device;   // fresher than the Python hook's (at most once a second)
+    if (parts_.telemetry->device_memory(&device.device_used_bytes, &device.device_total_bytes)) {
+      merge(current_.memory, device);
+    }
+  }
+  if (current_.activity_begin_ns >= 0) {
+    parts_.activity->end_step(current_.step);
+    current_.activity_end_ns = parts_.activity->now_ns();
+  }
+  if (parts_.sampler) {
+    parts_.sampler->end_step(current_.step);
+    if (current_.counters_sampled) current_.sampler_end_ns = parts_.sampler->now_ns();
+  }
+  if (parts_.telemetry) current_.telemetry_end_ns = parts_.telemetry->now_ns();
+  if (on_device_) {
+    parts_.device->end_step(current_, *parts_.writer);  // written once its events have completed
+    report_device_failure();
+  } else {
+    parts_.writer->push_step_record(current_);
+  }
+  clear_step_values();  // values set from now on belong to the next step
+  // The next step's gap starts where this step ended: the bookkeeping above (memory reads,
+  // slow only when preempted) is the next gap's `other`, so every second is accounted.
+  last_step_end_ns_ = now;
+  data_accum_ns_ = 0;
+  data_wrapped_ = false;
+  in_step_ = false;
+  active_depth_ = 0;
+  inflight_.phase.store(-1, std::memory_order_relaxed);
+  inflight_.last_done_ns.store(current_.host_ns, std::memory_order_relaxed);
+  inflight_.last_done_step.store(current_.step, std::memory_order_relaxed);
+  inflight_.step.store(-1, std::memory_order_release);
+}
+
+void StepRecorder::begin_interval(IntervalKind kind) {
+  const std::int64_t now = parts_.clock->now_ns();
+  STEPTRACE_CHECK(open_interval_ != static_cast<int>(kind), UsageError,
+                  "interval {:?} begun while it is already open; intervals do not nest",
+                  interval_name(kind));
+  if (open_interval_ >= 0) end_open_interval(now);  // one interval at a time
+  if (data_begin_ns_ != kUnset) {  // a data wait in progress pauses: the interval is not data
+    data_accum_ns_ += now - data_begin_ns_;
+    data_begin_ns_ = kUnset;
+    data_suspended_ = true;
+  }
+  open_interval_ = static_cast<int>(kind);
+  interval_start_ns_ = now;
+  interval_in_step_ = in_step_;
+  // for the watchdog (interval_hang): everything else before the kind, which publishes
+  inflight_.interval_start_ns.store(now, std::memory_order_relaxed);
+  inflight_.interval_step.store(step_index_, std::memory_order_relaxed);
+  inflight_.interval_seq.fetch_add(1, std::memory_order_relaxed);
+  inflight_.interval.store(open_interval_, std::memory_order_release);
+}
+
+// Ends the open interval at `now`: into the step in progress when it began inside it,
+// else into the next step's account of the gap (pending_).
+void StepRecorder::end_open_interval(std::int64_t now) noexcept {
+  const auto kind = static_cast<IntervalKind>(open_interval_);
+  open_interval_ = -1;
+  inflight_.interval.store(-1, std::memory_order_release);
+  if (data_suspended_) {  // the data wait the interval paused goes on
+    data_suspended_ = false;
+    data_begin_ns_ = now;
+  }
+  const bool inside = interval_in_step_ && in_step_;
+  BetweenSteps& into = inside ? current_.between : pending_;
+  const std::int64_t duration = now - interval_start_ns_;
+  auto& longest = inflight_.longest_interval_ns[static_cast<std::size_t>(kind)];
+  if (duration > longest.load(std::memory_order_relaxed)) {
+    longest.store(duration, std::memory_order_relaxed);
+  }
+  into.interval_ns[static_cast<std::size_t>(kind)] += duration;
+  if (inside && kind != IntervalKind::kOther) {  // other host work inside a step is the step's
+    into.inside_step_ns += duration;
+    inflight_.excluded_ns.store(into.inside_step_ns, std::memory_order_relaxed);
+  }
+  if (into.listed < kMaxStepIntervals) {
+    into.intervals[into.listed++] =
+        IntervalEntry{kind, inside, unix_ns_at(interval_start_ns_), duration};
+  } else {
+    ++into.unlisted;
+  }
+}
+
+// Once: the device timer failed, so say so in the log and carry on with the host clock.
+void StepRecorder::report_device_failure() {
+  if (device_failure_reported_ || parts_.device->failure().empty()) return;
+  device_failure_reported_ = true;
+  AlertEvent a;
+  a.type = "timer_fallback";
+  a.step = std::max<std::int64_t>(parts_.device->failed_at_step(), 0);
+  a.value = 0;
+  a.threshold = 0;
+  a.message = fmt::format(
+      "CUDA event timing stopped at step {} ({}); this step and the ones after it use "
+      "the host clock",
+      a.step, parts_.device->failure());
+  a.details = {{"reason", parts_.device->failure()}};
+  a.unix_ns = unix_ns_at(parts_.clock->now_ns());
+  const std::string line = alert_json_line(a, parts_.config->rank);
+  parts_.writer->push_line_now(line);
+  parts_.alerts->publish(a, line);
+}
+
+// The level phase attribution follows (only for a few steps after a memory_growth
+// alert): the first source's live bytes, the torch allocator's before the C heap's.
+// RSS would not do: the heap rarely gives memory back, so RSS rises where the
+// high-water mark is crossed, not where a leak is.
+std::int64_t StepRecorder::attribution_level() noexcept {
+  for (auto& source : *parts_.memory_sources) {
+    const std::int64_t live = source->live_bytes();
+    if (live >= 0) return live;
+  }
+  if (parts_.heap) return HeapSampler::read();
+  return 0;  // no live figure: every phase retains nothing
+}
+
+}  // namespace steptrace::detail

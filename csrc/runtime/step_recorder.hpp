@@ -1,0 +1,292 @@
+// The training thread's account of its steps: the step state machine (steps, phases, data
+// waits, intervals, step values) that fills one StepRecord per step and hands it to the
+// writer, and what it publishes for the watchdog (InflightState). The lifecycle checks
+// (closed, detached, forked) are the profiler's; it calls in here only while recording.
+// What runs per phase is defined here, in the header, so that it inlines into the
+// profiler's entry points as it did before the split.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../core/check.hpp"
+#include "../core/collective_timer.hpp"
+#include "../core/device_timing.hpp"
+#include "../core/heap_sampler.hpp"
+#include "../core/run_queue.hpp"
+#include "../core/step_record.hpp"
+#include "run_environment.hpp"
+#include "steptrace/backend.hpp"
+#include "steptrace/config.hpp"
+#include "steptrace/error.hpp"
+#include "steptrace/ext/device_activity.hpp"
+#include "steptrace/ext/telemetry.hpp"
+#include "steptrace/interval.hpp"
+#include "steptrace/profiler.hpp"
+#include "watchdog.hpp"
+
+namespace steptrace::detail {
+
+class AlertLog;
+class DetectionStage;
+class RecordPipeline;
+
+class StepRecorder {
+ public:
+  // What the recorder reads and feeds; the profiler owns all of it, and it outlives the
+  // recorder's use (null: that backend is absent).
+  struct Parts {
+    const Config* config = nullptr;
+    const PhaseNames* names = nullptr;
+    Clock* clock = nullptr;
+    StreamSource* stream_source = nullptr;
+    DeviceTiming* device = nullptr;
+    KernelActivitySource* activity = nullptr;
+    CounterSampler* sampler = nullptr;
+    TelemetrySource* telemetry = nullptr;
+    DetectionStage* detection = nullptr;
+    std::vector<std::unique_ptr<MemorySource>>* memory_sources = nullptr;
+    HeapSampler* heap = nullptr;
+    RecordPipeline* writer = nullptr;
+    AlertLog* alerts = nullptr;
+    const Watchdog* watchdog = nullptr;  // its steal total
+    ClockMapping start;
+  };
+
+  StepRecorder() {
+    phase_start_ns_.fill(kUnset);
+    slot_of_.fill(-1);
+    value_slot_.fill(-1);
+  }
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
+
+  // Before the first step, once the writer exists.
+  void bind(const Parts& parts);
+
+  // UsageError where a step cannot begin now (checked before the step is entered).
+  void check_can_begin() const {
+    STEPTRACE_CHECK(!in_step_, UsageError,
+                    "step begun while step {} is still running; end it before the next begins",
+                    current_.step);
+    STEPTRACE_CHECK(data_begin_ns_ == kUnset && !data_suspended_, UsageError,
+                    "step begun while waiting on the data loader (begin_data without end_data)");
+  }
+  void begin_step();
+  void end_step(bool failed);
+
+  void begin_phase(PhaseId id) {
+    check_phase_id(id);
+    STEPTRACE_CHECK(in_step_, UsageError,
+                    "phase {:?} started outside a step; start phases inside a step",
+                    parts_.names->name(id));
+    STEPTRACE_CHECK(phase_start_ns_[id] == kUnset, UsageError,
+                    "phase {:?} started while it is already running; a phase cannot be "
+                    "nested in itself",
+                    parts_.names->name(id));
+    const std::int64_t now = parts_.clock->now_ns();
+    if (slot_of_[id] < 0) {
+      const std::uint16_t slot = current_.phase_count++;
+      slot_of_[id] = static_cast<std::int8_t>(slot);
+      current_.phase_ids[slot] = id;
+      current_.phase_ns[slot] = 0;
+      current_.host_phase_ns[slot] = 0;
+    }
+    active_[active_depth_++] = id;
+    inflight_.phase.store(id, std::memory_order_relaxed);
+    phase_start_ns_[id] = now;
+    if (on_device_) parts_.device->begin_phase(static_cast<std::uint16_t>(slot_of_[id]));
+  }
+
+  void end_phase(PhaseId id) {
+    check_phase_id(id);
+    STEPTRACE_CHECK(in_step_ && phase_start_ns_[id] != kUnset, UsageError,
+                    "end of phase {:?} without its start", parts_.names->name(id));
+    close_phase(id, parts_.clock->now_ns());
+  }
+
+  void begin_data() {
+    if (in_step_) {
+      // The loader advanced inside a step (e.g. a nested next()): that wait is part of the
+      // step, not data. Counted in run_end, never thrown into the training loop.
+      data_inside_step_.fetch_add(1, std::memory_order_relaxed);
+      data_ignored_ = true;
+      return;
+    }
+    if (open_interval_ >= 0) {  // an evaluation's own loader: part of the interval, not data
+      data_ignored_ = true;
+      return;
+    }
+    STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
+                    "begin_data called twice without end_data");
+    data_begin_ns_ = parts_.clock->now_ns();
+  }
+
+  void end_data() {
+    if (data_ignored_) {
+      data_ignored_ = false;
+      return;
+    }
+    if (data_suspended_) {  // the wait was cut short by an interval (counted up to it)
+      data_suspended_ = false;
+      data_wrapped_ = true;
+      return;
+    }
+    STEPTRACE_CHECK(data_begin_ns_ != kUnset, UsageError, "end_data without begin_data");
+    data_accum_ns_ += parts_.clock->now_ns() - data_begin_ns_;
+    data_begin_ns_ = kUnset;
+    data_wrapped_ = true;
+  }
+
+  void begin_interval(IntervalKind kind);
+  void end_interval(IntervalKind kind) {
+    if (open_interval_ != static_cast<int>(kind)) return;
+    end_open_interval(parts_.clock->now_ns());
+  }
+
+  std::optional<IntervalKind> open_interval() const noexcept {
+    if (open_interval_ < 0) return std::nullopt;
+    return static_cast<IntervalKind>(open_interval_);
+  }
+
+  void set_step_memory(const MemorySample& s) { merge(external_memory_, s); }
+
+  // At close: the interval still open ends now.
+  void end_open_interval_now() noexcept {
+    if (open_interval_ >= 0) end_open_interval(parts_.clock->now_ns());
+  }
+
+  void set_step_value(StepValueId id, double value) {
+    STEPTRACE_CHECK(id < parts_.names->value_count(), UsageError,
+                    "step value id {} was never interned", id);
+    std::int8_t& slot = value_slot_[id];
+    if (slot < 0) {  // one slot per interned name: a step cannot run out of them
+      slot = static_cast<std::int8_t>(current_.value_count++);
+      current_.value_ids[static_cast<std::size_t>(slot)] = id;
+    }
+    current_.values[static_cast<std::size_t>(slot)] = value;
+  }
+
+  void set_activity_yielding(bool yielding) noexcept {
+    activity_yielding_.store(yielding, std::memory_order_relaxed);
+  }
+  // Once: the device timer failed, so say so in the log and carry on with the host clock.
+  void report_device_failure();
+
+  // UsageError for an id the phase names never gave out.
+  void check_phase_id(PhaseId id) const {
+    STEPTRACE_CHECK(id < parts_.names->size(), UsageError, "phase id {} was never interned", id);
+  }
+  bool in_step() const noexcept { return in_step_; }
+  bool in_phase() const noexcept { return active_depth_ > 0; }
+  std::int64_t step_index() const noexcept { return step_index_; }
+  // Intervals ended since the last step (run_end's trailing ones).
+  const BetweenSteps& pending() const noexcept { return pending_; }
+  std::int64_t data_inside_step() const noexcept {
+    return data_inside_step_.load(std::memory_order_relaxed);
+  }
+  InflightState& inflight() noexcept { return inflight_; }
+  const InflightState& inflight() const noexcept { return inflight_; }
+  CollectiveTimer& collectives() noexcept { return collectives_; }
+  const CollectiveTimer& collectives() const noexcept { return collectives_; }
+
+ private:
+  static constexpr std::int64_t kUnset = -1;
+
+  std::int64_t unix_ns_at(std::int64_t clock_ns) const noexcept {
+    return parts_.start.unix_ns_at(clock_ns);
+  }
+  void clear_step_values() noexcept {
+    for (std::uint8_t i = 0; i < current_.value_count; ++i) value_slot_[current_.value_ids[i]] = -1;
+    current_.value_count = 0;
+  }
+  // Ends the open interval at `now`: into the step in progress when it began inside it,
+  // else into the next step's account of the gap (pending_).
+  void end_open_interval(std::int64_t now) noexcept;
+  void close_phase(PhaseId id, std::int64_t now) noexcept {
+    const std::int64_t elapsed = now - phase_start_ns_[id];
+    const int slot = slot_of_[id];
+    current_.phase_ns[slot] += elapsed;
+    current_.host_phase_ns[slot] += elapsed;
+    phase_start_ns_[id] = kUnset;
+    if (on_device_) parts_.device->end_phase(static_cast<std::uint16_t>(slot));
+    if (current_.phase_memory) {
+      // A phase that runs again ends later: keep its last level and place.
+      current_.phase_memory_end[slot] = attribution_level();
+      current_.phase_end_order[slot] = static_cast<std::uint8_t>(ended_phases_++);
+    }
+    // Phases usually end innermost first; the explicit API may end them in any order.
+    for (std::size_t i = active_depth_; i-- > 0;) {
+      if (active_[i] == id) {
+        for (std::size_t j = i; j + 1 < active_depth_; ++j) active_[j] = active_[j + 1];
+        --active_depth_;
+        break;
+      }
+    }
+    inflight_.phase.store(active_depth_ > 0 ? active_[active_depth_ - 1] : -1,
+                          std::memory_order_relaxed);
+  }
+
+  // The level phase attribution follows (only for a few steps after a memory_growth
+  // alert); see the definition.
+  std::int64_t attribution_level() noexcept;
+  static void merge(MemorySample& into, const MemorySample& from) noexcept {
+    auto take = [](std::int64_t& a, std::int64_t b) {
+      if (b >= 0) a = b;
+    };
+    take(into.allocated_bytes, from.allocated_bytes);
+    take(into.reserved_bytes, from.reserved_bytes);
+    take(into.peak_bytes, from.peak_bytes);
+    take(into.rss_bytes, from.rss_bytes);
+    take(into.heap_bytes, from.heap_bytes);
+    take(into.device_used_bytes, from.device_used_bytes);
+    take(into.device_total_bytes, from.device_total_bytes);
+  }
+
+  Parts parts_;  // set by bind()
+
+  std::vector<MemorySample> source_samples_;     // each source's last figures
+  std::vector<std::int64_t> source_sampled_ns_;  // and when they were taken
+  StepRecord current_;
+  MemorySample external_memory_;
+  std::array<std::int64_t, kMaxPhases> phase_start_ns_{};  // kUnset: not running
+  std::array<std::int8_t, kMaxPhases> slot_of_{};          // -1: not in current_
+  std::array<std::int8_t, kMaxStepValues> value_slot_{};   // -1: not set for current_
+  std::int64_t step_index_ = 0;
+  std::int64_t step_start_ns_ = 0;
+  std::int64_t last_step_end_ns_ = kUnset;
+  std::int64_t data_begin_ns_ = kUnset;
+  std::int64_t data_accum_ns_ = 0;
+  bool data_wrapped_ = false;
+  BetweenSteps pending_;    // intervals ended since the last step ended
+  int open_interval_ = -1;  // IntervalKind of the open interval, -1: none
+  std::int64_t interval_start_ns_ = 0;
+  bool interval_in_step_ = false;  // the open interval began inside a step
+  bool data_suspended_ = false;    // a data wait was open when the interval began
+  static constexpr std::int64_t kRunQueueInterval = 10'000'000;  // ns between schedstat reads
+  RunQueueReader run_queue_;
+  std::int64_t runq_read_ns_ = kUnset;  // when it was last read, and the figures then
+  SchedStat runq_sched_;
+  std::int64_t runq_steal_ns_ = 0;
+  std::int64_t iteration_ewma_ns_ = 0;  // recent iterations (the gap and the step), smoothed
+  bool data_ignored_ = false;  // begin_data came inside a step: its end_data is ignored too
+  std::atomic<std::int64_t> data_inside_step_{0};  // read by close() on any thread
+  bool in_step_ = false;
+  std::size_t ended_phases_ = 0;              // phases ended in this step, for phase_end_order
+  std::array<PhaseId, kMaxPhases> active_{};  // running phases, innermost last
+  std::size_t active_depth_ = 0;
+
+  InflightState inflight_;       // for the watchdog and the Prometheus scrape
+  CollectiveTimer collectives_;  // any thread: collectives timed from the host
+
+  bool on_device_ = false;  // the step in progress records device events
+  bool device_failure_reported_ = false;
+  std::atomic<bool> activity_yielding_{false};  // another profiler has the activity records
+};
+
+}  // namespace steptrace::detail

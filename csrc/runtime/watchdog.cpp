@@ -1,0 +1,110 @@
+#include "watchdog.hpp"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "../core/alert.hpp"
+#include "../core/detection_stage.hpp"
+#include "../core/detectors.hpp"
+#include "../core/record_pipeline.hpp"
+#include "../core/stack_dump.hpp"
+#include "../core/step_record.hpp"
+#include "steptrace/profiler.hpp"
+
+namespace steptrace::detail {
+
+void Watchdog::start(const Context& context) {
+  context_ = context;
+  auto steal = std::make_unique<StealReader>();
+  if (steal->available()) steal_ = std::move(steal);
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Watchdog::request_stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Watchdog::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Watchdog::abandon() noexcept {
+  if (thread_.joinable()) new std::thread(std::move(thread_));  // NOLINT: leaked
+}
+
+void Watchdog::loop() {
+  const Config& config = *context_.config;
+  const InflightState& inflight = *context_.inflight;
+  HangDetector hang(config);
+  IntervalHangDetector interval_hang(config);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Steal is sampled every 10 ms (its ticks are 10 ms at USER_HZ 100), hangs every 100.
+  const auto period = std::chrono::milliseconds(steal_ ? 10 : 100);
+  const int wakes_per_check = steal_ ? 10 : 1;
+  for (int wake = 0, last = 0; !last; ++wake) {
+    cv_.wait_for(lock, period, [&] { return stop_; });
+    last = stop_ ? 1 : 0;  // one more check at close: a hang resolved just before it
+    lock.unlock();
+    if (steal_) steal_total_ns_.store(steal_->sample(), std::memory_order_relaxed);
+    if (!last && wake % wakes_per_check != 0) {
+      lock.lock();
+      continue;
+    }
+    HangDetector::Poll poll;
+    poll.step = inflight.step.load(std::memory_order_acquire);
+    poll.start_ns = inflight.start_ns.load(std::memory_order_relaxed);
+    const int phase = inflight.phase.load(std::memory_order_relaxed);
+    if (phase >= 0) poll.phase = context_.names->name(static_cast<PhaseId>(phase));
+    poll.last_done_step = inflight.last_done_step.load(std::memory_order_relaxed);
+    poll.last_done_ns = inflight.last_done_ns.load(std::memory_order_relaxed);
+    poll.median_ms = context_.detection->median_ms();
+    poll.history_ok = context_.detection->history_ok();
+    poll.closing = last;
+    poll.now_ns = context_.clock->now_ns();
+    IntervalHangDetector::Poll in_interval;
+    in_interval.now_ns = poll.now_ns;
+    in_interval.kind = inflight.interval.load(std::memory_order_acquire);
+    if (in_interval.kind >= 0) {
+      in_interval.start_ns = inflight.interval_start_ns.load(std::memory_order_relaxed);
+      in_interval.step = inflight.interval_step.load(std::memory_order_relaxed);
+      in_interval.seq = inflight.interval_seq.load(std::memory_order_relaxed);
+      in_interval.longest_earlier_ns =
+          inflight.longest_interval_ns[static_cast<std::size_t>(in_interval.kind)].load(
+              std::memory_order_relaxed);
+    }
+    in_interval.closing = last;
+    // An interval inside the step in flight is not training work: the step's hang clock
+    // stops while it runs (interval_hang watches it) and leaves its time out afterwards.
+    if (in_interval.kind >= 0) poll.step = -1;
+    poll.start_ns += inflight.excluded_ns.load(std::memory_order_relaxed);
+    for (auto event : {hang.check(poll), interval_hang.check(in_interval)}) {
+      if (!event) continue;
+      event->unix_ns = context_.start.unix_ns_at(poll.now_ns);
+      if (!event->resolved) {
+        // Where every thread is: from the armed signal handler (faulthandler; no GIL, so
+        // also while the hung thread holds it), else from Python if it answers in 2 s.
+        std::string stacks = dump_stacks();
+        const char* source = "faulthandler";
+        if (stacks.empty()) {
+          stacks = context_.alerts->request_stacks(2000);
+          source = "python";
+        }
+        event->details["stacks"] =
+            stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(stacks);
+        event->details["stacks_source"] =
+            stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(source);
+      }
+      const std::string line = alert_json_line(*event, config.rank);
+      context_.writer->push_line_now(line);
+      context_.alerts->publish(*event, line);
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace steptrace::detail

@@ -1,0 +1,88 @@
+// The watchdog thread: hang and interval-hang detection from what the training thread
+// publishes (InflightState), and the host steal counter, sampled off the training thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "../core/host_steal.hpp"
+#include "run_environment.hpp"
+#include "steptrace/backend.hpp"
+#include "steptrace/config.hpp"
+#include "steptrace/interval.hpp"
+
+namespace steptrace {
+namespace detail {
+
+class AlertLog;
+class DetectionStage;
+class PhaseNames;
+class RecordPipeline;
+
+// What the training thread publishes about the step and interval it is in. Written only by
+// the training thread; read by the watchdog and by the Prometheus scrape thread.
+struct InflightState {
+  std::atomic<std::int64_t> step{-1};
+  std::atomic<std::int64_t> start_ns{0};
+  std::atomic<std::int64_t> excluded_ns{0};  // intervals inside the step in flight
+  std::atomic<int> phase{-1};
+  std::atomic<std::int64_t> last_done_step{-1};  // the last step that ended, and its host time
+  std::atomic<std::int64_t> last_done_ns{0};
+  std::atomic<int> interval{-1};  // IntervalKind of the open interval, -1: none
+  std::atomic<std::int64_t> interval_start_ns{0};
+  std::atomic<std::int64_t> interval_step{0};
+  std::atomic<std::int64_t> interval_seq{0};
+  std::array<std::atomic<std::int64_t>, kIntervalKinds> longest_interval_ns{};  // by kind
+};
+
+class Watchdog {
+ public:
+  // What the thread reads and writes to; all of it outlives the thread (stop() joins it).
+  struct Context {
+    const Config* config = nullptr;
+    const PhaseNames* names = nullptr;
+    const InflightState* inflight = nullptr;
+    DetectionStage* detection = nullptr;
+    AlertLog* alerts = nullptr;
+    RecordPipeline* writer = nullptr;
+    Clock* clock = nullptr;
+    ClockMapping start;
+  };
+
+  Watchdog() = default;
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // Starts the thread; it also samples steal where the host reports any.
+  void start(const Context& context);
+  // The thread makes one more check (a hang resolved just before the close) and ends.
+  void request_stop();
+  void join();
+  // A forked child: the thread is the parent's; leak it rather than join it.
+  void abandon() noexcept;
+
+  // Training thread: whether steal is sampled, and the latest total (ns).
+  bool samples_steal() const noexcept { return steal_ != nullptr; }
+  std::int64_t steal_total_ns() const noexcept {
+    return steal_total_ns_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  void loop();
+
+  Context context_;
+  std::unique_ptr<StealReader> steal_;           // null: no steal to sample (bare metal)
+  std::atomic<std::int64_t> steal_total_ns_{0};  // the latest StealReader::sample
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace detail
+}  // namespace steptrace
