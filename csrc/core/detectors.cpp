@@ -125,6 +125,15 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
   }
   if (stall) limit = std::max(limit, config_.regression_threshold * noise.p95_ms);
   const double ratio = iteration_ms / median;
+  // Blocked in a collective for most of the excess: a peer was late, not this rank's model.
+  const double blocked_ms = static_cast<double>(r.comm.exposed_ns) / kNsPerMs;
+  const bool waited = r.comm.count > 0 && blocked_ms >= 0.5 * (iteration_ms - median);
+  const std::string advice =
+      waited ? fmt::format("it waited {:.2f} ms of it in a collective after its last launch: "
+                           "another rank was late (see the cluster view: straggler, "
+                           "rank_silent), not this rank's model",
+                           blocked_ms)
+             : std::string(advice_for(*grew.name));
 
   AlertEvent a;
   a.type = stall ? "stall" : "step_regression";
@@ -138,7 +147,7 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
       "{:.2f} ms, limit {:.2f} ms){}; {} grew most ({:.2f} ms vs its median {:.2f} ms): {}",
       r.step, ratio, iteration_ms, median, iteration_.size(), noise.sigma_ms, limit,
       slow_streak_ > 1 ? fmt::format(", slow since step {}", streak_start_) : "", *grew.name,
-      grew.ms, grew.median_ms, advice_for(*grew.name));
+      grew.ms, grew.median_ms, advice);
   a.details = {{"ratio", ratio},
                {"ratio_threshold", ratio_threshold},
                {"noise_ms", noise.sigma_ms},
@@ -149,7 +158,9 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
                {"phase_median_ms", grew.median_ms},
                {"window_steps", iteration_.size()},
                {"slow_steps_needed", stall ? 1 : regression_steps(median)},
-               {"slow_since_step", stall && level_ == 0 ? r.step : streak_start_}};
+               {"slow_since_step", stall && level_ == 0 ? r.step : streak_start_},
+               {"comm_blocked_ms", r.comm.count > 0 ? nlohmann::ordered_json(blocked_ms)
+                                                    : nlohmann::ordered_json()}};
   return a;
 }
 
@@ -678,15 +689,26 @@ std::optional<AlertEvent> HangDetector::check(const Poll& p) {
   if (p.history_ok) a.baseline = p.median_ms;
   a.threshold = limit_s * 1e3;
   a.phase = p.phase;
+  // A step stuck with a collective outstanding is most often waiting for a peer that stopped:
+  // the rank to look at is that one (rank 0's rank_silent names it), not this one's model.
+  const std::string waiting =
+      p.collectives_in_flight > 0
+          ? fmt::format("; {} collective{} outstanding: most likely waiting for another rank "
+                        "that stopped (the cluster view's rank_silent names it)",
+                        p.collectives_in_flight, p.collectives_in_flight == 1 ? " is" : "s are")
+          : "";
   a.message = fmt::format(
-      "step {} has been running for {:.1f} s{} (limit {:.1f} s{}) and may be hung: see "
+      "step {} has been running for {:.1f} s{} (limit {:.1f} s{}) and may be hung{}: see "
       "details.stacks for where each thread is",
       p.step, elapsed_s, p.phase.empty() ? "" : fmt::format(" in phase {}", p.phase), limit_s,
       p.history_ok ? fmt::format(", {}x the median iteration of {:.2f} ms", config_.hang_threshold,
                                  p.median_ms)
-                   : " before enough history");
-  a.details = {
-      {"elapsed_s", elapsed_s}, {"limit_s", limit_s}, {"hang_threshold", config_.hang_threshold}};
+                   : " before enough history",
+      waiting);
+  a.details = {{"elapsed_s", elapsed_s},
+               {"limit_s", limit_s},
+               {"hang_threshold", config_.hang_threshold},
+               {"collectives_in_flight", p.collectives_in_flight}};
   return a;
 }
 

@@ -216,7 +216,8 @@ class HangDetector {
     std::int64_t last_done_ns = 0;
     double median_ms = 0;
     bool history_ok = false;
-    bool closing = false;  // the run ends: resolve what is open
+    bool closing = false;           // the run ends: resolve what is open
+    int collectives_in_flight = 0;  // launched and not completed (host-timed collectives)
   };
   std::optional<AlertEvent> check(const Poll& p);
 

@@ -118,7 +118,7 @@ class ProfilerImpl final : public SignalClosable {
                     &watchdog_, start_});
     if (config_.detect) {
       watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
-                       writer_.get(), clock_.get(), start_});
+                       writer_.get(), clock_.get(), start_, &recorder_.collectives()});
     }
     owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     register_for_signal(this);

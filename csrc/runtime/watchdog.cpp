@@ -66,6 +66,7 @@ void Watchdog::loop() {
     poll.history_ok = context_.detection->history_ok();
     poll.closing = last;
     poll.now_ns = context_.clock->now_ns();
+    if (context_.collectives != nullptr) poll.collectives_in_flight = context_.collectives->in_flight();
     IntervalHangDetector::Poll in_interval;
     in_interval.now_ns = poll.now_ns;
     in_interval.kind = inflight.interval.load(std::memory_order_acquire);

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../core/collective_timer.hpp"
 #include "../core/host_steal.hpp"
 #include "run_environment.hpp"
 #include "steptrace/backend.hpp"
@@ -52,6 +53,7 @@ class Watchdog {
     RecordPipeline* writer = nullptr;
     Clock* clock = nullptr;
     ClockMapping start;
+    const CollectiveTimer* collectives = nullptr;  // a hung step waiting in one says so
   };
 
   Watchdog() = default;

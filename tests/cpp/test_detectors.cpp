@@ -686,6 +686,47 @@ TEST(HangDetector, FloorBeforeHistoryThenRatio) {
 }
 
 // A slow stretch of twelve steps, each over the limit, is one hang episode.
+// A rank whose step hangs with a collective outstanding waits for a peer: its own hang
+// alert says so (rank 0's rank_silent names the peer), instead of blaming itself.
+TEST(HangDetector, AHangInACollectiveSaysItWaitsForAnotherRank) {
+  Config config;
+  config.hang_floor_s = 10;
+  HangDetector h(config);
+  auto p = poll_at(11 * kS, 3, 0);
+  p.collectives_in_flight = 1;
+  auto a = h.check(p);
+  ASSERT_TRUE(a);
+  EXPECT_NE(a->message.find("1 collective is outstanding: most likely waiting for another rank"),
+            std::string::npos)
+      << a->message;
+  EXPECT_EQ(a->details["collectives_in_flight"].get<int>(), 1);
+  HangDetector alone(config);
+  auto b = alone.check(poll_at(11 * kS, 3, 0));
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->message.find("another rank"), std::string::npos);
+}
+
+// A stall whose excess is time blocked in a collective (after the rank's last launch) is a
+// peer being late: the alert says so instead of "backward grew: check for gradient
+// communication".
+TEST(SlowStepDetector, AStallSpentWaitingInACollectiveNamesTheWaitNotThePhase) {
+  Timeline t;
+  SlowStepDetector d(t.config, t.names);
+  Events events;
+  for (int i = 0; i < 40; ++i) d.observe(t.step(i, 1, 4, 5), events);
+  StepRecord r = t.step(40, 1, 4, 2005);  // backward blocked 2 s in DDP's all-reduce
+  r.comm.count = 1;
+  r.comm.busy_ns = 2000 * kMs;
+  r.comm.exposed_ns = 1999 * kMs;
+  d.observe(r, events);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "stall");
+  EXPECT_NE(events[0].message.find("waited 1999.00 ms of it in a collective"), std::string::npos)
+      << events[0].message;
+  EXPECT_EQ(events[0].message.find("check for gradient communication"), std::string::npos);
+  EXPECT_DOUBLE_EQ(events[0].details["comm_blocked_ms"].get<double>(), 1999.0);
+}
+
 TEST(HangDetector, ConsecutiveHungStepsAreOneEpisode) {
   Config config;
   config.hang_min_s = 1;
