@@ -51,6 +51,32 @@ def run_windows(ranks: dict[int, dict], windows: int, interval: int = 50, option
     return analyzer, out
 
 
+def untimed(records: list[dict]) -> list[dict]:
+    """The same records as a rank writes when communication is not timed (no comm)."""
+    return [{k: v for k, v in r.items() if k != "comm"} for r in records]
+
+
+def run_untimed_windows(ranks: dict[int, dict], windows: int, interval: int = 50):
+    analyzer = ClusterAnalyzer({**CLUSTER_OPTIONS, "cluster_interval": interval})
+    return [analyzer.window({r: window_summary(r, w, untimed(steps(r, w * interval, interval, **kw)))
+                             for r, kw in ranks.items()}) for w in range(windows)]
+
+
+def test_without_comm_timing_a_straggler_is_named_from_its_phases_with_lower_confidence():
+    # rank 2's forward takes 30 ms more; the others wait that long in backward's all-reduce,
+    # so every rank's step time is the same
+    ranks = {0: {"wait": 30.0}, 1: {"wait": 30.0}, 2: {"forward": 50.0}, 3: {"wait": 30.0}}
+    out = run_untimed_windows(ranks, 3)
+    assert all(record["method"] is None for record, _ in out)
+    alerts = [a for _, found in out for a in found if a["kind"] == "alert"]
+    assert [(a["type"], a["subject_rank"], a["phase"]) for a in alerts] == [("straggler", 2, "forward")]
+    assert alerts[0]["details"]["confidence"] == "low" and alerts[0]["details"]["others_wait_ms"] >= 29.0
+    assert "lower confidence: communication was not timed" in alerts[0]["message"]
+    # a rank whose forward is slower with nobody waiting for it (no collective): no verdict
+    out = run_untimed_windows({0: {}, 1: {}, 2: {"forward": 50.0}}, 3)
+    assert [a for _, found in out for a in found if a["kind"] == "alert"] == []
+
+
 def test_window_summary_takes_blocked_time_out_of_its_phase():
     s = window_summary(0, 0, steps(0, 0, 10, forward=20.0, wait=6.0, comm=1.0))
     assert s["phases_ms"]["backward"] == pytest.approx(2.0)  # 9 ms measured, 7 ms of it blocked
@@ -243,6 +269,16 @@ def test_live_straggler_rank_named_on_rank0_and_by_the_cli(tmp_path, capsys):
     per_rank = steptrace.load(tmp_path).per_rank  # the same table for pandas
     assert list(per_rank.index) == [0, 1]
     assert per_rank.loc[1, "straggler_pct"] > 10 and per_rank.loc[0, "wait_ms"] > per_rank.loc[1, "wait_ms"]
+
+
+def test_live_straggler_named_from_phases_when_communication_is_not_timed(tmp_path, capsys):
+    torchrun(tmp_path, "--straggler-rank", "1", "--straggler-pct", "60", "--no-comm-timing")
+    rank0 = tmp_path / "rank0.jsonl"
+    assert all("comm" not in s for s in records_of(rank0, "step"))
+    alerts = [a for a in records_of(rank0, "alert") if a["type"] == "straggler"]
+    assert [(a["subject_rank"], a["phase"], a["details"]["confidence"]) for a in alerts] == [(1, "forward", "low")]
+    assert cli(["cluster", str(tmp_path)]) == 0
+    assert "communication timed by: nothing" in capsys.readouterr().out
 
 
 def test_live_slow_loader_named_with_phase_data(tmp_path):

@@ -94,17 +94,37 @@ class ClusterAnalyzer:
         others_comm = _medians_without_each({row["rank"]: row["comm_ms"] for row in rows})
         slower_phase = self._slower_phases(s)
 
-        # straggler: own work (compute + data, not waiting) above the others' median
+        # straggler: own work (compute + data, not waiting) above the others' median. Where
+        # communication was not timed, every rank's step includes the wait, so step times
+        # agree: then a rank is named from its phases, with lower confidence, when one of its
+        # phases runs above the others' and they show the matching wait in another phase.
+        inferred = record["method"] is None
+        others_step = _medians_without_each({r: s[r]["step_ms"] for r in ranks})
         for row in rows:
             r = row["rank"]
             other_own = others_own[r]
             excess = row["own_ms"] - other_own if other_own is not None else 0.0
-            hit = (other_own is not None and row["straggler_pct"] is not None
-                   and row["straggler_pct"] > o["straggler_pct"] and excess > o["straggler_min_ms"])
+            phase, phase_excess, others_wait = slower_phase(r)
+            if inferred:
+                base_step = others_step[r]
+                excess = phase_excess
+                pct = 100.0 * phase_excess / base_step if base_step else None
+                hit = (pct is not None and pct > o["straggler_pct"] and phase_excess > o["straggler_min_ms"]
+                       and others_wait >= 0.5 * phase_excess)
+            else:
+                pct = row["straggler_pct"]
+                hit = (other_own is not None and pct is not None
+                       and pct > o["straggler_pct"] and excess > o["straggler_min_ms"])
             if hit:
                 record["stragglers"].append(r)
-            phase, phase_excess = slower_phase(r)
             advice = _PHASE_ADVICE.get(phase, _COMPUTE_ADVICE)
+            if inferred:
+                alerts += self._episodes.update(
+                    "straggler", r, hit, step, o["straggler_windows"], unix_ns,
+                    lambda: self._inferred_straggler(row, phase, phase_excess, others_wait, others_step[r],
+                                                     pct, advice),
+                    f"rank {r} no longer a straggler")
+                continue
             alerts += self._episodes.update(
                 "straggler", r, hit, step, o["straggler_windows"], unix_ns,
                 lambda: {"value": row["own_ms"], "baseline": other_own,
@@ -218,15 +238,34 @@ class ClusterAnalyzer:
             record["temp_delta_c"] = deltas
         return alerts
 
-    def _slower_phases(self, s: Mapping[int, Mapping[str, Any]]) -> Callable[[int], tuple[str, float]]:
-        """``_slower_phase`` for every rank, in O(phases x n log n) for all: each phase's
-        median over the other ranks comes from one sort (a phase a rank lacks counts as 0)."""
+    def _inferred_straggler(self, row: Mapping[str, Any], phase: str, excess: float, others_wait: float,
+                            others_step: float, pct: float, advice: str) -> dict:
+        """The straggler alert named from phases alone (communication not timed)."""
+        r = row["rank"]
+        return {"value": round(excess, 4), "baseline": others_step,
+                "threshold": round(others_step * self.options["straggler_pct"] / 100.0, 4), "phase": phase,
+                "message": (f"rank {r} (host {row['host'] or '?'}) is likely a straggler: its {phase} runs "
+                            f"{excess:.1f} ms above the other ranks' ({pct:.0f}% of their step), and they "
+                            f"spend {others_wait:.1f} ms more than it in another phase, waiting for it at the "
+                            f"collective; lower confidence: communication was not timed (comm_timing, "
+                            f"docs/distributed.md): {advice}"),
+                "details": {"host": row["host"], "excess_pct": round(pct, 2), "excess_ms": round(excess, 3),
+                            "phase_excess_ms": round(excess, 3), "others_wait_ms": round(others_wait, 3),
+                            "confidence": "low", "from": "phases",
+                            "windows": self.options["straggler_windows"], "advice": advice}}
+
+    def _slower_phases(self, s: Mapping[int, Mapping[str, Any]]) -> Callable[[int], tuple[str, float, float]]:
+        """For every rank: the phase (data included) that runs longest above the other ranks'
+        median, that excess, and the matching wait: the most the other ranks spend above
+        this rank in a later phase of the step (where they wait for it at the collective). In
+        O(phases x n log n) for all: each phase's median over the other ranks comes from one
+        sort (a phase a rank lacks counts as 0)."""
         names = {n for x in s.values() for n in (x.get("phases_ms") or {})} - {"data"}
         base = {n: _medians_without_each({q: (x.get("phases_ms") or {}).get(n, 0.0) for q, x in s.items()})
                 for n in names}
         base["data"] = _medians_without_each({q: x.get("data_ms") or 0.0 for q, x in s.items()})
 
-        def slower(r: int) -> tuple[str, float]:
+        def slower(r: int) -> tuple[str, float, float]:
             mine = dict(s[r].get("phases_ms") or {})
             mine["data"] = s[r].get("data_ms") or 0.0
             best, best_excess = "compute", 0.0
@@ -234,7 +273,14 @@ class ClusterAnalyzer:
                 b = base[name][r]
                 if b is not None and value - b > best_excess:
                     best, best_excess = name, value - b
-            return best, best_excess
+            # the wait comes after its cause, at the collective: only a later phase counts
+            # (so the waiting ranks, whose wait phase runs long, are not named in its place)
+            order = {n: i for i, n in enumerate(s[r].get("phases_ms") or {})}
+            order["data"] = -1
+            at = order.get(best, len(order))
+            others_wait = max((base[n][r] - mine.get(n, 0.0) for n in base
+                               if order.get(n, -2) > at and base[n][r] is not None), default=0.0)
+            return best, best_excess, max(0.0, others_wait)
 
         return slower
 

@@ -76,9 +76,9 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
     gap_ms = [d + float(s.get("other_ms", 0.0)) for s, d in zip(ok, data_ms)]
     methods = {sp["method"] for sp in splits}
     method = methods.pop() if len(methods) == 1 else ("mixed" if methods - {None} else None)
-    names: set[str] = set()
+    names: dict[str, None] = {}  # in the order the steps run them (the rules use it)
     for sp in splits:
-        names.update(sp["phases"])
+        names.update(dict.fromkeys(sp["phases"]))
     summary: dict[str, Any] = {
         "rank": rank, "host": host, "window": window,
         "first_step": int(ok[0]["step"]), "last_step": int(ok[-1]["step"]), "steps": len(ok),
@@ -88,7 +88,7 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
         "comm_ms": _median(sp["comm_ms"] for sp in splits),
         "exposed_ms": _median(sp["exposed_ms"] for sp in splits),
         "method": method,
-        "phases_ms": {n: _median(sp["phases"].get(n, 0.0) for sp in splits) for n in sorted(names)},
+        "phases_ms": {n: _median(sp["phases"].get(n, 0.0) for sp in splits) for n in names},
     }
     memory = [max(int(m.get(k, 0) or 0) for k in ("peak_bytes", "allocated_bytes", "rss_bytes"))
               for m in (s.get("memory") or {} for s in ok)]
