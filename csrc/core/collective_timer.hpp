@@ -24,9 +24,13 @@ class CollectiveTimer {
   /// `phase` (an interned phase id, -1: none) open on the training thread. `host_blocked`
   /// false: the host did not wait for it (its work ran on the device while the host went
   /// on): outstanding time only, never blocked time.
-  void end(std::int64_t begin_ns, std::int64_t now_ns, int phase,
-           bool host_blocked = true) noexcept {
+  void end(std::int64_t begin_ns, std::int64_t now_ns, int phase, bool host_blocked = true,
+           std::int64_t bytes = 0, std::int64_t bus_bytes = 0) noexcept {
     busy_sum_ns_.fetch_add(std::max<std::int64_t>(0, now_ns - begin_ns), std::memory_order_relaxed);
+    if (bytes > 0) {
+      bytes_.fetch_add(bytes, std::memory_order_relaxed);
+      bus_bytes_.fetch_add(bus_bytes, std::memory_order_relaxed);
+    }
     store_max(last_end_ns_, now_ns);
     if (host_blocked && store_max(last_blocking_end_ns_, now_ns)) {
       end_phase_.store(phase, std::memory_order_relaxed);
@@ -50,6 +54,8 @@ class CollectiveTimer {
     const std::int64_t blocking_end =
         last_blocking_end_ns_.exchange(-kNone, std::memory_order_relaxed);
     s.exposed_phase = end_phase_.exchange(-1, std::memory_order_relaxed);
+    s.bytes = bytes_.exchange(0, std::memory_order_relaxed);
+    s.bus_bytes = bus_bytes_.exchange(0, std::memory_order_relaxed);
     // Overlapping collectives (queued buckets) count once: the outstanding time is at
     // most the span from the first launch to the last completion.
     s.busy_ns = first <= last_end ? std::min(sum, last_end - first) : sum;
@@ -81,6 +87,8 @@ class CollectiveTimer {
   std::atomic<std::int64_t> last_end_ns_{-kNone};
   std::atomic<std::int64_t> last_blocking_end_ns_{-kNone};  // of those the host waited for
   std::atomic<int> end_phase_{-1};
+  std::atomic<std::int64_t> bytes_{0};      // payload of the collectives completed (nccl-tests' S)
+  std::atomic<std::int64_t> bus_bytes_{0};  // the same times their bus factors
 };
 
 }  // namespace steptrace::detail

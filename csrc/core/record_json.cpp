@@ -62,6 +62,12 @@ void append_comm(fmt::memory_buffer& out, const StepRecord& r, const PhaseNames&
   out.append(std::string_view(",\"compute_ms\":"));
   append_ms(out, std::max<std::int64_t>(0, r.host_ns - c.exposed_ns));
   fmt::format_to(std::back_inserter(out), ",\"collectives\":{}", c.count);
+  if (c.bytes > 0 && c.busy_ns > 0) {  // bytes per ns are GB/s
+    const double ns = static_cast<double>(c.busy_ns);
+    fmt::format_to(std::back_inserter(out),
+                   ",\"bytes\":{},\"algbw_gbps\":{:.6g},\"busbw_gbps\":{:.6g}", c.bytes,
+                   static_cast<double>(c.bytes) / ns, static_cast<double>(c.bus_bytes) / ns);
+  }
   if (c.exposed_phase >= 0 && static_cast<std::size_t>(c.exposed_phase) < names.size()) {
     out.append(std::string_view(",\"exposed_in\":"));
     const std::string& key = names.json_key(static_cast<std::uint16_t>(c.exposed_phase));

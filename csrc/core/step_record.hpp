@@ -40,6 +40,8 @@ struct CommStats {
   std::int64_t busy_ns = 0;     // time with a collective outstanding
   std::int64_t exposed_ns = 0;  // from the last launch to the last completion: blocked
   int exposed_phase = -1;       // phase id open when the last one completed (-1: none)
+  std::int64_t bytes = 0;       // their payload (nccl-tests' S); 0: unknown
+  std::int64_t bus_bytes = 0;   // the same times each one's bus factor
 };
 
 /// Hardware counters averaged over one step; NaN where not measured.

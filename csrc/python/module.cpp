@@ -883,10 +883,12 @@ PYBIND11_MODULE(_core, m) {
       .def("collective_begin", [](PyProfiler& p) { return p.core().collective_begin(); })
       .def(
           "collective_end",
-          [](PyProfiler& p, std::int64_t token, bool host_blocked) {
-            p.core().collective_end(token, host_blocked);
+          [](PyProfiler& p, std::int64_t token, bool host_blocked, std::int64_t bytes,
+             std::int64_t bus_bytes) {
+            p.core().collective_end(token, host_blocked, bytes, bus_bytes);
           },
-          py::arg("token"), py::arg("host_blocked") = true)
+          py::arg("token"), py::arg("host_blocked") = true, py::arg("bytes") = 0,
+          py::arg("bus_bytes") = 0)
       .def_property_readonly("collectives_in_flight",
                              [](PyProfiler& p) { return p.core().collectives_in_flight(); })
       .def_property_readonly("current_phase",

@@ -360,10 +360,11 @@ class ProfilerImpl final : public SignalClosable {
     recorder_.collectives().begin(now);
     return now;
   }
-  void collective_end(std::int64_t begin_ns, bool host_blocked) noexcept {
+  void collective_end(std::int64_t begin_ns, bool host_blocked, std::int64_t bytes,
+                      std::int64_t bus_bytes) noexcept {
     recorder_.collectives().end(begin_ns, clock_->now_ns(),
                                 recorder_.inflight().phase.load(std::memory_order_relaxed),
-                                host_blocked);
+                                host_blocked, bytes, bus_bytes);
   }
   int collectives_in_flight() const noexcept { return recorder_.collectives().in_flight(); }
   std::string current_phase() const {
@@ -669,8 +670,9 @@ const std::string& Profiler::log_path() const noexcept { return impl_->log_path(
 int Profiler::metrics_port() const noexcept { return impl_->metrics_port(); }
 const Config& Profiler::config() const noexcept { return impl_->config(); }
 std::int64_t Profiler::collective_begin() noexcept { return impl_->collective_begin(); }
-void Profiler::collective_end(std::int64_t begin_token, bool host_blocked) noexcept {
-  impl_->collective_end(begin_token, host_blocked);
+void Profiler::collective_end(std::int64_t begin_token, bool host_blocked, std::int64_t bytes,
+                              std::int64_t bus_bytes) noexcept {
+  impl_->collective_end(begin_token, host_blocked, bytes, bus_bytes);
 }
 int Profiler::collectives_in_flight() const noexcept { return impl_->collectives_in_flight(); }
 std::string Profiler::current_phase() const { return impl_->current_phase(); }

@@ -248,8 +248,13 @@ class STEPTRACE_API Profiler {
   /// `host_blocked` false: the host did not wait for this one (a backend whose work
   /// completes on the device while the host goes on, as NCCL's): it counts as outstanding
   /// time, never as blocked. It counts in the step in progress when it completes.
+  /// `bytes`: its payload as nccl-tests counts it (the size S of algbw = S / t), and
+  /// `bus_bytes` the same times its bus factor (all-reduce 2(n-1)/n; all-gather,
+  /// reduce-scatter, all-to-all (n-1)/n; broadcast 1), so the step gets its algorithm and
+  /// bus bandwidth; 0 where unknown.
   std::int64_t collective_begin() noexcept;
-  void collective_end(std::int64_t begin_token, bool host_blocked = true) noexcept;
+  void collective_end(std::int64_t begin_token, bool host_blocked = true, std::int64_t bytes = 0,
+                      std::int64_t bus_bytes = 0) noexcept;
   /// Collectives begun and not yet ended. Any thread.
   int collectives_in_flight() const noexcept;
   /// The innermost phase in progress ("" outside phases). Any thread.

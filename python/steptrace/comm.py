@@ -60,8 +60,60 @@ def _async_index(original: Callable[..., Any]) -> int:
     return names.index("async_op") if "async_op" in names else -1
 
 
+# nccl-tests' bus factors (doc/PERFORMANCE.md: busbw = algbw x factor), by the size of the
+# group n, for the collectives whose payload S is known: the argument that holds S, and
+# whether it is a list (summed) or one tensor given per rank (times n).
+def _all_reduce_factor(n: int) -> float:
+    return 2.0 * (n - 1) / n
+
+
+def _gather_factor(n: int) -> float:
+    return (n - 1) / n
+
+
+_PAYLOAD = {
+    "all_reduce": ("tensor", "one", _all_reduce_factor),
+    "all_gather_into_tensor": ("output_tensor", "one", _gather_factor),
+    "all_gather": ("tensor", "per_rank", _gather_factor),
+    "reduce_scatter_tensor": ("input", "one", _gather_factor),
+    "reduce_scatter": ("input_list", "list", _gather_factor),
+    "all_to_all_single": ("input", "one", _gather_factor),
+    "all_to_all": ("input_tensor_list", "list", _gather_factor),
+    "broadcast": ("tensor", "one", lambda n: 1.0),
+    "reduce": ("tensor", "one", lambda n: 1.0),
+}
+
+
+def _nbytes(t: Any) -> int:
+    return int(t.numel()) * int(t.element_size())
+
+
+def payload(name: str, sig: Optional[inspect.Signature], args: tuple, kwargs: dict) -> tuple[int, int]:
+    """(S, S x bus factor) of one collective call, as nccl-tests counts them; (0, 0) where
+    unknown."""
+    spec = _PAYLOAD.get(name)
+    if spec is None or sig is None:
+        return 0, 0
+    try:
+        bound = sig.bind_partial(*args, **kwargs).arguments
+        import torch.distributed as dist
+
+        n = dist.get_world_size(bound.get("group"))
+        held = bound[spec[0]]
+        size = (sum(_nbytes(t) for t in held) if spec[1] == "list"
+                else _nbytes(held) * (n if spec[1] == "per_rank" else 1))
+    except Exception:  # noqa: BLE001 - an odd call: its size is simply unknown
+        return 0, 0
+    return size, int(size * spec[2](n)) if n > 1 else 0
+
+
 def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
     index = _async_index(original)
+    name = original.__name__
+    try:
+        sig: Optional[inspect.Signature] = inspect.signature(original)
+    except (TypeError, ValueError):
+        sig = None
 
     @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
@@ -74,7 +126,7 @@ def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
         else:
             async_op = bool(kwargs.get("async_op", False))
             kwargs["async_op"] = True
-        work = timing.launch(original, args, kwargs)
+        work = timing.launch(original, args, kwargs, payload(name, sig, args, kwargs))
         if async_op or work is None:
             return work
         work.wait()  # what the synchronous call does (on NCCL: the current stream waits)
@@ -112,12 +164,13 @@ class _CompletionPoller:
     def __init__(self, end: Callable[[int, bool], None]) -> None:
         self._end = end
         self._cond = threading.Condition()
-        self._pending: list[tuple] = []  # (token, work, host_blocked, result future or None, value)
+        self._pending: list[tuple] = []  # (token, work, host_blocked, result or None, value, size)
         self._stop = False
         self._thread: Optional[threading.Thread] = None
 
-    def add(self, token: int, work: Any, host_blocked: bool, result: Any = None, value: Any = None) -> None:
-        item = (token, work, host_blocked, result, value)
+    def add(self, token: int, work: Any, host_blocked: bool, size: tuple[int, int] = (0, 0),
+            result: Any = None, value: Any = None) -> None:
+        item = (token, work, host_blocked, result, value, size)
         with self._cond:
             if not self._stop:
                 self._pending.append(item)
@@ -129,8 +182,8 @@ class _CompletionPoller:
         self._finish(item, wait=True)
 
     def _finish(self, item: tuple, wait: bool) -> None:
-        token, work, host_blocked, result, value = item
-        self._end(token, host_blocked)
+        token, work, host_blocked, result, value, size = item
+        self._end(token, host_blocked, *size)
         if result is None:
             return
         try:
@@ -220,7 +273,8 @@ class CollectiveTiming:
                     _unpatch_collectives()
         self._ddp.uninstall()
 
-    def launch(self, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def launch(self, original: Callable[..., Any], args: tuple, kwargs: dict,
+               size: tuple[int, int] = (0, 0)) -> Any:
         """Calls ``original`` (with ``async_op=True``) and times its work to completion."""
         token = self._begin()
         try:
@@ -235,16 +289,16 @@ class CollectiveTiming:
             fut = work.get_future()
         except Exception:  # noqa: BLE001 - a backend without futures: as a blocking one
             fut = None
-        self._track(token, work, fut)
+        self._track(token, work, fut, size)
         return work
 
-    def _track(self, token: int, work: Any, fut: Any) -> None:
+    def _track(self, token: int, work: Any, fut: Any, size: tuple[int, int]) -> None:
         try:
             completed = work.is_completed()
         except Exception:  # noqa: BLE001 - an aborted group: the work is over
             completed = True
         if completed:
-            self._end(token)
+            self._end(token, True, *size)
             return
         # a future complete before its work is: the host does not wait for it (NCCL)
         host_blocked = fut is None or not fut.done()
@@ -252,7 +306,7 @@ class CollectiveTiming:
             self.by_future += 1
         else:
             self.polled += 1
-        self._poller.add(token, work, host_blocked)
+        self._poller.add(token, work, host_blocked, size)
 
     def reduce_bucket(self, all_reduce: Callable[..., Any], tensor: Any, group: Any) -> Any:
         """A DDP bucket's all-reduce, timed, and the future DDP waits for. Where the
@@ -269,12 +323,14 @@ class CollectiveTiming:
         except BaseException:
             self._end(token)
             raise
+        n = group.size()
+        size = (_nbytes(tensor), int(_nbytes(tensor) * _all_reduce_factor(n)) if n > 1 else 0)
         if fut.done():
-            self._track(token, work, fut)
+            self._track(token, work, fut, size)
             return fut.then(_first_tensor)
         self.by_future += 1
         result = torch.futures.Future()
-        self._poller.add(token, work, True, result, tensor)
+        self._poller.add(token, work, True, size, result, tensor)
         return result
 
     def describe(self) -> str:

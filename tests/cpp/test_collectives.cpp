@@ -106,6 +106,32 @@ TEST(Collectives, AStepGetsTheCommOfCollectivesCompletedOnAnotherThread) {
   EXPECT_EQ(comm.at("exposed_in"), "backward");
 }
 
+// nccl-tests' bandwidths (doc/PERFORMANCE.md): algbw = S / t, busbw = algbw x the bus
+// factor (all-reduce on 4 ranks: 2 x 3 / 4 = 1.5); t here is the step's outstanding time.
+TEST(Collectives, AStepWithSizedCollectivesGetsAlgorithmAndBusBandwidth) {
+  TempDir tmp;
+  FakeClockRun run(tmp);
+  Profiler& p = *run.prof;
+  {
+    auto step = p.step();
+    const std::int64_t token = p.collective_begin();
+    run.clock->advance(4 * kMs);  // 100 MB in 4 ms: 25 GB/s
+    p.collective_end(token, /*host_blocked=*/true, 100'000'000, 150'000'000);
+  }
+  {
+    auto step = p.step();
+    p.collective_end(p.collective_begin());  // a size nobody knows: no bandwidth
+  }
+  p.close();
+  const auto steps = of_kind(read_jsonl(p.log_path()), "step");
+  ASSERT_EQ(steps.size(), 2u);
+  const auto& comm = steps[0].at("comm");
+  EXPECT_EQ(comm.at("bytes"), 100'000'000);
+  EXPECT_DOUBLE_EQ(comm.at("algbw_gbps").get<double>(), 25.0);
+  EXPECT_DOUBLE_EQ(comm.at("busbw_gbps").get<double>(), 37.5);
+  EXPECT_FALSE(steps[1].at("comm").contains("algbw_gbps"));
+}
+
 TEST(Collectives, WriteRecordAcceptsClusterRecordsAndCountsItsAlerts) {
   TempDir tmp;
   FakeClockRun run(tmp);

@@ -58,6 +58,9 @@ def test_a_collective_whose_future_completes_at_launch_is_timed_to_its_completio
         assert comm is not None and comm["collectives"] == 1
         assert 49.0 <= comm["comm_ms"] <= 120.0, out  # the work's 50 ms, not the launch's µs
         assert comm["exposed_ms"] == 0.0  # the host never waited for it
+        assert comm["bytes"] == 32  # 8 float32: nccl-tests' S; one rank: bus bandwidth 0
+        assert comm["algbw_gbps"] == pytest.approx(32 / (comm["comm_ms"] * 1e6), rel=0.01)
+        assert comm["busbw_gbps"] == 0.0
     assert "host not blocked" in out["how"]
 
 
@@ -131,3 +134,29 @@ def test_bad_comm_timing_is_refused_before_any_file(tmp_path):
     with pytest.raises(steptrace.ConfigError, match=r"comm_timing='sometimes'.*'auto', 'off'"):
         steptrace.Profiler(tmp_path / "run", comm_timing="sometimes")
     assert not (tmp_path / "run").exists()
+
+
+def test_payload_and_bus_factor_follow_nccl_tests(monkeypatch):
+    # nccl-tests doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce, (n-1)/n for
+    # all-gather and reduce-scatter (S the full output / input), 1 for broadcast
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+
+    from steptrace.comm import payload
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    t = torch.ones(1000)  # 4000 bytes
+    out = torch.ones(4000)
+
+    def of(name, *args):
+        fn = getattr(dist, name)
+        return payload(name, inspect.signature(getattr(fn, "__wrapped__", fn)), args, {})
+
+    assert of("all_reduce", t) == (4000, 6000)
+    assert of("all_gather_into_tensor", out, t) == (16000, 12000)
+    assert of("reduce_scatter_tensor", t, out) == (16000, 12000)
+    assert of("all_gather", [torch.ones(1000)] * 4, t) == (16000, 12000)
+    assert of("broadcast", t, 0) == (4000, 4000)
+    assert of("barrier") == (0, 0)

@@ -63,7 +63,7 @@ class ClusterAnalyzer:
                    "comm_ms": comm_net, "wait_ms": wait, "own_ms": s[r]["own_ms"],
                    "straggler_pct": (round(100.0 * (s[r]["own_ms"] / other_own - 1.0), 2)
                                      if other_own and other_own > 0 else None)}
-            for key in ("memory_bytes", "hw"):
+            for key in ("memory_bytes", "hw", "busbw_gbps"):
                 if key in s[r]:
                     row[key] = s[r][key]
             rows.append(row)
@@ -155,7 +155,10 @@ class ClusterAnalyzer:
                                      f"{100 * (row['comm_ms'] / other_comm - 1):.0f}% more than the other ranks "
                                      f"({other_comm:.1f} ms): check its interconnect, NIC and topology "
                                      f"(NCCL_DEBUG=INFO shows the rings it uses)"),
-                         "details": {"host": row["host"], "windows": o["straggler_windows"]}},
+                         "details": {"host": row["host"], "windows": o["straggler_windows"],
+                                     "busbw_gbps": row.get("busbw_gbps"),
+                                     "others_busbw_gbps": _median(x.get("busbw_gbps") for q, x in s.items()
+                                                                  if q != r and x.get("busbw_gbps") is not None)}},
                 f"rank {r}'s communication is back in line with the other ranks'")
 
         alerts += self._hot_gpus(s, record, step, unix_ns)

@@ -54,7 +54,8 @@ def step_split(record: Mapping[str, Any]) -> dict[str, Any]:
         if where in phases:
             phases[where] = max(0.0, phases[where] - exposed)
         return {"method": comm.get("method", "host"), "comm_ms": float(comm.get("comm_ms", 0.0)),
-                "exposed_ms": exposed, "compute_ms": max(0.0, step_ms - exposed), "phases": phases}
+                "exposed_ms": exposed, "compute_ms": max(0.0, step_ms - exposed), "phases": phases,
+                "busbw_gbps": comm.get("busbw_gbps")}
     if kernels and float(kernels.get("nccl_ms", 0.0)) > 0:
         exposed = float(kernels.get("exposed_nccl_ms", kernels["nccl_ms"]))
         return {"method": "cupti", "comm_ms": float(kernels["nccl_ms"]), "exposed_ms": exposed,
@@ -90,6 +91,9 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
         "method": method,
         "phases_ms": {n: _median(sp["phases"].get(n, 0.0) for sp in splits) for n in names},
     }
+    busbw = [sp["busbw_gbps"] for sp in splits if isinstance(sp.get("busbw_gbps"), (int, float))]
+    if busbw:  # nccl-tests' bus bandwidth of the rank's collectives (waiting included)
+        summary["busbw_gbps"] = _median(busbw)
     memory = [max(int(m.get(k, 0) or 0) for k in ("peak_bytes", "allocated_bytes", "rss_bytes"))
               for m in (s.get("memory") or {} for s in ok)]
     if any(memory):
