@@ -13,10 +13,13 @@ tests/gpu/run.sh); prints a table, exits 1 on a failed check. Runs with the GPU 
    a profiled step's end (steptrace's step hook reads device memory there) with 200 ms
    queued in the step.
 3. Comm timing against nccl_ms: a one-rank NCCL group (init_method file://, backend nccl)
-   and a DDP MLP under prof.watch() (a pre-multiplied-sum comm hook, so that NCCL launches
-   a kernel for its one-rank all-reduce); per step the host-timed comm.comm_ms against
-   the kernel activity's kernels.nccl_ms, medians printed (INFO at world size 1); PASS
-   when the steps have `comm` (and `kernels` where kernel activity is active), in a child
+   and a DDP MLP made before the Profiler, no watch() (the program registers a
+   pre-multiplied-sum comm hook inside it, so that NCCL launches a kernel for its one-rank
+   all-reduce; steptrace.comm puts it behind its dispatcher); per step the completion-timed
+   comm.comm_ms against the kernel activity's kernels.nccl_ms, medians printed; PASS when
+   the steps have `comm` (and `kernels` where kernel activity is active), when comm_ms is
+   at least half of nccl_ms (timed to completion, not to the launch: NCCL's futures are
+   complete at enqueue) and exposed_ms is 0 (the host does not wait for NCCL), in a child
    with a time limit.
 """
 
@@ -179,7 +182,7 @@ def child_comm(check: Checks, log_dir: str, store: str) -> None:
 
         x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
         with steptrace.Profiler(log_dir, counters="off") as prof:
-            prof.watch(ddp, opt, hook=hook)
+            ddp.register_comm_hook(None, hook)  # behind steptrace's dispatcher: no watch()
             for _ in range(25):
                 with prof.step():
                     loss = ddp(x).float().pow(2).mean()
@@ -204,6 +207,12 @@ def child_comm(check: Checks, log_dir: str, store: str) -> None:
                f"kernel activity {act}")
     check("DDP steps carry comm and kernels", f"{len(comm)}/{len(st)} with comm, {len(nccl)}/{len(st)} with kernels "
           f"(kernel activity {act})", bool(st) and len(comm) == len(st) and (act != ["cupti"] or len(nccl) == len(st)))
+    if comm and nccl:
+        check("comm timed to completion, not launch", f"median comm_ms {med(comm)} >= half of nccl_ms {med(nccl)}",
+              statistics.median(comm) >= 0.5 * statistics.median(nccl))
+    if exposed:
+        check("NCCL never counted as host-blocked", f"median exposed_ms {med(exposed)}",
+              statistics.median(exposed) == 0.0)
 
 
 def main() -> int:

@@ -7,7 +7,8 @@
 #   check_cuda_timing.py   CUDA-event phase times against torch.cuda.Event pairs, the host
 #                          running ahead, host cost per phase (INFO), per-step peak memory
 #   check_streams.py       side-stream coverage joined / not joined, mem_get_info latency
-#                          with 200 ms queued (INFO), DDP comm_ms against nccl_ms (1 rank)
+#                          with 200 ms queued (INFO), DDP comm_ms against nccl_ms (1 rank,
+#                          no watch: timed to completion)
 #   check_graphs.py        whole-network CUDA graph capture (Profiler, step around and
 #                          inside the capture; `steptrace run`), torch.compile
 #                          reduce-overhead, a global-mode capture on another thread beside
