@@ -57,6 +57,7 @@ class Config:
     job: str
     metrics_textfile: str
     metrics_pushgateway: str
+    comm_timing: str
     def __init__(self) -> None: ...
     def validate(self) -> None: ...
 

@@ -93,7 +93,6 @@ PYTHON_OPTIONS: dict[str, Any] = {
     "metrics_otlp": "",
     "metrics_otlp_interval_s": 10.0,
     "cluster": "auto",
-    "comm_timing": "auto",
     "cluster_interval": 50,
     "cluster_rank": 0,
     "cluster_poll_s": 1.0,

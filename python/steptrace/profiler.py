@@ -571,7 +571,7 @@ class Profiler:
         if python_options["handle_signals"]:
             _install_sigterm_handler(python_options["sigterm_grace_s"])
         self._comm: Any = None
-        if python_options["comm_timing"] == "auto" and "torch.distributed" in sys.modules:
+        if config.comm_timing == "auto" and "torch.distributed" in sys.modules:
             from steptrace.comm import CollectiveTiming  # noqa: PLC0415
 
             # collectives timed to their completion, every DDP model included: no watch()

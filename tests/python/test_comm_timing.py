@@ -122,16 +122,17 @@ def test_comm_timing_off_leaves_torch_distributed_as_it_was(tmp_path):
                 dist.all_reduce(torch.ones(2))
         with steptrace.Profiler("run2") as prof2:
             patched = dist.all_reduce is not original
+        said = [next(steptrace.read(p.log_path))["config"]["comm_timing"] for p in (prof, prof2)]
         print(json.dumps({"same": same, "patched": patched, "restored": dist.all_reduce is original,
-                          "comm": comm_of(prof)}))
+                          "comm": comm_of(prof), "run_start": said}))
     """)
-    assert out == {"same": True, "patched": True, "restored": True, "comm": [None]}
+    assert out == {"same": True, "patched": True, "restored": True, "comm": [None], "run_start": ["off", "auto"]}
 
 
 def test_bad_comm_timing_is_refused_before_any_file(tmp_path):
     import steptrace
 
-    with pytest.raises(steptrace.ConfigError, match=r"comm_timing='sometimes'.*'auto', 'off'"):
+    with pytest.raises(steptrace.ConfigError, match=r'comm_timing="sometimes" is unknown; allowed: "auto", "off"'):
         steptrace.Profiler(tmp_path / "run", comm_timing="sometimes")
     assert not (tmp_path / "run").exists()
 

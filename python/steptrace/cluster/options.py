@@ -42,8 +42,6 @@ def check_cluster_options(options: Mapping[str, Any]) -> None:
     mode = options["cluster"]
     if mode not in ("auto", "on", "off"):
         raise ConfigError(f"option cluster={mode!r} is not allowed; allowed: 'auto', 'on', 'off'")
-    if options["comm_timing"] not in ("auto", "off"):
-        raise ConfigError(f"option comm_timing={options['comm_timing']!r} is not allowed; allowed: 'auto', 'off'")
     for key, (lo, hi) in _RANGES.items():
         value = options[key]
         if not lo <= value <= hi:
