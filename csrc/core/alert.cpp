@@ -1,6 +1,7 @@
 #include "alert.hpp"
 
 #include <chrono>
+#include <type_traits>
 
 namespace steptrace::detail {
 
@@ -30,6 +31,43 @@ std::string alert_json_line(const AlertEvent& e, int rank) {
   }
   // Replace, never throw, on odd bytes (e.g. in Python stacks).
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+namespace {
+template <typename T>
+void take(const nlohmann::ordered_json& j, const char* key, T& into) {
+  const auto it = j.find(key);
+  if (it == j.end()) return;
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (it->is_string()) into = it->template get<std::string>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (it->is_number_integer()) into = it->template get<T>();
+  } else {
+    if (it->is_number()) into = it->template get<T>();
+  }
+}
+}  // namespace
+
+AlertEvent alert_from_json(const nlohmann::ordered_json& j) {
+  AlertEvent e;
+  std::string kind;
+  take(j, "kind", kind);
+  e.resolved = kind == "resolved";
+  e.update = kind == "alert_update";
+  take(j, "type", e.type);
+  take(j, "step", e.step);
+  take(j, e.update ? "alert_step" : "first_step", e.first_step);
+  take(j, "repeats", e.repeats);
+  take(j, "unix_ns", e.unix_ns);
+  take(j, "value", e.value);
+  if (const auto b = j.find("baseline"); b != j.end() && b->is_number()) {
+    e.baseline = b->get<double>();
+  }
+  take(j, "threshold", e.threshold);
+  take(j, "phase", e.phase);
+  take(j, "message", e.message);
+  if (const auto d = j.find("details"); d != j.end()) e.details = *d;
+  return e;
 }
 
 void AlertLog::publish(const AlertEvent& event, const std::string& json_line) {

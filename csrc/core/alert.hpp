@@ -35,6 +35,10 @@ struct AlertEvent {
 
 /// The record of an event as one JSON line with its newline.
 std::string alert_json_line(const AlertEvent& event, int rank);
+/// The event of an alert, alert_update or resolved record (the inverse of
+/// alert_json_line; what Python writes through write_record): members that are missing
+/// or of another type keep their defaults; `details` is taken as it is.
+AlertEvent alert_from_json(const nlohmann::ordered_json& record);
 
 /// An event for subscribers: an alert/resolved record, or a request for the stacks of
 /// all Python threads (answered with answer_stacks).

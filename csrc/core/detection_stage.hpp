@@ -1,6 +1,6 @@
 // The detectors' stage of the record pipeline: runs them on the writer thread right after
-// each step record, appends their alert lines, and publishes what the training thread and
-// the watchdog need from them (atomics).
+// each step record, hands their alerts to the pipeline (line and event), and publishes
+// what the training thread and the watchdog need from them (atomics).
 #pragma once
 
 #include <atomic>
@@ -22,7 +22,7 @@ class DetectionStage final : public StepObserver {
                  std::int64_t host_memory_bytes)
       : config_(config), alerts_(alerts), detectors_(config, names, host_memory_bytes) {}
 
-  void on_step(const StepRecord& r, fmt::memory_buffer& out) override {
+  void on_step(const StepRecord& r, AlertOutput& out) override {
     events_.clear();
     detectors_.observe(r, events_);
     publish(out);
@@ -32,7 +32,7 @@ class DetectionStage final : public StepObserver {
     phase_memory_.store(detectors_.memory().wants_phase_memory(), std::memory_order_relaxed);
   }
 
-  void on_finish(fmt::memory_buffer& out) override {
+  void on_finish(AlertOutput& out) override {
     events_.clear();
     detectors_.finish(events_);
     publish(out);
@@ -46,10 +46,10 @@ class DetectionStage final : public StepObserver {
   bool wants_phase_memory() const { return phase_memory_.load(std::memory_order_relaxed); }
 
  private:
-  void publish(fmt::memory_buffer& out) {
+  void publish(AlertOutput& out) {
     for (const AlertEvent& e : events_) {
       const std::string line = alert_json_line(e, config_.rank);
-      out.append(line.data(), line.data() + line.size());
+      out.alert(e, line);
       alerts_.publish(e, line);
     }
   }

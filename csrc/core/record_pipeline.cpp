@@ -148,21 +148,36 @@ void RecordPipeline::request_drain() noexcept {
   wake_.notify_one();
 }
 
-void RecordPipeline::push_line(std::string line) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    lines_.push_back(std::move(line));
-  }
+void RecordPipeline::push_line(std::string line) { enqueue({std::move(line), {}}, false); }
+
+void RecordPipeline::push_line_now(std::string line) { enqueue({std::move(line), {}}, true); }
+
+void RecordPipeline::push_alert(AlertEvent event, std::string line, bool now) {
+  enqueue({std::move(line), std::move(event)}, now);
 }
 
-void RecordPipeline::push_line_now(std::string line) {
+void RecordPipeline::push_cluster(nlohmann::ordered_json record, std::string line, bool now) {
+  enqueue({std::move(line), std::move(record)}, now);
+}
+
+void RecordPipeline::enqueue(QueuedLine queued, bool now) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!now) {
+      lines_.push_back(std::move(queued));
+      return;
+    }
     if (closed_ || stop_) return;
-    lines_.push_back(std::move(line));
+    lines_.push_back(std::move(queued));
     ++flush_requested_;
   }
   wake_.notify_one();
+}
+
+void raise_alert(RecordPipeline& writer, AlertLog& alerts, const AlertEvent& event, int rank) {
+  const std::string line = alert_json_line(event, rank);
+  writer.push_alert(event, line);
+  alerts.publish(event, line);
 }
 
 bool RecordPipeline::flush(std::chrono::milliseconds wait) {
@@ -213,7 +228,7 @@ void RecordPipeline::close(const RunEnd& end, bool finish_device, std::chrono::m
   final_end.write_errors = write_errors();
   if (const int e = first_errno(); e != 0) final_end.write_error = std::strerror(e);
   if (observer_ != nullptr) {
-    observer_->on_finish(buf_);
+    observer_->on_finish(*this);
     final_end.alerts = observer_->alert_counts();
     final_end.alert_repeats = observer_->alert_repeats();
   }
@@ -257,7 +272,7 @@ void RecordPipeline::run() {
 }
 
 void RecordPipeline::drain(bool force) {
-  std::vector<std::string> lines;
+  std::vector<QueuedLine> lines;
   {
     std::lock_guard<std::mutex> lock(mu_);
     lines.swap(lines_);
@@ -278,15 +293,29 @@ void RecordPipeline::drain(bool force) {
     write_step(held_.front());
     held_.pop_front();
   }
-  for (const std::string& line : lines) buf_.append(line.data(), line.data() + line.size());
+  for (const QueuedLine& queued : lines) write_queued(queued);
   write_buffer();
+}
+
+void RecordPipeline::write_queued(const QueuedLine& queued) {
+  buf_.append(queued.line.data(), queued.line.data() + queued.line.size());
+  if (const auto* event = std::get_if<AlertEvent>(&queued.typed)) {
+    feed([event](RecordSink& s) { s.on_alert(*event); });
+  } else if (const auto* record = std::get_if<nlohmann::ordered_json>(&queued.typed)) {
+    feed([record](RecordSink& s) { s.on_cluster(*record); });
+  }
+}
+
+void RecordPipeline::alert(const AlertEvent& event, std::string_view line) {
+  buf_.append(line.data(), line.data() + line.size());
+  feed([&event](RecordSink& s) { s.on_alert(event); });
 }
 
 void RecordPipeline::write_step(const StepRecord& r) {
   totals_.add(r);
   append_step_json(buf_, r, rank_, names_);
-  if (observer_ != nullptr) observer_->on_step(r, buf_);
   feed([&r](RecordSink& s) { s.on_step(r); });
+  if (observer_ != nullptr) observer_->on_step(r, *this);  // its alerts after the step
   if (buf_.size() >= kWriteChunkBytes) write_buffer();
 }
 

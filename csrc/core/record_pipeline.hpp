@@ -14,10 +14,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include <memory>
 
+#include "alert.hpp"
 #include "record_json.hpp"
 #include "record_sink.hpp"
 #include "spsc_ring.hpp"
@@ -26,8 +28,10 @@
 
 namespace steptrace::detail {
 
-/// The writer thread: drains the record queue and feeds every sink, the log first.
-class RecordPipeline final : public StepRecordQueue {
+/// The writer thread: drains the record queue and feeds every sink, the log first. Each
+/// sink gets the step records, alerts and cluster records typed (on_step, on_alert,
+/// on_cluster) in record order, each before the write() of the batch that has its line.
+class RecordPipeline final : public StepRecordQueue, private AlertOutput {
  public:
   /// `log` is the run's log (the JSONL file sink), owned, fed first; its failed writes
   /// are run_end's write_errors. `first_line` (run_start, with its newline) is the first
@@ -60,6 +64,12 @@ class RecordPipeline final : public StepRecordQueue {
   /// Like push_line, and wakes the writer to write it now (a hang alert must reach the
   /// file while the step is still hung).
   void push_line_now(std::string line);
+  /// Any thread: queues an alert (or resolved) record, its `line` (with its newline) for
+  /// the log and its event for the sinks' on_alert, both in the place of the line among
+  /// the records. `now`: as push_line_now (dropped once closing), else as push_line.
+  void push_alert(AlertEvent event, std::string line, bool now = true);
+  /// The same for a cluster record: its parsed object goes to the sinks' on_cluster.
+  void push_cluster(nlohmann::ordered_json record, std::string line, bool now = true);
 
   /// Blocks until everything handed over before the call is written to the file (or
   /// `wait` passed: then false).
@@ -101,6 +111,17 @@ class RecordPipeline final : public StepRecordQueue {
   void drain(bool force);
   void write_step(const StepRecord& r);
   void write_buffer();
+  // A line queued by another thread, and what the sinks get with it (nothing: a plain
+  // line; an AlertEvent: on_alert; a cluster record: on_cluster).
+  struct QueuedLine {
+    std::string line;
+    std::variant<std::monostate, AlertEvent, nlohmann::ordered_json> typed;
+  };
+  void enqueue(QueuedLine queued, bool now);
+  // Writer thread: the line into the batch, the typed record to the sinks.
+  void write_queued(const QueuedLine& queued);
+  // AlertOutput (the observer's alerts, writer thread): the same for a detector's alert.
+  void alert(const AlertEvent& event, std::string_view line) override;
   // Calls `fn(sink)` for every live sink: a throw disables that sink, a slow call is
   // reported; both once, on stderr.
   template <typename Fn>
@@ -134,7 +155,7 @@ class RecordPipeline final : public StepRecordQueue {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  std::vector<std::string> lines_;     // guarded by mu_
+  std::vector<QueuedLine> lines_;      // guarded by mu_
   std::uint64_t flush_requested_ = 0;  // guarded by mu_
   std::uint64_t flush_done_ = 0;       // guarded by mu_
   bool stop_ = false;                  // guarded by mu_
@@ -147,5 +168,9 @@ class RecordPipeline final : public StepRecordQueue {
   const std::uint64_t fork_generation_;  // fork_generation() at construction
   std::thread thread_;
 };
+
+/// Off the writer thread (the watchdog, the sampler, the training thread): writes an alert
+/// now (its line to the log, its event to the sinks) and hands it to the subscribers.
+void raise_alert(RecordPipeline& writer, AlertLog& alerts, const AlertEvent& event, int rank);
 
 }  // namespace steptrace::detail

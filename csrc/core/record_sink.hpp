@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "alert.hpp"
 #include "step_record.hpp"
 
 namespace steptrace::detail {
@@ -33,6 +34,14 @@ class RecordSink {
   virtual void write(std::string_view /*lines*/) {}
   /// A step record, once complete (device data joined), before its line is written.
   virtual void on_step(const StepRecord& /*record*/) {}
+  /// An alert, an alert's follow-up (`update`) or the end of its episode (`resolved`),
+  /// whoever raised it (a detector, the watchdog, the sampler, Python): the event of an
+  /// alert line, before that line is written. In record order with on_step and
+  /// on_cluster.
+  virtual void on_alert(const AlertEvent& /*event*/) {}
+  /// A cross-rank record (kind "cluster", written by the aggregating rank): the object as
+  /// parsed once by Profiler::write_record, before its line is written.
+  virtual void on_cluster(const nlohmann::ordered_json& /*record*/) {}
   /// The run ended: run_end was handed to write(). Nothing is fed afterwards.
   virtual void on_close() {}
   /// The first failure the sink handled itself and carried on after (a write that did not
@@ -59,14 +68,24 @@ void for_each_line(std::string_view lines, Fn&& fn) {
   }
 }
 
-/// Sees every step record on the writer thread, in step order, before it is written,
-/// and may append lines (alerts) after it. Also supplies run_end's alert counts.
+/// Where a StepObserver puts the alerts it finds, on the writer thread: the line goes to
+/// the log after the step's line, the event to every sink's on_alert, in that order.
+class AlertOutput {
+ public:
+  virtual ~AlertOutput() = default;
+  /// `line`: alert_json_line(event), with its newline.
+  virtual void alert(const AlertEvent& event, std::string_view line) = 0;
+};
+
+/// Sees every step record on the writer thread, in step order, after the sinks' on_step
+/// and before its line is written, and may add alerts after it. Also supplies run_end's
+/// alert counts.
 class StepObserver {
  public:
   virtual ~StepObserver() = default;
-  virtual void on_step(const StepRecord& record, fmt::memory_buffer& out) = 0;
-  /// After the last step record, before run_end: may append lines (episodes it closes).
-  virtual void on_finish(fmt::memory_buffer& /*out*/) {}
+  virtual void on_step(const StepRecord& record, AlertOutput& out) = 0;
+  /// After the last step record, before run_end: may add alerts (episodes it closes).
+  virtual void on_finish(AlertOutput& /*out*/) {}
   virtual std::map<std::string, std::int64_t> alert_counts() const = 0;
   virtual std::map<std::string, std::int64_t> alert_repeats() const { return {}; }
 };

@@ -384,16 +384,17 @@ class ProfilerImpl final : public SignalClosable {
     const auto type_it = j.find("type");
     STEPTRACE_CHECK(kind == "cluster" || (type_it != j.end() && type_it->is_string()), UsageError,
                     "write_record: an {} record needs a string \"type\"", kind);
-    const std::string type = kind == "cluster" ? "" : type_it->get<std::string>();
-    const auto repeats_it = j.find("repeats");
-    const std::int64_t repeats = repeats_it != j.end() && repeats_it->is_number_integer()
-                                     ? repeats_it->get<std::int64_t>()
-                                     : 0;
     j["rank"] = config_.rank;  // may move the members: the iterators above are dead now
     if (closed()) return;
     std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    if (kind != "cluster") alerts_.publish_line(type, kind == "resolved", repeats, line);
-    writer_->push_line_now(std::move(line));
+    // Parsed once: the sinks get the object (cluster) or its event (alert, resolved).
+    if (kind == "cluster") {
+      writer_->push_cluster(std::move(j), std::move(line));
+      return;
+    }
+    AlertEvent event = alert_from_json(j);
+    alerts_.publish(event, line);
+    writer_->push_alert(std::move(event), std::move(line));
   }
 
  private:
@@ -478,9 +479,7 @@ class ProfilerImpl final : public SignalClosable {
       a.step = std::max<std::int64_t>(
           recorder_.inflight().last_done_step.load(std::memory_order_relaxed), 0);
       a.unix_ns = start_.unix_ns_at(clock_->now_ns());
-      const std::string line = alert_json_line(a, config_.rank);
-      writer_->push_line_now(line);
-      alerts_.publish(a, line);
+      raise_alert(*writer_, alerts_, a, config_.rank);
     } catch (...) {  // never into NVML's or the sampler's stack
     }
   }

@@ -224,9 +224,7 @@ void StepRecorder::report_device_failure() {
       a.step, parts_.device->failure());
   a.details = {{"reason", parts_.device->failure()}};
   a.unix_ns = unix_ns_at(parts_.clock->now_ns());
-  const std::string line = alert_json_line(a, parts_.config->rank);
-  parts_.writer->push_line_now(line);
-  parts_.alerts->publish(a, line);
+  raise_alert(*parts_.writer, *parts_.alerts, a, parts_.config->rank);
 }
 
 // The level phase attribution follows (only for a few steps after a memory_growth

@@ -66,7 +66,8 @@ void Watchdog::loop() {
     poll.history_ok = context_.detection->history_ok();
     poll.closing = last;
     poll.now_ns = context_.clock->now_ns();
-    if (context_.collectives != nullptr) poll.collectives_in_flight = context_.collectives->in_flight();
+    if (context_.collectives != nullptr)
+      poll.collectives_in_flight = context_.collectives->in_flight();
     IntervalHangDetector::Poll in_interval;
     in_interval.now_ns = poll.now_ns;
     in_interval.kind = inflight.interval.load(std::memory_order_acquire);
@@ -100,9 +101,7 @@ void Watchdog::loop() {
         event->details["stacks_source"] =
             stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(source);
       }
-      const std::string line = alert_json_line(*event, config.rank);
-      context_.writer->push_line_now(line);
-      context_.alerts->publish(*event, line);
+      raise_alert(*context_.writer, *context_.alerts, *event, config.rank);
     }
     lock.lock();
   }

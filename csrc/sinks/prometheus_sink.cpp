@@ -191,14 +191,14 @@ namespace {
 
 // A number member of a JSON object divided by `per_unit` (1e3: ms to s), NaN when absent
 // or null. Division keeps 23.5 % -> 0.235 exact where a product by 0.01 would not.
-double member(const nlohmann::json& j, const char* key, double per_unit = 1.0) {
+double member(const nlohmann::ordered_json& j, const char* key, double per_unit = 1.0) {
   const auto it = j.find(key);
   return it != j.end() && it->is_number() ? it->get<double>() / per_unit : kNaN;
 }
 
 // The rows of a cluster record, at most kMaxClusterRows: the named stragglers first, then
 // the highest scores (a record of a large job already lists only its notable ranks).
-std::vector<ClusterRow> cluster_rows(const nlohmann::json& record) {
+std::vector<ClusterRow> cluster_rows(const nlohmann::ordered_json& record) {
   std::vector<ClusterRow> rows;
   const auto ranks = record.find("ranks");
   if (ranks == record.end() || !ranks->is_array()) return rows;
@@ -243,53 +243,45 @@ std::vector<ClusterRow> cluster_rows(const nlohmann::json& record) {
 
 }  // namespace
 
-void MetricsRegistry::observe_lines(std::string_view lines) {
-  // Alerts and cluster records are rare: only lines that look like one are parsed.
-  for_each_line(lines, [&](std::string_view line) {
-    const bool cluster = line.find("\"kind\":\"cluster\"") != std::string_view::npos;
-    if (!cluster && line.find("\"alert\"") == std::string_view::npos) return;
-    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) return;
-    const auto kind = j.find("kind");
-    if (kind == j.end() || !kind->is_string()) return;
-    if (*kind == "cluster") {
-      std::vector<ClusterRow> rows = cluster_rows(j);
-      std::lock_guard<std::mutex> lock(mu_);
-      ++values_.cluster_windows;
-      values_.world_size = member(j, "world_size");
-      values_.ranks_reporting = member(j, "ranks_reporting");
-      const auto s = j.find("stragglers");
-      values_.stragglers = s != j.end() && s->is_array() ? static_cast<double>(s->size()) : 0.0;
-      values_.cluster_rows = std::move(rows);
-      return;
+void MetricsRegistry::observe_cluster(const nlohmann::ordered_json& record) {
+  std::vector<ClusterRow> rows = cluster_rows(record);
+  const auto s = record.find("stragglers");
+  const double stragglers =
+      s != record.end() && s->is_array() ? static_cast<double>(s->size()) : 0.0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ++values_.cluster_windows;
+  values_.world_size = member(record, "world_size");
+  values_.ranks_reporting = member(record, "ranks_reporting");
+  values_.stragglers = stragglers;
+  values_.cluster_rows = std::move(rows);
+}
+
+void MetricsRegistry::observe_alert(const AlertEvent& event) {
+  if (event.resolved || event.update) return;  // alerts (episodes) only
+  std::string t = event.type;
+  std::string hw_kind;
+  double xid = 0;
+  if (t == "hardware_error") {
+    const nlohmann::ordered_json& details = event.details;
+    if (details.is_object()) {
+      const auto k = details.find("kind");
+      if (k != details.end() && k->is_string()) hw_kind = k->get<std::string>();
+      if (hw_kind == "xid") xid = member(details, "code");
     }
-    const auto type = j.find("type");
-    if (*kind != "alert" || type == j.end() || !type->is_string()) return;
-    std::string t = type->get<std::string>();
-    std::string hw_kind;
-    double xid = 0;
-    if (t == "hardware_error") {
-      const auto details = j.find("details");
-      if (details != j.end() && details->is_object()) {
-        const auto k = details->find("kind");
-        if (k != details->end() && k->is_string()) hw_kind = k->get<std::string>();
-        if (hw_kind == "xid") xid = member(*details, "code");
-      }
-      // The sampler's kinds; anything else is folded into one series.
-      if (hw_kind != "xid" && hw_kind != "ecc_uncorrected" && hw_kind != "nvlink_crc" &&
-          hw_kind != "remapped_rows") {
-        hw_kind = "other";
-      }
+    // The sampler's kinds; anything else is folded into one series.
+    if (hw_kind != "xid" && hw_kind != "ecc_uncorrected" && hw_kind != "nvlink_crc" &&
+        hw_kind != "remapped_rows") {
+      hw_kind = "other";
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    // Bounded: a run has a few dozen alert types; anything past 256 is folded into one.
-    if (values_.alerts.size() >= 256 && values_.alerts.count(t) == 0) t = "other";
-    ++values_.alerts[t];
-    if (!hw_kind.empty()) {
-      ++values_.hardware_errors[hw_kind];
-      if (xid > 0) values_.last_xid = xid;
-    }
-  });
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // Bounded: a run has a few dozen alert types; anything past 256 is folded into one.
+  if (values_.alerts.size() >= 256 && values_.alerts.count(t) == 0) t = "other";
+  ++values_.alerts[t];
+  if (!hw_kind.empty()) {
+    ++values_.hardware_errors[hw_kind];
+    if (xid > 0) values_.last_xid = xid;
+  }
 }
 
 std::string MetricsRegistry::render() const {
@@ -627,8 +619,9 @@ PrometheusSink::PrometheusSink(MetricsOutputs outputs, MetricLabels labels, cons
 
 PrometheusSink::~PrometheusSink() { stop(); }
 
-void PrometheusSink::write(std::string_view lines) {
-  registry_.observe_lines(lines);
+void PrometheusSink::write(std::string_view /*lines*/) {
+  // The values came typed (on_step, on_alert, on_cluster); a batch is a moment to
+  // rewrite the textfile.
   if (outputs_.textfile.empty()) return;
   const auto now = std::chrono::steady_clock::now();
   if (now - textfile_written_ < std::chrono::seconds(1)) return;

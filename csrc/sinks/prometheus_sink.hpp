@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "../core/alert.hpp"
 #include "../core/record_sink.hpp"
 #include "../core/step_record.hpp"
 #include "../core/telemetry.hpp"
@@ -74,9 +75,11 @@ class MetricsRegistry {
                   std::function<OpenIntervalProbe()> open_interval = {});
 
   void observe_step(const StepRecord& r);
-  /// Counts the alert records among complete JSON lines (hardware errors by kind too) and
-  /// takes the per-rank rows of cluster records.
-  void observe_lines(std::string_view lines);
+  /// Counts an alert by type (hardware errors by kind too); resolved events and updates
+  /// are not alerts of their own.
+  void observe_alert(const AlertEvent& event);
+  /// Takes the figures and per-rank rows of a cluster record (the last one's are shown).
+  void observe_cluster(const nlohmann::ordered_json& record);
   /// The exposition, text format 0.0.4.
   std::string render() const;
 
@@ -158,6 +161,10 @@ class PrometheusSink final : public RecordSink {
   std::string_view name() const noexcept override { return "prometheus"; }
   void write(std::string_view lines) override;
   void on_step(const StepRecord& r) override { registry_.observe_step(r); }
+  void on_alert(const AlertEvent& event) override { registry_.observe_alert(event); }
+  void on_cluster(const nlohmann::ordered_json& record) override {
+    registry_.observe_cluster(record);
+  }
   void on_close() override;
   /// The bind failure, else the first textfile write that failed ("" when none).
   std::string first_error() const override;

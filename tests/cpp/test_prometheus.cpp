@@ -106,6 +106,16 @@ void check_histogram(const std::vector<Sample>& all, const std::string& name,
   EXPECT_EQ(value_of(all, name + "_count", match), count) << name;
 }
 
+// An alert (or, resolved, the end of its episode) as the sinks get it.
+AlertEvent alert_event(std::string type, bool resolved = false,
+                       nlohmann::ordered_json details = nlohmann::ordered_json::object()) {
+  AlertEvent e;
+  e.type = std::move(type);
+  e.resolved = resolved;
+  e.details = std::move(details);
+  return e;
+}
+
 StepRecord record(std::int64_t step, std::int64_t step_ns) {
   StepRecord r;
   r.step = step;
@@ -143,10 +153,10 @@ TEST(MetricsRegistry, RendersEveryFamilyFromTheRecords) {
   b.comm.busy_ns = 3'000'000'000;
   b.comm.exposed_ns = 1'000'000'000;
   reg.observe_step(b);
-  reg.observe_lines(
-      "{\"kind\":\"step\",\"step\":1}\n{\"kind\":\"alert\",\"rank\":3,\"type\":\"stall\"}\n"
-      "{\"kind\":\"resolved\",\"type\":\"stall\"}\n{\"type\":\"straggler\",\"kind\":\"alert\"}\n"
-      "{\"kind\":\"alert\",\"type\":\"stall\"}\n");
+  reg.observe_alert(alert_event("stall"));
+  reg.observe_alert(alert_event("stall", /*resolved=*/true));
+  reg.observe_alert(alert_event("straggler"));
+  reg.observe_alert(alert_event("stall"));
   const std::string text = reg.render();
   EXPECT_NE(text.find("# TYPE steptrace_step_duration_seconds histogram"), std::string::npos);
   EXPECT_NE(text.find("job=\"train \\\"a\\\"\""), std::string::npos) << text;
@@ -234,11 +244,9 @@ TEST(MetricsRegistry, TimeByKindAndRunQueueWaitFromTheRecords) {
   c.between.interval_ns[static_cast<std::size_t>(IntervalKind::kEval)] = 2'000'000'000;
   c.runq_ns = 0;
   reg.observe_step(c);
-  reg.observe_lines(
-      "{\"kind\":\"alert\",\"type\":\"host_contention\",\"step\":1}\n"
-      "{\"kind\":\"resolved\",\"type\":\"host_contention\",\"step\":2}\n"
-      "{\"kind\":\"alert\",\"type\":\"slow_checkpoint\",\"step\":1}\n"
-      "{\"kind\":\"interval\",\"interval\":\"checkpoint\",\"step\":1}\n");
+  reg.observe_alert(alert_event("host_contention"));
+  reg.observe_alert(alert_event("host_contention", /*resolved=*/true));
+  reg.observe_alert(alert_event("slow_checkpoint"));
   open = {IntervalKind::kCheckpoint, 12.5};
   all = parse(reg.render());
   EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "step"}}),
@@ -605,13 +613,11 @@ TEST(MetricsRegistry, HardwareFiguresOfTheLastStepAndErrorsByKind) {
   b.hw.nvlink_rx_mb_s = 2048;
   reg.observe_step(b);
   reg.observe_step(record(2, 1000));  // a step without hw keeps the last figures
-  reg.observe_lines(
-      "{\"kind\":\"alert\",\"type\":\"hardware_error\",\"details\":{\"kind\":\"xid\","
-      "\"code\":79}}\n"
-      "{\"kind\":\"alert\",\"type\":\"hardware_error\",\"details\":{\"kind\":\"nvlink_crc\","
-      "\"code\":12,\"delta\":3}}\n"
-      "{\"kind\":\"alert\",\"type\":\"hardware_error\",\"details\":{\"kind\":\"made-up\"}}\n"
-      "{\"kind\":\"resolved\",\"type\":\"hardware_error\"}\n");
+  reg.observe_alert(alert_event("hardware_error", false, {{"kind", "xid"}, {"code", 79}}));
+  reg.observe_alert(
+      alert_event("hardware_error", false, {{"kind", "nvlink_crc"}, {"code", 12}, {"delta", 3}}));
+  reg.observe_alert(alert_event("hardware_error", false, {{"kind", "made-up"}}));
+  reg.observe_alert(alert_event("hardware_error", /*resolved=*/true));
   const auto all = parse(reg.render());
   EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_power_watts"), 500);
   EXPECT_DOUBLE_EQ(value_of(all, "steptrace_gpu_power_limit_watts"), 700);
@@ -643,7 +649,6 @@ TEST(MetricsRegistry, NoHardwareNoClusterNoSeries) {
   PhaseNames names;
   MetricsRegistry reg(MetricLabels{}, names, "1");
   reg.observe_step(record(0, 1000));
-  reg.observe_lines("{\"kind\":\"step\",\"phases_ms\":{\"cluster\":1}}\n");
   for (const Sample& s : parse(reg.render())) {
     EXPECT_EQ(s.name.rfind("steptrace_gpu_", 0), std::string::npos) << s.name;
     EXPECT_EQ(s.name.rfind("steptrace_rank_", 0), std::string::npos) << s.name;
@@ -651,9 +656,9 @@ TEST(MetricsRegistry, NoHardwareNoClusterNoSeries) {
   }
 }
 
-// A cluster record as cluster.py writes it (through Profiler::write_record).
-std::string cluster_line(int ranks, std::vector<int> stragglers, int slow_rank) {
-  nlohmann::json rows = nlohmann::json::array();
+// A cluster record as cluster.py writes it (Profiler::write_record parses it for the sinks).
+nlohmann::ordered_json cluster_record(int ranks, std::vector<int> stragglers, int slow_rank) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (int r = 0; r < ranks; ++r) {
     const double own = r == slow_rank ? 13.0 : 10.0 + 0.001 * r;
     rows.push_back({{"rank", r},
@@ -663,22 +668,22 @@ std::string cluster_line(int ranks, std::vector<int> stragglers, int slow_rank) 
                     {"step_p95_ms", 22.0},
                     {"data_ms", 1.0},
                     {"compute_ms", own - 1.0},
-                    {"comm_ms", r == 1 ? nlohmann::json() : nlohmann::json(4.0)},
+                    {"comm_ms", r == 1 ? nlohmann::ordered_json() : nlohmann::ordered_json(4.0)},
                     {"wait_ms", r == slow_rank ? 0.0 : 3.0},
                     {"own_ms", own},
                     {"straggler_pct", r == slow_rank ? 30.0 : 0.01 * r}});
   }
-  nlohmann::json j = {{"kind", "cluster"},   {"rank", 0},
-                      {"step", 39},          {"window", 1},
-                      {"world_size", ranks}, {"ranks_reporting", ranks},
-                      {"ranks", rows},       {"stragglers", stragglers}};
-  return j.dump() + "\n";
+  nlohmann::ordered_json j = {{"kind", "cluster"},   {"rank", 0},
+                              {"step", 39},          {"window", 1},
+                              {"world_size", ranks}, {"ranks_reporting", ranks},
+                              {"ranks", rows},       {"stragglers", stragglers}};
+  return j;
 }
 
 TEST(MetricsRegistry, ClusterRecordsGivePerRankSeriesWithBoundedRows) {
   PhaseNames names;
   MetricsRegistry reg(MetricLabels{"j", "run", 0, "node0"}, names, "1");
-  reg.observe_lines(cluster_line(3, {2}, 2));
+  reg.observe_cluster(cluster_record(3, {2}, 2));
   auto all = parse(reg.render());
   EXPECT_EQ(value_of(all, "steptrace_cluster_windows_total"), 1);
   EXPECT_EQ(value_of(all, "steptrace_cluster_ranks_reporting"), 3);
@@ -704,7 +709,7 @@ TEST(MetricsRegistry, ClusterRecordsGivePerRankSeriesWithBoundedRows) {
             "node0");
 
   // A big job: the next window replaces the rows, capped, the straggler kept.
-  reg.observe_lines(cluster_line(300, {250}, 250));
+  reg.observe_cluster(cluster_record(300, {250}, 250));
   all = parse(reg.render());
   EXPECT_EQ(value_of(all, "steptrace_cluster_windows_total"), 2);
   EXPECT_EQ(value_of(all, "steptrace_cluster_world_size"), 300);

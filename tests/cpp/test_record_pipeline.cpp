@@ -14,7 +14,12 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <map>
 #include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"
@@ -197,6 +202,178 @@ TEST(RecordPipeline, WriteErrorsAreCountedAndReportedInRunEnd) {
 
 namespace steptrace::detail {
 namespace {
+
+// What a sink is handed, in order: each typed call ("step 3", "alert hang", "resolved hang",
+// "cluster 1") with the count of lines written to it before the call, and every line.
+class RecordingSink final : public RecordSink {
+ public:
+  struct Call {
+    std::string what;
+    std::size_t lines_before;
+    std::thread::id thread;
+  };
+  std::string_view name() const noexcept override { return "recording"; }
+  void write(std::string_view batch) override {
+    for_each_line(batch, [&](std::string_view line) { lines.emplace_back(line); });
+  }
+  void on_step(const StepRecord& r) override { add(fmt::format("step {}", r.step)); }
+  void on_alert(const AlertEvent& e) override {
+    add(fmt::format("{} {} at {}", e.resolved ? "resolved" : "alert", e.type, e.step));
+  }
+  void on_cluster(const nlohmann::ordered_json& record) override {
+    add(fmt::format("cluster {}", record.at("window").get<int>()));
+  }
+  std::vector<Call> calls;
+  std::vector<std::string> lines;
+
+ private:
+  void add(std::string what) {
+    calls.push_back({std::move(what), lines.size(), std::this_thread::get_id()});
+  }
+};
+
+// The typed call a line of the log stands for ("" for run_start and run_end).
+std::string typed_call_of(const nlohmann::json& j) {
+  const std::string kind = j.at("kind");
+  if (kind == "step") return fmt::format("step {}", j.at("step").get<int>());
+  if (kind == "alert" || kind == "resolved") {
+    return fmt::format("{} {} at {}", kind, j.at("type").get<std::string>(),
+                       j.at("step").get<int>());
+  }
+  if (kind == "cluster") return fmt::format("cluster {}", j.at("window").get<int>());
+  return "";
+}
+
+// A detector stand-in: a stall alert after step 2 (on the writer thread).
+class StallAtStepTwo final : public StepObserver {
+ public:
+  void on_step(const StepRecord& r, AlertOutput& out) override {
+    if (r.step != 2) return;
+    AlertEvent e;
+    e.type = "stall";
+    e.step = r.step;
+    out.alert(e, alert_json_line(e, 0));
+  }
+  std::map<std::string, std::int64_t> alert_counts() const override { return {}; }
+};
+
+TEST(RecordPipeline, SinksGetAlertsAndClusterRecordsTypedInOrderWithTheLines) {
+  TempDir tmp;
+  const std::string path = tmp.str("log.jsonl");
+  PhaseNames names;
+  StallAtStepTwo observer;
+  RecordingSink sink;
+  {
+    RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                     0, names, 64, std::chrono::milliseconds(60000), &observer, nullptr, {&sink});
+    push_steps(w, 0, 3);
+    w.flush();
+    // A watchdog's alert from its own thread, a cluster record, the alert's end.
+    std::thread::id pusher;
+    std::thread watchdog([&] {
+      pusher = std::this_thread::get_id();
+      AlertEvent hang;
+      hang.type = "hang";
+      hang.step = 2;
+      hang.details = {{"stacks", "main"}};
+      w.push_alert(hang, alert_json_line(hang, 0));
+    });
+    watchdog.join();
+    nlohmann::ordered_json cluster = {
+        {"kind", "cluster"}, {"rank", 0}, {"window", 1}, {"world_size", 2}, {"stragglers", {1}}};
+    w.push_cluster(cluster, cluster.dump() + "\n");
+    AlertEvent resolved;
+    resolved.resolved = true;
+    resolved.type = "hang";
+    resolved.step = 2;
+    resolved.first_step = 2;
+    w.push_alert(resolved, alert_json_line(resolved, 0), /*now=*/false);
+    w.flush();
+    push_steps(w, 3, 2);
+    w.close(RunEnd{"normal", {}, 1, 0.5, 0});
+    // Up to the second flush everything came from the writer thread: neither this thread
+    // nor the one that pushed the alert (close() drains the rest on the closing thread).
+    ASSERT_GE(sink.calls.size(), 7u);
+    const std::thread::id writer = sink.calls.front().thread;
+    EXPECT_NE(writer, std::this_thread::get_id());
+    EXPECT_NE(writer, pusher);
+    for (std::size_t i = 0; i < 7; ++i)
+      EXPECT_EQ(sink.calls[i].thread, writer) << sink.calls[i].what;
+  }
+  const std::vector<std::string> expected = {"step 0",
+                                             "step 1",
+                                             "step 2",
+                                             "alert stall at 2",
+                                             "alert hang at 2",
+                                             "cluster 1",
+                                             "resolved hang at 2",
+                                             "step 3",
+                                             "step 4"};
+  std::vector<std::string> called;
+  for (const auto& call : sink.calls) called.push_back(call.what);
+  EXPECT_EQ(called, expected);
+  // The lines, to the log and to the sink, in the same order; each typed call came before
+  // the write() that had its line.
+  std::vector<std::string> in_log;
+  for (const auto& record : read_jsonl(path)) {
+    if (const std::string call = typed_call_of(record); !call.empty()) in_log.push_back(call);
+  }
+  EXPECT_EQ(in_log, expected);
+  std::vector<std::string> in_sink;
+  std::size_t next_call = 0;
+  for (std::size_t i = 0; i < sink.lines.size(); ++i) {
+    const std::string call = typed_call_of(nlohmann::json::parse(sink.lines[i]));
+    if (call.empty()) continue;
+    in_sink.push_back(call);
+    ASSERT_LT(next_call, sink.calls.size());
+    EXPECT_EQ(sink.calls[next_call].what, call);
+    EXPECT_LE(sink.calls[next_call].lines_before, i) << call;
+    ++next_call;
+  }
+  EXPECT_EQ(in_sink, expected);
+  EXPECT_EQ(nlohmann::json::parse(sink.lines.back())["kind"], "run_end");
+}
+
+TEST(AlertFromJson, ReadsBackWhatAlertJsonLineWrote) {
+  AlertEvent a;
+  a.type = "hardware_error";
+  a.step = 7;
+  a.unix_ns = 123;
+  a.value = 79;
+  a.baseline = 1.5;
+  a.threshold = 2;
+  a.phase = "forward";
+  a.message = "XID 79";
+  a.details = {{"kind", "xid"}, {"code", 79}};
+  AlertEvent b = alert_from_json(nlohmann::ordered_json::parse(alert_json_line(a, 3)));
+  EXPECT_FALSE(b.resolved || b.update);
+  EXPECT_EQ(b.type, a.type);
+  EXPECT_EQ(b.step, 7);
+  EXPECT_EQ(b.unix_ns, 123);
+  EXPECT_EQ(b.value, 79);
+  ASSERT_TRUE(b.baseline.has_value());
+  EXPECT_EQ(*b.baseline, 1.5);
+  EXPECT_EQ(b.threshold, 2);
+  EXPECT_EQ(b.phase, "forward");
+  EXPECT_EQ(b.message, "XID 79");
+  EXPECT_EQ(b.details, a.details);
+
+  AlertEvent r;
+  r.resolved = true;
+  r.type = "stall";
+  r.step = 9;
+  r.first_step = 4;
+  r.repeats = 2;
+  b = alert_from_json(nlohmann::ordered_json::parse(alert_json_line(r, 0)));
+  EXPECT_TRUE(b.resolved);
+  EXPECT_EQ(b.first_step, 4);
+  EXPECT_EQ(b.repeats, 2);
+  // What Python may leave out or null keeps the defaults.
+  b = alert_from_json({{"kind", "alert"}, {"type", "straggler"}, {"baseline", nullptr}});
+  EXPECT_EQ(b.type, "straggler");
+  EXPECT_FALSE(b.baseline.has_value());
+  EXPECT_TRUE(b.phase.empty());
+}
 
 TEST(RecordTap, AReaderGetsRunStartThenWhatFollowsItsOpening) {
   RecordTap tap;
