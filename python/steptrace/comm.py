@@ -107,6 +107,26 @@ def payload(name: str, sig: Optional[inspect.Signature], args: tuple, kwargs: di
     return size, int(size * spec[2](n)) if n > 1 else 0
 
 
+def _group_of(sig: Optional[inspect.Signature], args: tuple, kwargs: dict) -> Any:
+    try:
+        return sig.bind_partial(*args, **kwargs).arguments.get("group") if sig is not None else None
+    except TypeError:
+        return None
+
+
+def _future_is_completion(group: Any) -> bool:
+    """Whether the group's backend completes a work's future when the work is done (gloo,
+    MPI: CPU work), so that a done future is a finished collective even while
+    ``is_completed()`` has not flipped yet (gloo marks the future first)."""
+    try:
+        import torch.distributed as dist
+
+        backend = str(dist.get_backend(group)).lower()
+    except Exception:  # noqa: BLE001 - no group: nothing to trust
+        return False
+    return backend in ("gloo", "mpi")
+
+
 def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
     index = _async_index(original)
     name = original.__name__
@@ -126,7 +146,8 @@ def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
         else:
             async_op = bool(kwargs.get("async_op", False))
             kwargs["async_op"] = True
-        work = timing.launch(original, args, kwargs, payload(name, sig, args, kwargs))
+        group = _group_of(sig, args, kwargs)
+        work = timing.launch(original, args, kwargs, payload(name, sig, args, kwargs), group)
         if async_op or work is None:
             return work
         work.wait()  # what the synchronous call does (on NCCL: the current stream waits)
@@ -274,7 +295,7 @@ class CollectiveTiming:
         self._ddp.uninstall()
 
     def launch(self, original: Callable[..., Any], args: tuple, kwargs: dict,
-               size: tuple[int, int] = (0, 0)) -> Any:
+               size: tuple[int, int] = (0, 0), group: Any = None) -> Any:
         """Calls ``original`` (with ``async_op=True``) and times its work to completion."""
         token = self._begin()
         try:
@@ -289,12 +310,12 @@ class CollectiveTiming:
             fut = work.get_future()
         except Exception:  # noqa: BLE001 - a backend without futures: as a blocking one
             fut = None
-        self._track(token, work, fut, size)
+        self._track(token, work, fut, size, group)
         return work
 
-    def _track(self, token: int, work: Any, fut: Any, size: tuple[int, int]) -> None:
+    def _track(self, token: int, work: Any, fut: Any, size: tuple[int, int], group: Any) -> None:
         try:
-            completed = work.is_completed()
+            completed = work.is_completed() or (fut is not None and fut.done() and _future_is_completion(group))
         except Exception:  # noqa: BLE001 - an aborted group: the work is over
             completed = True
         if completed:
@@ -326,7 +347,7 @@ class CollectiveTiming:
         n = group.size()
         size = (_nbytes(tensor), int(_nbytes(tensor) * _all_reduce_factor(n)) if n > 1 else 0)
         if fut.done():
-            self._track(token, work, fut, size)
+            self._track(token, work, fut, size, group)
             return fut.then(_first_tensor)
         self.by_future += 1
         result = torch.futures.Future()

@@ -197,6 +197,6 @@ def test_ddp_all_reduces_are_timed_under_global_hooks_and_the_programs_own_hook_
         assert DDP.__init__ is init  # (registration stays patched: a model keeps steptrace's hook)
         recs = steps(steptrace.read(prof.log_path))
         assert len(recs) == 6
-        assert all(r["comm"]["collectives"] == 1 for r in recs), recs
+        assert all(r.get("comm", {}).get("collectives") == 1 for r in recs), recs
     finally:
         dist.destroy_process_group()
