@@ -129,10 +129,11 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
   const double blocked_ms = static_cast<double>(r.comm.exposed_ns) / kNsPerMs;
   const bool waited = r.comm.count > 0 && blocked_ms >= 0.5 * (iteration_ms - median);
   const std::string advice =
-      waited ? fmt::format("it waited {:.2f} ms of it in a collective after its last launch: "
-                           "another rank was late (see the cluster view: straggler, "
-                           "rank_silent), not this rank's model",
-                           blocked_ms)
+      waited ? fmt::format(
+                   "it waited {:.2f} ms of it in a collective after its last launch: "
+                   "another rank was late (see the cluster view: straggler, "
+                   "rank_silent), not this rank's model",
+                   blocked_ms)
              : std::string(advice_for(*grew.name));
 
   AlertEvent a;
@@ -159,8 +160,8 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
                {"window_steps", iteration_.size()},
                {"slow_steps_needed", stall ? 1 : regression_steps(median)},
                {"slow_since_step", stall && level_ == 0 ? r.step : streak_start_},
-               {"comm_blocked_ms", r.comm.count > 0 ? nlohmann::ordered_json(blocked_ms)
-                                                    : nlohmann::ordered_json()}};
+               {"comm_blocked_ms",
+                r.comm.count > 0 ? nlohmann::ordered_json(blocked_ms) : nlohmann::ordered_json()}};
   return a;
 }
 
@@ -693,9 +694,10 @@ std::optional<AlertEvent> HangDetector::check(const Poll& p) {
   // the rank to look at is that one (rank 0's rank_silent names it), not this one's model.
   const std::string waiting =
       p.collectives_in_flight > 0
-          ? fmt::format("; {} collective{} outstanding: most likely waiting for another rank "
-                        "that stopped (the cluster view's rank_silent names it)",
-                        p.collectives_in_flight, p.collectives_in_flight == 1 ? " is" : "s are")
+          ? fmt::format(
+                "; {} collective{} outstanding: most likely waiting for another rank "
+                "that stopped (the cluster view's rank_silent names it)",
+                p.collectives_in_flight, p.collectives_in_flight == 1 ? " is" : "s are")
           : "";
   a.message = fmt::format(
       "step {} has been running for {:.1f} s{} (limit {:.1f} s{}) and may be hung{}: see "
