@@ -88,14 +88,25 @@ def _nbytes(t: Any) -> int:
     return int(t.numel()) * int(t.element_size())
 
 
+def _arguments(sig: Optional[inspect.Signature], args: tuple, kwargs: dict) -> dict:
+    """A call's arguments by name ({} where they do not bind)."""
+    try:
+        return dict(sig.bind_partial(*args, **kwargs).arguments) if sig is not None else {}
+    except TypeError:
+        return {}
+
+
 def payload(name: str, sig: Optional[inspect.Signature], args: tuple, kwargs: dict) -> tuple[int, int]:
     """(S, S x bus factor) of one collective call, as nccl-tests counts them; (0, 0) where
     unknown."""
+    return _payload_of(name, _arguments(sig, args, kwargs))
+
+
+def _payload_of(name: str, bound: dict) -> tuple[int, int]:
     spec = _PAYLOAD.get(name)
-    if spec is None or sig is None:
+    if spec is None or not bound:
         return 0, 0
     try:
-        bound = sig.bind_partial(*args, **kwargs).arguments
         import torch.distributed as dist
 
         n = dist.get_world_size(bound.get("group"))
@@ -105,13 +116,6 @@ def payload(name: str, sig: Optional[inspect.Signature], args: tuple, kwargs: di
     except Exception:  # noqa: BLE001 - an odd call: its size is simply unknown
         return 0, 0
     return size, int(size * spec[2](n)) if n > 1 else 0
-
-
-def _group_of(sig: Optional[inspect.Signature], args: tuple, kwargs: dict) -> Any:
-    try:
-        return sig.bind_partial(*args, **kwargs).arguments.get("group") if sig is not None else None
-    except TypeError:
-        return None
 
 
 def _future_is_completion(group: Any) -> bool:
@@ -146,8 +150,8 @@ def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
         else:
             async_op = bool(kwargs.get("async_op", False))
             kwargs["async_op"] = True
-        group = _group_of(sig, args, kwargs)
-        work = timing.launch(original, args, kwargs, payload(name, sig, args, kwargs), group)
+        bound = _arguments(sig, args, kwargs)  # bound once: the size and the group
+        work = timing.launch(original, args, kwargs, _payload_of(name, bound), bound.get("group"))
         if async_op or work is None:
             return work
         work.wait()  # what the synchronous call does (on NCCL: the current stream waits)
