@@ -38,6 +38,7 @@ GROUPS = {  # the order and the titles of the groups in docs/configuration.md
     "timing": "Timing and measurement",
     "detection": "Detection",
     "telemetry": "GPU telemetry (NVML)",
+    "work": "Useful work (throughput, FLOPs, MFU)",
     "metrics": "Metrics export",
     "cluster": "Across ranks (Python only)",
 }

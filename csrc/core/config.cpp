@@ -107,6 +107,14 @@ void Config::validate() const {
 #include "steptrace/config_options.def"
 
   // The checks that need more than one option, or a message of their own.
+  STEPTRACE_CHECK(flops_per_step >= 0.0 && flops_per_step < 1e30, ConfigError,
+                  "flops_per_step={} is out of range; allowed: 0 (count them) or the model "
+                  "FLOPs of one step, below 1e30",
+                  flops_per_step);
+  STEPTRACE_CHECK(peak_tflops >= 0.0 && peak_tflops < 1e6, ConfigError,
+                  "peak_tflops={} is out of range; allowed: 0 (the datasheet figure) or the "
+                  "device's peak in TFLOP/s, below 1e6",
+                  peak_tflops);
   STEPTRACE_CHECK(!log_dir.empty(), ConfigError,
                   "log_dir is empty; give the folder the run's logs go to");
   STEPTRACE_CHECK(rank >= -1, ConfigError, "rank={} is negative; use rank >= 0 (or -1 for auto)",

@@ -76,6 +76,32 @@ void append_comm(fmt::memory_buffer& out, const StepRecord& r, const PhaseNames&
   out.push_back('}');
 }
 
+// The step's useful work and what it comes to per second (work.hpp); unknown figures are
+// left out.
+void append_work(fmt::memory_buffer& out, const StepRecord& r) {
+  auto it = std::back_inserter(out);
+  const WorkCount& c = r.work;
+  const WorkRates w = work_rates(r);
+  out.append(std::string_view(",\"work\":{"));
+  const char* sep = "";
+  auto field = [&](const char* key, double v, const char* spec) {
+    if (!std::isfinite(v) || v < 0) return;
+    fmt::format_to(it, "{}\"{}\":", sep, key);
+    fmt::format_to(it, fmt::runtime(spec), v);
+    sep = ",";
+  };
+  field("samples", c.samples, "{:.15g}");
+  field("tokens", c.tokens, "{:.15g}");
+  field("flops", c.flops, "{:.6g}");
+  field("samples_per_s", w.samples_per_s, "{:.6g}");
+  field("tokens_per_s", w.tokens_per_s, "{:.6g}");
+  field("tflops_per_s", w.tflops_per_s, "{:.6g}");
+  field("mfu_pct", w.mfu_pct, "{:.3f}");
+  field("j_per_sample", w.j_per_sample, "{:.6g}");
+  field("j_per_token", w.j_per_token, "{:.6g}");
+  out.push_back('}');
+}
+
 void append_counters(fmt::memory_buffer& out, const CounterStats& c) {
   auto it = std::back_inserter(out);
   out.append(std::string_view(",\"counters\":{"));
@@ -201,6 +227,7 @@ void RunTotals::add(const StepRecord& r) noexcept {
   if (r.device_clock) ++device_clock_steps;
   if (r.captured) ++captured_steps;
   clamped_intervals += r.clamped_intervals;
+  work.add(r);
   for (std::uint16_t i = 0; i < r.phase_count; ++i) {
     phase_ns_sum[r.phase_ids[i]] += r.phase_ns[i];
     phase_seen[r.phase_ids[i]] = true;
@@ -322,8 +349,54 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   if (r.counters.present) append_counters(out, r.counters);
   if (r.comm.count > 0) append_comm(out, r, names);
   if (r.hw.present) append_hw(out, r.hw);
+  if (r.work.any()) append_work(out, r);
   if (r.value_count > 0) append_meta(out, r, names);
   out.append(std::string_view("}\n"));
+}
+
+// The run's work over the iterations that reported it, its energy where NVML measured it,
+// and the MFU over the whole run (total FLOPs / their iterations' time / the peak).
+void append_run_work_json(fmt::memory_buffer& out, const RunEnd& end, const WorkTotals& w) {
+  auto it = std::back_inserter(out);
+  out.append(std::string_view("\"work\":{"));
+  const char* sep = "";
+  auto field = [&](const char* key, double v, const char* spec) {
+    if (!std::isfinite(v)) return;
+    fmt::format_to(it, "{}\"{}\":", sep, key);
+    fmt::format_to(it, fmt::runtime(spec), v);
+    sep = ",";
+  };
+  auto per_s = [](double v, std::int64_t ns) {
+    return ns > 0 ? v / (static_cast<double>(ns) * 1e-9) : WorkRates::kUnknown;
+  };
+  if (w.samples_ns > 0) {
+    field("samples", w.samples, "{:.15g}");
+    field("samples_per_s", per_s(w.samples, w.samples_ns), "{:.6g}");
+  }
+  if (w.tokens_ns > 0) {
+    field("tokens", w.tokens, "{:.15g}");
+    field("tokens_per_s", per_s(w.tokens, w.tokens_ns), "{:.6g}");
+  }
+  if (w.flops_ns > 0) {
+    field("flops", w.flops, "{:.6g}");
+    const double flops_per_s = per_s(w.flops, w.flops_ns);
+    field("tflops_per_s", flops_per_s * 1e-12, "{:.6g}");
+    if (w.peak_flops_per_s > 0) {
+      field("mfu_pct", 100.0 * flops_per_s / w.peak_flops_per_s, "{:.3f}");
+      field("peak_tflops", w.peak_flops_per_s * 1e-12, "{:.6g}");
+      if (!end.mfu_dtype.empty()) {
+        fmt::format_to(it, ",\"mfu_dtype\":\"{}\"", end.mfu_dtype);
+        if (end.mfu_dtype_assumed) out.append(std::string_view(",\"mfu_dtype_assumed\":true"));
+      }
+    }
+  }
+  if (w.energy_tokens > 0) {
+    field("energy_j", w.energy_j, "{:.6g}");
+    field("j_per_token", w.energy_j / w.energy_tokens, "{:.6g}");
+    // 1 kWh = 3.6e6 J
+    field("tokens_per_kwh", w.energy_tokens / (w.energy_j / 3.6e6), "{:.6g}");
+  }
+  out.append(std::string_view("},"));
 }
 
 void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTotals& totals,
@@ -373,6 +446,7 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
     out.push_back(',');
   }
   append_goodput_json(out, end, totals);
+  if (totals.work.any()) append_run_work_json(out, end, totals.work);
   out.append(std::string_view("\"summary\":{\"step_ms_mean\":"));
   append_ms(out, totals.steps > 0 ? totals.step_ns_sum / totals.steps : 0);
   out.append(std::string_view(",\"step_ms_max\":"));

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "step_record.hpp"
+#include "work.hpp"
 
 namespace steptrace::detail {
 
@@ -34,6 +35,7 @@ struct RunTotals {
   std::int64_t last_end_unix_ns = 0;     // the last step's end
   std::array<std::int64_t, kMaxPhases> phase_ns_sum{};
   std::array<bool, kMaxPhases> phase_seen{};
+  WorkTotals work;  // samples, tokens, FLOPs and energy
 
   void add(const StepRecord& r) noexcept;
 };
@@ -53,8 +55,10 @@ struct RunEnd {
   std::map<std::string, std::int64_t> alert_repeats;  // occurrences folded into them
   std::int64_t process_start_unix_ns = 0;  // 0: unknown (then goodput starts at the profiler)
   std::int64_t profiler_start_unix_ns = 0;
-  BetweenSteps trailing;     // intervals after the last step (and those before any step)
-  std::string extra_fields;  // more members (`"key":value,...`), e.g. device activity totals
+  BetweenSteps trailing;           // intervals after the last step (and those before any step)
+  std::string mfu_dtype;           // the math dtype of MFU's peak ("" : the peak_tflops option)
+  bool mfu_dtype_assumed = false;  // mfu_dtype "auto" and nothing said what the model runs in
+  std::string extra_fields;        // more members (`"key":value,...`), e.g. device activity totals
 };
 
 /// Appends `s` as a quoted JSON string.

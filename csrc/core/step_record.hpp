@@ -17,6 +17,7 @@
 #include "steptrace/config.hpp"
 #include "steptrace/ext/device_activity.hpp"
 #include "steptrace/interval.hpp"
+#include "steptrace/work.hpp"
 
 namespace steptrace::detail {
 
@@ -72,6 +73,34 @@ struct HwStats {
   double mem_clock_mhz = std::numeric_limits<double>::quiet_NaN();
   double max_mem_temp_c = std::numeric_limits<double>::quiet_NaN();
   double util_pct = std::numeric_limits<double>::quiet_NaN();  // share of time a kernel ran
+};
+
+/// Useful work of one step (Profiler::add_work): samples, tokens and model FLOPs, each
+/// < 0 where unknown, with the source each came from (steptrace/work.hpp).
+struct WorkCount {
+  double samples = -1;
+  double tokens = -1;
+  double flops = -1;
+  std::array<WorkSource, 3> source{};  // of samples, tokens, flops
+  double peak_flops_per_s = 0;         // the device's peak for MFU at the step (0: none)
+
+  bool any() const noexcept { return samples >= 0 || tokens >= 0 || flops >= 0; }
+  void add(double s, double t, double f, WorkSource from) noexcept {
+    merge(samples, source[0], s, from);
+    merge(tokens, source[1], t, from);
+    merge(flops, source[2], f, from);
+  }
+
+ private:
+  static void merge(double& into, WorkSource& held, double value, WorkSource from) noexcept {
+    if (!(value >= 0)) return;  // unknown (NaN included)
+    if (from > held) {
+      into = value;
+      held = from;
+    } else if (from == held) {
+      into += value;
+    }
+  }
 };
 
 /// One interval outside training work (Profiler::begin_interval), listed in the record of
@@ -130,6 +159,7 @@ struct StepRecord {
   std::uint8_t value_count = 0;
   std::array<std::uint16_t, kMaxStepValues> value_ids{};
   std::array<double, kMaxStepValues> values{};
+  WorkCount work;  // samples, tokens, FLOPs of the step (Profiler::add_work)
   // Memory levels for attributing growth to phases (the allocator's, else the C heap's
   // in-use bytes), sampled only while the memory-growth detector asks: at the step's
   // start and at the end of each phase, with the order the phases ended in.

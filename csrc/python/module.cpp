@@ -550,15 +550,18 @@ py::object make_step_function(const py::object& step_scope) {
 struct RawDataIterator {
   PyObject_HEAD ProfilerPtr* profiler;  // owned
   PyObject* inner;                      // the loader's iterator
+  PyObject* on_item;                    // called with each item (counts its work); or null
 };
 
 int data_iterator_traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(reinterpret_cast<RawDataIterator*>(self)->inner);
+  Py_VISIT(reinterpret_cast<RawDataIterator*>(self)->on_item);
   return 0;
 }
 
 int data_iterator_clear(PyObject* self) {
   Py_CLEAR(reinterpret_cast<RawDataIterator*>(self)->inner);
+  Py_CLEAR(reinterpret_cast<RawDataIterator*>(self)->on_item);
   return 0;
 }
 
@@ -599,6 +602,14 @@ PyObject* data_iterator_next(PyObject* self) {
     prof.end_data();  // the loader's exception, if any, stays set
   } catch (const std::exception&) {
   }
+  if (item != nullptr && it->on_item != nullptr) {  // after the wait: not part of data_ms
+    PyObject* counted = PyObject_CallOneArg(it->on_item, item);
+    if (counted == nullptr) {
+      Py_DECREF(item);
+      return nullptr;
+    }
+    Py_DECREF(counted);
+  }
   return item;
 }
 
@@ -616,7 +627,8 @@ void init_data_iterator_type() {
              data_iterator_dealloc, nullptr, nullptr, nullptr);
 }
 
-py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable) {
+py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable,
+                              py::handle on_item) {
   PyObject* inner = PyObject_GetIter(iterable.ptr());
   if (inner == nullptr) throw py::error_already_set();
   RawDataIterator* it = PyObject_GC_New(RawDataIterator, &g_data_iterator_type);
@@ -626,6 +638,11 @@ py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable) 
   }
   it->profiler = new ProfilerPtr(profiler);
   it->inner = inner;
+  it->on_item = nullptr;
+  if (!on_item.is_none()) {
+    it->on_item = on_item.ptr();
+    Py_INCREF(it->on_item);
+  }
   PyObject_GC_Track(reinterpret_cast<PyObject*>(it));
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(it));
 }
@@ -769,10 +786,12 @@ PYBIND11_MODULE(_core, m) {
            [](PyProfiler& p, bool active) { p.core().set_external_profiler(active); })
       .def(
           "data",
-          [](PyProfiler& p, py::handle iterable) {
-            return make_data_iterator(p.profiler(), iterable);
+          [](PyProfiler& p, py::handle iterable, py::handle on_item) {
+            return make_data_iterator(p.profiler(), iterable, on_item);
           },
-          py::arg("iterable"), "Iterates `iterable`, timing each wait as the next step's data_ms")
+          py::arg("iterable"), py::arg("on_item") = py::none(),
+          "Iterates `iterable`, timing each wait as the next step's data_ms; `on_item(item)` "
+          "(when given) sees each item after its wait")
       .def(
           "step_function", [](PyProfiler& p) { return make_step_function(p.step()); },
           "prof.step as a builtin function (cheaper to call than the method)")
@@ -836,6 +855,22 @@ PYBIND11_MODULE(_core, m) {
             p.core().set_step_value(name, value);
           },
           py::arg("name"), py::arg("value"))
+      .def(
+          "add_work",  // positional only: called per step or per micro-batch
+          [](PyProfiler& p, double samples, double tokens, double flops, int source) {
+            if (source < static_cast<int>(steptrace::WorkSource::kModel) ||
+                source > static_cast<int>(steptrace::WorkSource::kUser)) {
+              throw py::value_error("add_work: source must be 1..4 (model, batch, option, user)");
+            }
+            p.core().add_work(samples, tokens, flops, static_cast<steptrace::WorkSource>(source));
+          },
+          "Adds samples, tokens and FLOPs (each < 0: unknown) to the step in progress, from "
+          "source 1 (model), 2 (batch), 3 (option) or 4 (user)")
+      .def(
+          "set_mfu_dtype",
+          [](PyProfiler& p, std::string_view dtype) { return p.core().set_mfu_dtype(dtype); },
+          py::arg("dtype"),
+          "The math dtype MFU's peak is for (where mfu_dtype is auto and peak_tflops unset)")
       .def(
           "set_step_memory",
           [](PyProfiler& p, std::int64_t allocated, std::int64_t reserved, std::int64_t peak,

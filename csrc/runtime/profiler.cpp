@@ -32,11 +32,13 @@
 #include "../core/hardware_alert.hpp"
 #include "../core/heap_sampler.hpp"
 #include "../core/lifecycle.hpp"
+#include "../core/peak_flops.hpp"
 #include "../core/record_json.hpp"
 #include "../core/record_pipeline.hpp"
 #include "../core/stack_dump.hpp"
 #include "../core/step_record.hpp"
 #include "../core/telemetry.hpp"
+#include "../core/work.hpp"
 #include "../sinks/jsonl_file_sink.hpp"
 #include "../sinks/prometheus_sink.hpp"
 #include "../sinks/record_tap.hpp"
@@ -87,6 +89,7 @@ class ProfilerImpl final : public SignalClosable {
     memory_sources_ = std::move(backends.memory_sources);
     setup_device_activity(backends, info.external_profiler_active);
     setup_telemetry(backends);
+    peak_ = choose_peak(config_.peak_tflops, config_.mfu_dtype, device_name());
     for (const auto& name : config_.phases) names_.intern(name);
 
     const int fd = open_log_file(config_, log_path_);
@@ -116,6 +119,7 @@ class ProfilerImpl final : public SignalClosable {
                     activity_.get(), sampler_.get(), telemetry_.get(), detection_.get(),
                     &memory_sources_, heap_ ? &*heap_ : nullptr, writer_.get(), &alerts_,
                     &watchdog_, start_});
+    recorder_.set_peak_flops(peak_.flops_per_s);
     if (config_.detect) {
       watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
                        writer_.get(), clock_.get(), start_, &recorder_.collectives()});
@@ -192,6 +196,19 @@ class ProfilerImpl final : public SignalClosable {
   void set_step_memory(const MemorySample& s) { recorder_.set_step_memory(s); }
   StepValueId step_value_id(std::string_view name) { return names_.intern_value(name); }
   void set_step_value(StepValueId id, double value) { recorder_.set_step_value(id, value); }
+  void add_work(double samples, double tokens, double flops, WorkSource source) noexcept {
+    if (!detached_) recorder_.add_work(samples, tokens, flops, source);
+  }
+  bool set_mfu_dtype(std::string_view dtype) {
+    STEPTRACE_CHECK(parse_math_dtype(dtype).has_value(), ConfigError,
+                    "mfu dtype {:?} is not one of bf16, fp16, tf32, fp32, fp8", dtype);
+    if (config_.peak_tflops > 0 || config_.mfu_dtype != "auto") return false;
+    PeakChoice peak = choose_peak(0, dtype, device_name());
+    recorder_.set_peak_flops(peak.flops_per_s);
+    const std::lock_guard<std::mutex> lock(peak_mutex_);
+    peak_ = std::move(peak);
+    return true;
+  }
 
   void set_stream(DeviceStream stream) noexcept {
     if (device_ && !detached_ && !close_requested_.load(std::memory_order_relaxed)) {
@@ -262,6 +279,11 @@ class ProfilerImpl final : public SignalClosable {
     end.data_inside_step = data_inside_step();
     end.process_start_unix_ns = process_start_unix_ns_;
     end.profiler_start_unix_ns = start_.start_unix_ns;
+    {
+      const std::lock_guard<std::mutex> lock(peak_mutex_);
+      end.mfu_dtype = peak_.dtype;
+      end.mfu_dtype_assumed = peak_.dtype_assumed;
+    }
     if (!foreign) {  // the intervals after the last step are the training thread's
       const BetweenSteps& pending = recorder_.pending();
       end.trailing = pending;
@@ -447,6 +469,9 @@ class ProfilerImpl final : public SignalClosable {
     }
   }
 
+  // The GPU the steps are timed on ("" without one): MFU's peak is looked up by it.
+  std::string device_name() const { return device_ ? device_->timer().device_name() : ""; }
+
   RunManifest manifest(const RunInfo& info) const {
     RunManifest m;
     m.config = &config_;
@@ -463,6 +488,7 @@ class ProfilerImpl final : public SignalClosable {
     m.telemetry = telemetry_.get();
     m.telemetry_unavailable = &telemetry_unavailable_;
     m.metrics = metrics_.get();
+    m.peak = &peak_;  // before any step: the training thread has not changed it yet
     return m;
   }
 
@@ -507,6 +533,8 @@ class ProfilerImpl final : public SignalClosable {
   std::unique_ptr<StreamSource> stream_source_;
   std::unique_ptr<DeviceTiming> device_;
   std::string device_unavailable_;  // why device_ is null
+  PeakChoice peak_;                 // MFU's divisor (set_mfu_dtype may change it)
+  mutable std::mutex peak_mutex_;   // peak_'s strings: set_mfu_dtype against close
 
   // Kernel activity and counters; the stage that joins them to the records runs on the
   // writer thread (declared before writer_, so it outlives it).
@@ -642,6 +670,10 @@ std::optional<IntervalKind> Profiler::open_interval() const noexcept {
 void Profiler::end_data() { impl_->end_data(); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
 void Profiler::set_step_value(StepValueId id, double value) { impl_->set_step_value(id, value); }
+void Profiler::add_work(double samples, double tokens, double flops, WorkSource source) noexcept {
+  impl_->add_work(samples, tokens, flops, source);
+}
+bool Profiler::set_mfu_dtype(std::string_view dtype) { return impl_->set_mfu_dtype(dtype); }
 StepValueId Profiler::step_value_id(std::string_view name) { return impl_->step_value_id(name); }
 void Profiler::set_stream(std::uintptr_t stream, int device) noexcept {
   impl_->set_stream(DeviceStream{stream, device});

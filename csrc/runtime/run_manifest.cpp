@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "../core/device_timing.hpp"
+#include "../core/work.hpp"
 #include "../sinks/prometheus_sink.hpp"
 #include "run_environment.hpp"
 
@@ -102,6 +103,27 @@ ordered_json config_json(const Config& config) {
   return options;
 }
 
+// How the steps' useful work is turned into MFU: the peak it divides by and where that
+// comes from, or why there is no MFU.
+ordered_json work_json(const Config& config, const PeakChoice& peak) {
+  ordered_json w = {{"flops_per_step", config.flops_per_step > 0
+                                           ? ordered_json(config.flops_per_step)
+                                           : ordered_json(nullptr)}};
+  if (peak.flops_per_s > 0) {
+    w["peak_tflops"] = peak.flops_per_s * 1e-12;
+    w["chip"] = peak.chip;
+    w["source"] = peak.source;
+  } else {
+    w["peak_tflops"] = nullptr;
+    w["mfu_unavailable"] = peak.why;
+  }
+  if (!peak.dtype.empty()) {
+    w["mfu_dtype"] = peak.dtype;
+    if (peak.dtype_assumed) w["mfu_dtype_assumed"] = true;
+  }
+  return w;
+}
+
 }  // namespace
 
 std::string run_start_json(const RunManifest& m) {
@@ -118,7 +140,7 @@ std::string run_start_json(const RunManifest& m) {
   } else if (!m.heap) {
     memory_unavailable["heap"] = "the C library has no mallinfo2 (not glibc)";
   }
-  const ordered_json record = {
+  ordered_json record = {
       {"kind", "run_start"},
       {"schema", "steptrace/1"},
       {"run_id", config.run_id},
@@ -138,11 +160,8 @@ std::string run_start_json(const RunManifest& m) {
         {"counters", counters_json(m)},
         {"telemetry", telemetry_json(m)}}},
   };
-  if (m.metrics) {
-    ordered_json with_metrics = record;
-    with_metrics["metrics"] = metrics_json(m);
-    return with_metrics.dump() + "\n";
-  }
+  if (m.peak) record["work"] = work_json(config, *m.peak);
+  if (m.metrics) record["metrics"] = metrics_json(m);
   return record.dump() + "\n";
 }
 

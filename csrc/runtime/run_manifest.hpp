@@ -17,6 +17,7 @@ namespace steptrace::detail {
 
 class DeviceTiming;
 class PrometheusSink;
+struct PeakChoice;
 
 // What run_start is made of; a null backend is one the run does not have.
 struct RunManifest {
@@ -34,6 +35,7 @@ struct RunManifest {
   const TelemetrySource* telemetry = nullptr;
   const std::string* telemetry_unavailable = nullptr;
   const PrometheusSink* metrics = nullptr;
+  const PeakChoice* peak = nullptr;  // MFU's divisor
 };
 
 // The run_start line (newline-terminated).

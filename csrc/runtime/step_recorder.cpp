@@ -138,13 +138,17 @@ void StepRecorder::end_step(bool failed) {
     if (current_.counters_sampled) current_.sampler_end_ns = parts_.sampler->now_ns();
   }
   if (parts_.telemetry) current_.telemetry_end_ns = parts_.telemetry->now_ns();
+  if (parts_.config->flops_per_step > 0) {
+    current_.work.add(-1, -1, parts_.config->flops_per_step, WorkSource::kOption);
+  }
+  current_.work.peak_flops_per_s = peak_flops_per_s_.load(std::memory_order_relaxed);
   if (on_device_) {
     parts_.device->end_step(current_, *parts_.writer);  // written once its events have completed
     report_device_failure();
   } else {
     parts_.writer->push_step_record(current_);
   }
-  clear_step_values();  // values set from now on belong to the next step
+  clear_step_values();  // values and work from now on belong to the next step
   // The next step's gap starts where this step ended: the bookkeeping above (memory reads,
   // slow only when preempted) is the next gap's `other`, so every second is accounted.
   last_step_end_ns_ = now;

@@ -172,6 +172,15 @@ class StepRecorder {
     current_.values[static_cast<std::size_t>(slot)] = value;
   }
 
+  // Work of the step in progress (between steps: of the next one); see WorkCount.
+  void add_work(double samples, double tokens, double flops, WorkSource from) noexcept {
+    current_.work.add(samples, tokens, flops, from);
+  }
+  // The peak MFU divides by, from the next step on (0: none). Any thread.
+  void set_peak_flops(double flops_per_s) noexcept {
+    peak_flops_per_s_.store(flops_per_s, std::memory_order_relaxed);
+  }
+
   void set_activity_yielding(bool yielding) noexcept {
     activity_yielding_.store(yielding, std::memory_order_relaxed);
   }
@@ -204,6 +213,7 @@ class StepRecorder {
   void clear_step_values() noexcept {
     for (std::uint8_t i = 0; i < current_.value_count; ++i) value_slot_[current_.value_ids[i]] = -1;
     current_.value_count = 0;
+    current_.work = WorkCount{};
   }
   // Ends the open interval at `now`: into the step in progress when it began inside it,
   // else into the next step's account of the gap (pending_).
@@ -258,6 +268,7 @@ class StepRecorder {
   std::array<std::int8_t, kMaxPhases> slot_of_{};          // -1: not in current_
   std::array<std::int8_t, kMaxStepValues> value_slot_{};   // -1: not set for current_
   std::int64_t step_index_ = 0;
+  std::atomic<double> peak_flops_per_s_{0.0};
   std::int64_t step_start_ns_ = 0;
   std::int64_t last_step_end_ns_ = kUnset;
   std::int64_t data_begin_ns_ = kUnset;

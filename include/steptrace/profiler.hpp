@@ -24,6 +24,7 @@
 #include "steptrace/ext/device_activity.hpp"
 #include "steptrace/ext/telemetry.hpp"
 #include "steptrace/interval.hpp"
+#include "steptrace/work.hpp"
 
 namespace steptrace {
 
@@ -209,6 +210,19 @@ class STEPTRACE_API Profiler {
   /// Interns a step-value name: ConfigError for a bad name (empty, longer than
   /// kMaxPhaseNameBytes bytes, control characters) or more than kMaxStepValues names.
   StepValueId step_value_id(std::string_view name);
+
+  /// Useful work of the step in progress (between steps: of the next one), for the step
+  /// record's "work": samples, tokens and model FLOPs (forward and backward), each < 0
+  /// when unknown. Calls in one step add up (one per micro-batch, or one per step); a
+  /// figure from a more trusted `source` replaces the figures steptrace counted itself
+  /// (see WorkSource). Training thread only; no allocation.
+  void add_work(double samples, double tokens = -1, double flops = -1,
+                WorkSource source = WorkSource::kUser) noexcept;
+  /// The math dtype the model runs in ("bf16", "fp16", "tf32", "fp32", "fp8"): MFU divides
+  /// by the device's peak for it from the next step on. Only where mfu_dtype is "auto" and
+  /// peak_tflops is not set (the options win: then it returns false). ConfigError for
+  /// another name.
+  bool set_mfu_dtype(std::string_view dtype);
 
   bool in_step() const noexcept;
   /// Whether a phase of the step in progress is open. Training thread only.

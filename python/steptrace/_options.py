@@ -6,7 +6,7 @@ table, not this file."""
 
 from typing import Any
 
-GROUPS = ("outputs", "timing", "detection", "telemetry", "metrics", "cluster")
+GROUPS = ("outputs", "timing", "detection", "telemetry", "work", "metrics", "cluster")
 # Every option (fields of _core.Config and Python-only keyword arguments) -> its group.
 OPTION_GROUPS: dict[str, str] = {
     "log_dir": "outputs",
@@ -57,6 +57,10 @@ OPTION_GROUPS: dict[str, str] = {
     "temp_rise_c_per_min": "telemetry",
     "power_drop_w": "telemetry",
     "power_drop_fraction": "telemetry",
+    "count_work": "work",
+    "flops_per_step": "work",
+    "peak_tflops": "work",
+    "mfu_dtype": "work",
     "close_wait_s": "outputs",
     "on_alert": "outputs",
     "handle_signals": "outputs",
@@ -87,6 +91,7 @@ OPTION_GROUPS: dict[str, str] = {
 # callable or None).
 PYTHON_OPTIONS: dict[str, Any] = {
     "cuda_memory": True,
+    "count_work": True,
     "on_alert": None,
     "handle_signals": True,
     "sigterm_grace_s": 2.0,

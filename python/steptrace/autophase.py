@@ -368,7 +368,7 @@ class GlobalPhaseHooks(_Hooks):
     """
 
     def __init__(self, core: Any, *, steps: bool = False, backward: bool = True, clip: bool = True,
-                 discover_steps: int = 2, intervals: Any = None) -> None:
+                 discover_steps: int = 2, intervals: Any = None, work: Any = None) -> None:
         import torch
         from torch.nn.modules import module as module_mod
         from torch.optim import optimizer as optimizer_mod
@@ -396,7 +396,7 @@ class GlobalPhaseHooks(_Hooks):
 
         without_grad = intervals.forward_without_grad if intervals is not None else None
 
-        def outer_pre(mod: Any) -> None:
+        def outer_pre(mod: Any, args: Any) -> None:
             if grad_enabled():
                 maybe_begin_step()
             elif without_grad is not None:
@@ -405,9 +405,16 @@ class GlobalPhaseHooks(_Hooks):
                 gate.begin("loss")
             else:
                 gate.begin("forward", mod)
+                if work is not None:
+                    work.pre(mod, args)
 
         def outer_post(mod: Any) -> None:
-            gate.end("loss" if isinstance(mod, loss_type) else "forward")
+            if isinstance(mod, loss_type):
+                gate.end("loss")
+                return
+            if work is not None:
+                work.post(mod)
+            gate.end("forward")
 
         def global_pre(mod: Any, args: Any) -> None:
             if _compiling() or threading.get_ident() != thread:
@@ -415,7 +422,7 @@ class GlobalPhaseHooks(_Hooks):
             depth[0] += 1
             if depth[0] == 1:
                 tops.setdefault(id(mod), mod)
-                outer_pre(mod)
+                outer_pre(mod, args)
 
         def global_post(mod: Any, args: Any, output: Any) -> None:
             if _compiling() or threading.get_ident() != thread or depth[0] == 0:
@@ -426,7 +433,7 @@ class GlobalPhaseHooks(_Hooks):
 
         def top_pre(mod: Any, args: Any) -> None:
             if not _compiling() and threading.get_ident() == thread:
-                outer_pre(mod)
+                outer_pre(mod, args)
 
         def top_post(mod: Any, args: Any, output: Any) -> None:
             if not _compiling() and threading.get_ident() == thread:

@@ -152,8 +152,13 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
         raise LaunchError(f"--log-dir {log_dir}: {exc}") from None
     # checkpoints, the DataLoader's fetches and evaluation forwards between steps
     intervals = IntervalWatch(prof._core, data=True)
+    work = None
+    if prof._count_work:
+        from steptrace.work import TopLevelWork
+
+        work = TopLevelWork(prof._core)  # samples, tokens and FLOPs of the models' training forwards
     hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps,
-                             intervals=intervals)
+                             intervals=intervals, work=work)
     saved_argv = sys.argv
     sys.argv = [script, *argv]
     script_dir = os.path.dirname(os.path.abspath(script))

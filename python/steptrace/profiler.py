@@ -542,6 +542,8 @@ class Profiler:
         self._phase_hooks: list = []  # steptrace.autophase hooks installed by watch()
         self._write_warning = [True]  # until the first write error is logged
         self._tensor_warned: set = set()  # set_step_values names warned about a device tensor
+        self._count_work = bool(python_options["count_work"])
+        self._work_handles: list = []  # steptrace.work.ModelWork hooks that watch() installed
         # Bound C++ methods: calling them runs no Python code of ours.
         self.step = self._core.step_function()
         """``with prof.step():`` times one step."""
@@ -637,6 +639,11 @@ class Profiler:
                 raise
         if installed is not None:
             self._phase_hooks.append(installed)
+        if self._count_work:
+            from steptrace.work import ModelWork  # noqa: PLC0415
+
+            # samples, tokens and FLOPs of each training forward (FLOPs counted once per shape)
+            self._work_handles += ModelWork(self._core, model).hooks(model)
         return model
 
     @property
@@ -664,13 +671,43 @@ class Profiler:
                     continue
             set_value(name, value)
 
+    # ---- useful work ----
+    def add_work(self, samples: Optional[float] = None, tokens: Optional[float] = None,
+                 flops: Optional[float] = None) -> None:
+        """Adds useful work to the step in progress (between steps: to the next one): its
+        record's ``work`` gets ``samples``, ``tokens`` and model ``flops`` (forward and
+        backward) and what they come to per second (``tokens_per_s``, ``tflops_per_s``,
+        ``mfu_pct``; see docs/useful-work.md). Calls in one step add up (one per
+        micro-batch, or one per step). A figure given here replaces the one steptrace
+        counts itself (from ``prof.data()``'s batches or a watched model). ValueError for a
+        negative or non-finite figure."""
+        figures = []
+        for name, value in (("samples", samples), ("tokens", tokens), ("flops", flops)):
+            if value is None:
+                figures.append(-1.0)
+                continue
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"add_work: {name}={value!r} is not a number; pass a count >= 0 or None") from None
+            if not (0.0 <= v < float("inf")):
+                raise ValueError(f"add_work: {name}={value!r} must be a finite count >= 0 (or None: unknown)")
+            figures.append(v)
+        self._core.add_work(figures[0], figures[1], figures[2], 4)
+
     # ---- the loader ----
     def data(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yields the items of ``iterable``, timing each wait for the next one as the next
         step's ``data_ms``. Advance it between steps: an item taken inside a step is still
         returned, but its wait is part of the step (one :class:`steptrace.UsageWarning` per
-        run; run_end counts them in ``data_inside_step``). (The iterator is a C type: no
-        Python frame per item.)"""
+        run; run_end counts them in ``data_inside_step``). With ``count_work`` (the
+        default) each item's samples and tokens go to the step it is for
+        (:func:`steptrace.work.batch_work`: its shape only). (The iterator is a C type: no
+        Python frame per item beyond that count.)"""
+        if self._count_work:
+            from steptrace.work import batch_counter  # noqa: PLC0415
+
+            return self._core.data(iterable, batch_counter(self._core))
         return self._core.data(iterable)
 
     # ---- time outside training work ----
@@ -737,6 +774,9 @@ class Profiler:
         hooks, self._phase_hooks = self._phase_hooks, []
         for h in hooks:
             h.remove()  # the wrapped torch functions are restored once nobody watches
+        work_handles, self._work_handles = self._work_handles, []
+        for handle in work_handles:
+            handle.remove()
         comm, self._comm = self._comm, None
         if comm is not None:
             comm.uninstall()  # collectives still outstanding end now, in the last step

@@ -11,9 +11,11 @@ import torch
 from torch import nn
 
 
-def hf_trainer_run(tmp: Path, *, max_steps: int, eval_steps: int, save_steps: int, save_total_limit=None) -> Path:
+def hf_trainer_run(tmp: Path, *, max_steps: int, eval_steps: int, save_steps: int, save_total_limit=None,
+                   **options) -> Path:
     """The Trainer on a tiny GPT-2 built from a config: evaluation every ``eval_steps``, a
-    checkpoint every ``save_steps``. Returns the log folder."""
+    checkpoint every ``save_steps``; ``options`` go to the profiler. Returns the log
+    folder."""
     import transformers
 
     from steptrace.integrations.transformers import SteptraceCallback
@@ -38,7 +40,7 @@ def hf_trainer_run(tmp: Path, *, max_steps: int, eval_steps: int, save_steps: in
         save_strategy="steps", save_steps=save_steps, save_total_limit=save_total_limit, use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, max_steps=max_steps)
     transformers.Trainer(model=model, args=args, train_dataset=Tokens(640), eval_dataset=Tokens(96),
-                         callbacks=[SteptraceCallback(tmp / "run")]).train()
+                         callbacks=[SteptraceCallback(tmp / "run", **options)]).train()
     return tmp / "run"
 
 
@@ -82,3 +84,42 @@ def lightning_run(tmp: Path, *, max_steps: int, val_every: int, checkpoint_every
                         callbacks=[SteptraceCallback(tmp / "run"), ckpt], default_root_dir=str(tmp))
     trainer.fit(Classifier(), loader(1600, 0), loader(400, 1))
     return tmp / "run", trainer
+
+
+def lightning_gpt_run(tmp: Path, *, max_steps: int, **options) -> Path:
+    """Lightning training the GPT-style model of gpt_loop.py on token batches (with a
+    validation loop); ``options`` go to the profiler. Returns the log folder."""
+    import lightning.pytorch as L
+
+    from gpt_loop import GPT
+    from steptrace.integrations.lightning import SteptraceCallback
+
+    class LitGPT(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.gpt = GPT()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            _, loss = self.gpt(x, y)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", self.gpt(x, y)[1])
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def loader(n: int, seed: int) -> torch.utils.data.DataLoader:
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 65, (n, 33), generator=g)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=8)
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, max_steps=max_steps,
+                        val_check_interval=10, callbacks=[SteptraceCallback(tmp / "run", **options)],
+                        default_root_dir=str(tmp))
+    trainer.fit(LitGPT(), loader(400, 0), loader(64, 1))
+    return tmp / "run"

@@ -57,7 +57,7 @@ class FakeDeviceTimer final : public DeviceTimer {
   }
   int live_events() const noexcept override { return live_; }
   std::string last_error() const override { return failed_ ? "fake device lost" : ""; }
-  std::string device_name() const override { return "Fake GPU"; }
+  std::string device_name() const override { return gpu_name; }
   std::int64_t device_memory_bytes() const override { return 80LL << 30; }
 
   // ---- the test's controls ----
@@ -73,6 +73,7 @@ class FakeDeviceTimer final : public DeviceTimer {
   /// Fails like fail() once `n` more queries have been answered (lost mid-poll).
   void fail_after_queries(int n) { fail_at_query_ = queries + n; }
 
+  std::string gpu_name = "Fake GPU";  // as CUDA would name the device
   std::uintptr_t last_stream = 0;
   int last_device = -1;
   int records = 0, queries = 0, syncs = 0, pool_size = 0;

@@ -94,6 +94,7 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self._manual = False  # the module uses manual optimization
         self._intervals: Optional[Any] = None  # steptrace.intervals.IntervalWatch while fit runs
         self._unwrap_save: Optional[Any] = None  # puts trainer.save_checkpoint back
+        self._work: Optional[Any] = None  # steptrace.work.BatchWork while fit runs
 
     # ---- lifecycle ----
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -102,6 +103,11 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self.profiler = open_profiler(self.log_dir, self.profiler_options, trainer.global_rank, trainer.world_size)
         self._phases = FrameworkPhases(self.profiler)
         self._manual = not getattr(pl_module, "automatic_optimization", True)
+        self._work = None
+        if self.profiler._count_work:
+            from steptrace.work import BatchWork
+
+            self._work = BatchWork(self.profiler._core)
         from steptrace.intervals import IntervalWatch
 
         self._intervals = IntervalWatch(self.profiler._core, checkpoints=False)
@@ -144,6 +150,8 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
             self._global_step_at_begin = trainer.global_step
             self._micro_steps, self._loss = 0, 0.0
         self._micro_steps += 1
+        if self._work is not None:
+            self._work.begin(batch)  # samples, tokens; FLOPs of the first batch of a shape
         self._phases.begin("forward")
 
     def on_before_zero_grad(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -181,6 +189,8 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         if prof is None or prof.closed or not prof._core.in_step:
             return
         self._phases.end_open()
+        if self._work is not None:
+            self._work.end()
         if self._loss is not None:
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             value = cpu_scalar(loss) if loss is not None else None
@@ -237,6 +247,8 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         if prof is None or prof.closed:
             return
         self._end_data()
+        if self._work is not None:
+            self._work.end()  # a FLOP count left running by an exception stops here
         if self._phases is not None:
             self._phases.close()
         prof.close(reason, error)  # an open step ends as failed

@@ -1,0 +1,54 @@
+// Useful work per step: throughput, FLOP/s and MFU from a step record's WorkCount, and the
+// run's totals of them. Shared by the JSON record, the Prometheus sink and run_end.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include "step_record.hpp"
+
+namespace steptrace::detail {
+
+/// What a step's work comes to per second of its training iteration (iteration_ns: the
+/// loader's wait, the other host work before it and the step; evaluation and checkpoint
+/// intervals left out). NaN where the figure it needs is unknown.
+struct WorkRates {
+  static constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+  double samples_per_s = kUnknown;
+  double tokens_per_s = kUnknown;
+  double tflops_per_s = kUnknown;
+  double mfu_pct = kUnknown;       // achieved FLOP/s / the device's peak (WorkCount's), in %
+  double j_per_sample = kUnknown;  // the step's energy (NVML) per unit of work
+  double j_per_token = kUnknown;
+};
+WorkRates work_rates(const StepRecord& r) noexcept;
+
+/// The peak that MFU divides by, resolved once at start: the peak_tflops option, else the
+/// datasheet figure for the device and math dtype (peak_flops.hpp). flops_per_s is 0 when
+/// there is none, and `why` says why.
+struct PeakChoice {
+  double flops_per_s = 0;
+  std::string dtype;           // "bf16", ...; "" for the option's figure
+  bool dtype_assumed = false;  // mfu_dtype "auto" with nothing yet saying what the model runs in
+  std::string chip;            // the table's row, or "peak_tflops option"
+  std::string source;          // the datasheet, or the option
+  std::string why;             // empty when flops_per_s > 0
+};
+/// `dtype` is "auto" or a math dtype name; `device_name` is the timer's ("" on a CPU).
+PeakChoice choose_peak(double peak_tflops_option, std::string_view dtype,
+                       std::string_view device_name);
+
+/// The run's work, summed over its steps (writer thread), for run_end.
+struct WorkTotals {
+  double samples = 0, tokens = 0, flops = 0;
+  std::int64_t samples_ns = 0, tokens_ns = 0, flops_ns = 0;  // iteration time of those steps
+  double energy_j = 0;          // of steps with both an energy figure and tokens
+  double energy_tokens = 0;     // the tokens of those steps
+  double peak_flops_per_s = 0;  // the last step's
+  bool any() const noexcept { return samples_ns > 0 || tokens_ns > 0 || flops_ns > 0; }
+  void add(const StepRecord& r) noexcept;
+};
+
+}  // namespace steptrace::detail

@@ -1,0 +1,208 @@
+"""Useful work per step (docs/useful-work.md): samples and tokens from the batch, model
+FLOPs counted once per shape, MFU against a peak, on real loops: an explicit GPT-style
+loop, the same script under ``steptrace run``, the Hugging Face Trainer and Lightning.
+
+The FLOPs are checked against nanoGPT's analytic count (``estimate_mfu``): 6·N per token
+for the weights N (the position embeddings left out; the token embedding counts as the
+output layer it is tied to, or as that layer where it is not) plus 12·L·d·T per token for
+attention, T tokens per sequence."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import steptrace  # noqa: E402
+from steptrace.work import batch_work, count_flops  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from gpt_loop import GPT, get_batch  # noqa: E402
+
+PEAK_TFLOPS = 0.5  # a CPU has no datasheet peak: MFU needs the option
+
+
+def gpt_analytic_flops(model: GPT, batch: int, seq: int) -> float:
+    """nanoGPT's estimate for one forward and backward of ``batch`` sequences of ``seq``."""
+    n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("tok.", "pos.")))
+    layers, dim = len(model.blocks), model.ln.normalized_shape[0]
+    return (6 * n + 12 * layers * dim * seq) * seq * batch
+
+
+def iteration_s(step: dict) -> float:
+    return (step["data_ms"] + step.get("other_ms", 0) + step["step_ms"] - step.get("interval_in_step_ms", 0)) / 1e3
+
+
+def assert_mfu_is_flops_over_time_over_peak(step: dict, peak_tflops: float) -> None:
+    work = step["work"]
+    tflops_per_s = work["flops"] / iteration_s(step) / 1e12
+    # the record's ms are rounded to 0.1 us: compare to a few parts in a thousand
+    assert work["tflops_per_s"] == pytest.approx(tflops_per_s, rel=5e-3)
+    assert work["mfu_pct"] == pytest.approx(100 * tflops_per_s / peak_tflops, rel=5e-3)
+
+
+def test_batch_work_reads_the_batch_shape():
+    ids = torch.randint(0, 50, (4, 16))
+    assert batch_work(ids) == (4, 64)  # token ids (batch, sequence)
+    assert batch_work((ids, ids)) == (4, 64)  # inputs first
+    assert batch_work([torch.randn(8, 3, 32, 32), torch.zeros(8)]) == (8, -1)  # images: no tokens
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[:, 12:] = 0  # padding
+    assert batch_work({"input_ids": ids, "attention_mask": mask}) == (4, 48)
+    assert batch_work({"input_ids": ids}) == (4, 64)
+    assert batch_work({"pixels": torch.randn(2, 3)}) == (-1, -1)  # no input_ids: unknown
+    assert batch_work(torch.zeros(5, 2, dtype=torch.bool)) == (5, -1)
+    assert batch_work("text") == (-1, -1)
+    assert batch_work(()) == (-1, -1)
+
+
+def test_count_flops_on_meta_is_within_10pct_of_the_analytic_count():
+    model = GPT()
+    x, y = torch.randint(0, 65, (8, 32)), torch.randint(0, 65, (8, 32))
+    flops = count_flops(model, x, y)
+    assert flops == pytest.approx(gpt_analytic_flops(model, 8, 32), rel=0.10)
+    assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())  # untouched
+
+
+def test_explicit_gpt_loop_reports_tokens_flops_and_mfu(tmp_path, records_of, one_thread):
+    with steptrace.Profiler(tmp_path / "run", peak_tflops=PEAK_TFLOPS) as prof:
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(0)
+        data = torch.randint(65, (5000,), generator=gen)
+        model = prof.watch(GPT(), phases=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loader = prof.data(get_batch(data, 8, 32, gen) for _ in range(40))
+        for _ in range(20):  # two micro-batches per step, each from the wrapped loader
+            with prof.step():
+                for _micro in range(2):
+                    x, y = next(loader)
+                    with prof.phase("forward"):
+                        _, loss = model(x, y)
+                    with prof.phase("backward"):
+                        (loss / 2).backward()
+                with prof.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+    records = records_of(tmp_path / "run" / "rank0.jsonl")
+    steps = [r for r in records if r["kind"] == "step"]
+    analytic = 2 * gpt_analytic_flops(model, 8, 32)
+    for s in steps:
+        work = s["work"]
+        assert work["samples"] == 16 and work["tokens"] == 2 * 8 * 32  # two batches of (8, 32)
+        assert work["flops"] == pytest.approx(analytic, rel=0.10)
+        assert work["tokens_per_s"] == pytest.approx(work["tokens"] / iteration_s(s), rel=5e-3)
+        assert_mfu_is_flops_over_time_over_peak(s, PEAK_TFLOPS)
+    start = records[0]["work"]
+    assert start["peak_tflops"] == PEAK_TFLOPS and start["chip"] == "peak_tflops option"
+    end = records[-1]["work"]
+    assert end["tokens"] == 20 * 512
+    assert end["flops"] == pytest.approx(20 * analytic, rel=0.10)
+    total_s = sum(iteration_s(s) for s in steps)
+    assert end["mfu_pct"] == pytest.approx(100 * end["flops"] / total_s / 1e12 / PEAK_TFLOPS, rel=5e-3)
+
+
+def test_evaluation_forwards_add_no_work_and_add_work_overrides(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path / "run") as prof:
+        model = prof.watch(GPT(), phases=False)
+        x = torch.randint(0, 65, (4, 32))
+        for i in range(3):
+            with torch.no_grad():
+                model(x)  # evaluation between steps: no work
+            with prof.step():
+                _, loss = model(x, x)
+                loss.backward()
+                if i == 2:
+                    prof.add_work(samples=100, flops=1e9)  # the program's own figures win
+    steps = [r for r in records_of(tmp_path / "run" / "rank0.jsonl") if r["kind"] == "step"]
+    assert [s["work"]["samples"] for s in steps] == [4, 4, 100]
+    assert [s["work"]["tokens"] for s in steps] == [128, 128, 128]
+    assert steps[0]["work"]["flops"] == steps[1]["work"]["flops"] == pytest.approx(
+        gpt_analytic_flops(model, 4, 32), rel=0.10)
+    assert steps[2]["work"]["flops"] == 1e9
+    assert "mfu_pct" not in steps[0]["work"]  # a CPU without peak_tflops: no MFU
+    assert "peak_tflops" in records_of(tmp_path / "run" / "rank0.jsonl")[0]["work"]["mfu_unavailable"]
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "many"])
+def test_add_work_refuses_a_bad_figure_and_records_nothing(tmp_path, records_of, bad):
+    with steptrace.Profiler(tmp_path / "run") as prof:
+        with prof.step():
+            with pytest.raises(ValueError, match="tokens"):
+                prof.add_work(samples=4, tokens=bad)
+    steps = [r for r in records_of(tmp_path / "run" / "rank0.jsonl") if r["kind"] == "step"]
+    assert "work" not in steps[0]  # checked before anything was added
+
+
+def test_count_work_off_counts_nothing(tmp_path, records_of):
+    with steptrace.Profiler(tmp_path / "run", count_work=False) as prof:
+        model = prof.watch(GPT(), phases=False)
+        for x in prof.data([torch.randint(0, 65, (2, 32))] * 2):
+            with prof.step():
+                model(x, x)[1].backward()
+    steps = [r for r in records_of(tmp_path / "run" / "rank0.jsonl") if r["kind"] == "step"]
+    assert steps and all("work" not in s for s in steps)
+
+
+def test_gpt_script_under_steptrace_run_reports_work(tmp_path, records_of):
+    log_dir = tmp_path / "logs"
+    proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(log_dir),
+                           "-o", f"peak_tflops={PEAK_TFLOPS}", str(HERE / "gpt_loop.py"), "--iters", "30",
+                           "--eval-interval", "10"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    records = records_of(log_dir / "rank0.jsonl")
+    steps = [r for r in records if r["kind"] == "step"]
+    analytic = 2 * gpt_analytic_flops(GPT(), 8, 32)  # gpt_loop.py: two micro-batches of (8, 32)
+    assert len(steps) == 30
+    for s in steps:
+        work = s["work"]
+        assert work["tokens"] == 512 and work["tokens_per_s"] > 0
+        assert work["flops"] == pytest.approx(analytic, rel=0.10)
+        assert_mfu_is_flops_over_time_over_peak(s, PEAK_TFLOPS)
+
+
+def _hf_analytic_flops(batch: int, seq: int) -> float:
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    n = sum(p.numel() for name, p in model.named_parameters() if "wpe" not in name)  # wte is the tied lm_head
+    return (6 * n + 12 * config.n_layer * config.n_embd * seq) * seq * batch
+
+
+def test_hf_trainer_reports_tokens_flops_and_mfu(tmp_path, records_of):
+    pytest.importorskip("transformers")
+    from framework_loops import hf_trainer_run
+
+    run = hf_trainer_run(tmp_path, max_steps=12, eval_steps=6, save_steps=100, peak_tflops=PEAK_TFLOPS)
+    steps = [r for r in records_of(run / "rank0.jsonl") if r["kind"] == "step"]
+    assert len(steps) == 12
+    for s in steps:
+        work = s["work"]
+        assert work["samples"] == 4 and work["tokens"] == 64  # batches of 4 sequences of 16
+        assert work["flops"] == pytest.approx(_hf_analytic_flops(4, 16), rel=0.10)
+        assert_mfu_is_flops_over_time_over_peak(s, PEAK_TFLOPS)
+
+
+def test_lightning_reports_tokens_flops_and_mfu(tmp_path, records_of):
+    pytest.importorskip("lightning")
+    from framework_loops import lightning_gpt_run
+
+    run = lightning_gpt_run(tmp_path, max_steps=12, peak_tflops=PEAK_TFLOPS)
+    steps = [r for r in records_of(run / "rank0.jsonl") if r["kind"] == "step"]
+    assert len(steps) == 12
+    analytic = gpt_analytic_flops(GPT(), 8, 32)
+    for s in steps:
+        work = s["work"]
+        assert work["samples"] == 8 and work["tokens"] == 256
+        assert work["flops"] == pytest.approx(analytic, rel=0.10)
+        assert_mfu_is_flops_over_time_over_peak(s, PEAK_TFLOPS)
+    assert not math.isnan(steps[-1]["work"]["tokens_per_s"])
