@@ -96,7 +96,7 @@ void append_work(fmt::memory_buffer& out, const StepRecord& r) {
   field("samples_per_s", w.samples_per_s, "{:.6g}");
   field("tokens_per_s", w.tokens_per_s, "{:.6g}");
   field("tflops_per_s", w.tflops_per_s, "{:.6g}");
-  field("mfu_pct", w.mfu_pct, "{:.3f}");
+  field("mfu_pct", w.mfu_pct, "{:.6g}");
   field("j_per_sample", w.j_per_sample, "{:.6g}");
   field("j_per_token", w.j_per_token, "{:.6g}");
   out.push_back('}');
@@ -382,7 +382,7 @@ void append_run_work_json(fmt::memory_buffer& out, const RunEnd& end, const Work
     const double flops_per_s = per_s(w.flops, w.flops_ns);
     field("tflops_per_s", flops_per_s * 1e-12, "{:.6g}");
     if (w.peak_flops_per_s > 0) {
-      field("mfu_pct", 100.0 * flops_per_s / w.peak_flops_per_s, "{:.3f}");
+      field("mfu_pct", 100.0 * flops_per_s / w.peak_flops_per_s, "{:.6g}");
       field("peak_tflops", w.peak_flops_per_s * 1e-12, "{:.6g}");
       if (!end.mfu_dtype.empty()) {
         fmt::format_to(it, ",\"mfu_dtype\":\"{}\"", end.mfu_dtype);

@@ -409,12 +409,7 @@ class GlobalPhaseHooks(_Hooks):
                     work.pre(mod, args)
 
         def outer_post(mod: Any) -> None:
-            if isinstance(mod, loss_type):
-                gate.end("loss")
-                return
-            if work is not None:
-                work.post(mod)
-            gate.end("forward")
+            gate.end("loss" if isinstance(mod, loss_type) else "forward")
 
         def global_pre(mod: Any, args: Any) -> None:
             if _compiling() or threading.get_ident() != thread:

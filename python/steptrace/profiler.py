@@ -602,7 +602,9 @@ class Profiler:
         DistributedDataParallel model, ``hook(state, bucket)`` is registered as its
         communication hook (``model.register_comm_hook(state, hook)``); its gradient
         all-reduces are timed without watch() (see ``comm_timing``, and
-        docs/distributed.md). Call it once per model, before the first step;
+        docs/distributed.md). With ``count_work`` (the default) each training forward
+        adds its samples, tokens and model FLOPs to the step (docs/useful-work.md). Call
+        it once per model, before the first step;
         :meth:`close` removes the phase hooks. A forward of ``model`` with
         gradients disabled between steps opens an evaluation interval (see
         :meth:`interval`), ended by the next step. Returns ``model``."""
@@ -613,9 +615,10 @@ class Profiler:
         if register is None and (hook is not None or state is not None):
             raise ConfigError(f"watch(model, hook=...): a communication hook needs a torch.nn.parallel."
                               f"DistributedDataParallel model (it has register_comm_hook), got {type(model).__name__}")
-        if register is None and not phases:
+        if register is None and not phases and not self._count_work:
             raise ConfigError(f"watch(model, phases=False): nothing to watch on a {type(model).__name__} "
-                              f"(the communication timing needs a DistributedDataParallel model)")
+                              f"(the communication timing needs a DistributedDataParallel model, and "
+                              f"count_work=False turned the work counting off)")
         installed = None
         if phases:
             from steptrace.autophase import PhaseHooks

@@ -30,9 +30,20 @@ SOURCE_MODEL, SOURCE_BATCH, SOURCE_OPTION, SOURCE_USER = 1, 2, 3, 4
 MAX_SHAPES = 256  # distinct input shapes counted per model; later new ones go uncounted
 
 
-def _tensor_type() -> Any:
-    torch = sys.modules.get("torch")
-    return torch.Tensor if torch is not None else None
+_TORCH: Any = None  # (torch.Tensor, the integer dtypes) once torch is imported
+
+
+def _torch_types() -> Any:
+    global _TORCH
+    if _TORCH is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        ints = frozenset(d for d in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+                                     getattr(torch, "uint16", None), getattr(torch, "uint32", None),
+                                     getattr(torch, "uint64", None)) if d is not None)
+        _TORCH = (torch.Tensor, ints)
+    return _TORCH
 
 
 def _tokens_of(ids: Any, mask: Any, tensor: Any) -> int:
@@ -51,22 +62,27 @@ def batch_work(batch: Any) -> tuple[int, int]:
     - a mapping with ``input_ids`` (a Hugging Face batch): samples from it, tokens from
       ``attention_mask`` where given (non-padding; on a GPU every position);
     - a tuple or list: as its first element (inputs first, targets after).
-    """
-    tensor = _tensor_type()
-    if tensor is None:
+
+    It reads shapes and dtypes only (this runs for every batch)."""
+    types = _torch_types()
+    if types is None:
         return -1, -1
+    tensor, ints = types
+    cls = type(batch)
+    if cls is tuple or cls is list:
+        batch = batch[0] if batch else None
+    if isinstance(batch, tensor):
+        shape = batch.shape
+        if not shape:
+            return -1, -1
+        if len(shape) == 2 and batch.dtype in ints:
+            return shape[0], shape[0] * shape[1]
+        return shape[0], -1
     if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "get")):
         ids = batch.get("input_ids")
         if isinstance(ids, tensor) and ids.dim() >= 1:
             tokens = _tokens_of(ids, batch.get("attention_mask"), tensor) if ids.dim() == 2 else -1
             return int(ids.shape[0]), tokens
-        return -1, -1
-    if isinstance(batch, (tuple, list)):
-        batch = batch[0] if batch else None
-    if isinstance(batch, tensor) and batch.dim() >= 1:
-        ids = batch.dim() == 2 and not (batch.is_floating_point() or batch.is_complex()
-                                         or batch.dtype is sys.modules["torch"].bool)
-        return int(batch.shape[0]), int(batch.numel()) if ids else -1
     return -1, -1
 
 
@@ -78,7 +94,7 @@ def batch_counter(core: Any) -> Callable[[Any], None]:
     def count(batch: Any) -> None:
         samples, tokens = batch_work(batch)
         if samples >= 0 or tokens >= 0:
-            add(float(samples), float(tokens), -1.0, SOURCE_BATCH)
+            add(samples, tokens, -1.0, SOURCE_BATCH)
 
     return count
 
@@ -258,62 +274,69 @@ def math_dtype(model: Any) -> Optional[str]:
     return None
 
 
+def _shape_key(args: Any, kwargs: Any, tensor: Any) -> Any:
+    """What a forward's FLOPs depend on: its tensors' shapes and dtypes, its other plain
+    arguments, and the types of the rest."""
+    key = [(v.shape, v.dtype) if isinstance(v, tensor) else v if isinstance(v, (int, float, str, type(None)))
+           else type(v) for v in args]
+    if kwargs:
+        key += [(k, (v.shape, v.dtype) if isinstance(v, tensor) else v if isinstance(v, (int, float, str, type(None)))
+                 else type(v)) for k, v in kwargs.items()]
+    return tuple(key)
+
+
 class ModelWork:
     """Adds each training forward's work to the step in progress of ``core``: samples and
     tokens from its inputs (:func:`batch_work` of the first argument, or of the keyword
     arguments for a Hugging Face model), and FLOPs: the first training forward of each
-    input shape is counted as it runs (:func:`_flop_mode`), backward taken as twice it.
-    A forward without gradients (evaluation) adds nothing. The first count also tells
-    the core the model's math dtype (``mfu_dtype="auto"``). A compiled model
-    (``torch.compile``) is not counted: a dispatch mode would change what it runs."""
+    input shape is counted as it runs (:func:`_flop_mode`, a forward hook registered for
+    that call only), backward taken as twice it. A forward without gradients
+    (evaluation) adds nothing. The first count also tells the core the model's math dtype
+    (``mfu_dtype="auto"``). A compiled model (``torch.compile``) is not counted: a
+    dispatch mode would change what it runs; and a hook that dynamo traces (the model
+    compiled after it was watched) does nothing, so that it adds nothing to the graph."""
 
     def __init__(self, core: Any, model: Any, flops: bool = True) -> None:
         import torch
 
+        from steptrace.autophase import _compiling
+
+        self._add = core.add_work
         self._core = core
         self._model = model
         self._flops: dict = {}  # input shape key -> FLOPs of one forward and its backward
         self._count_flops = flops and not hasattr(model, "_orig_mod")
         self._dtype_told = False
         self._mode: Any = None  # the count running over the forward in progress
+        self._post_handle: Any = None
         self._key: Any = None
-        self._depth = 0  # calls of this model in progress (a model calling itself)
+        self._nested = 0  # calls of the model inside the counted one
         self._warned_shapes = False
         self._grad_enabled = torch.is_grad_enabled
+        self._compiling = _compiling
+        self._tensor = torch.Tensor
 
     def hooks(self, module: Any) -> list:
-        """Registers the pre-hook and the forward hook on ``module``; returns the handles."""
-        return [module.register_forward_pre_hook(self.pre, with_kwargs=True),
-                module.register_forward_hook(self.post, with_kwargs=True, always_call=True)]
-
-    @staticmethod
-    def shape_key(args: Any, kwargs: Any) -> Any:
-        tensor = _tensor_type()
-        key = []
-        for value in list(args) + [kwargs[k] for k in sorted(kwargs)]:
-            if isinstance(value, tensor):
-                key.append((tuple(value.shape), value.dtype))
-            elif isinstance(value, (int, float, bool, str, type(None))):
-                key.append(value)
-            else:
-                key.append(type(value).__name__)
-        return tuple(key)
+        """Registers the forward pre-hook on ``module``; returns its handle in a list."""
+        return [module.register_forward_pre_hook(self.pre, with_kwargs=True)]
 
     def pre(self, module: Any, args: Any, kwargs: Any) -> None:
-        self._depth += 1
-        if self._depth > 1 or not self._grad_enabled():
+        if self._compiling() or not self._grad_enabled():
+            return
+        if self._mode is not None:  # the model called inside its own counted forward
+            self._nested += 1
             return
         samples, tokens = batch_work(args[0] if args else kwargs)
         flops = -1.0
         if self._count_flops:
-            key = self.shape_key(args, kwargs)
+            key = _shape_key(args, kwargs, self._tensor)
             flops = self._flops.get(key, -1.0)
             if flops < 0:
-                self._start_count(key)
+                self._start_count(module, key)
         if samples >= 0 or tokens >= 0 or flops >= 0:
-            self._core.add_work(float(samples), float(tokens), flops, SOURCE_MODEL)
+            self._add(samples, tokens, flops, SOURCE_MODEL)
 
-    def _start_count(self, key: Any) -> None:
+    def _start_count(self, module: Any, key: Any) -> None:
         if len(self._flops) >= MAX_SHAPES:
             if not self._warned_shapes:
                 self._warned_shapes = True
@@ -321,19 +344,26 @@ class ModelWork:
                                "FLOPs (set flops_per_step, or prof.add_work(flops=...))", MAX_SHAPES)
             return
         self._tell_dtype()
-        self._mode, self._key = _flop_mode(), key
-        self._mode.__enter__()  # left in post(), which runs even when the forward raises
+        self._key = key
+        # runs when this forward returns, or raises
+        self._post_handle = module.register_forward_hook(self.post, with_kwargs=True, always_call=True)
+        self._mode = _flop_mode()
+        self._mode.__enter__()
 
     def post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        self._depth -= 1
-        mode = self._mode
-        if mode is None or self._depth > 0:
+        if self._nested:
+            self._nested -= 1
             return
-        self._mode = None
+        mode, self._mode = self._mode, None
+        handle, self._post_handle = self._post_handle, None
+        if handle is not None:
+            handle.remove()
+        if mode is None:
+            return
         mode.__exit__(None, None, None)
         flops = 3.0 * mode.total  # forward, and backward as twice it
         self._flops[self._key] = flops
-        self._core.add_work(-1.0, -1.0, flops, SOURCE_MODEL)
+        self._add(-1.0, -1.0, flops, SOURCE_MODEL)
 
     def _tell_dtype(self) -> None:
         if self._dtype_told:
@@ -358,11 +388,6 @@ class TopLevelWork:
             work = self._models[id(module)] = ModelWork(self._core, module)
         work.pre(module, args, {})
 
-    def post(self, module: Any) -> None:
-        work = self._models.get(id(module))
-        if work is not None:
-            work.post(module, (), {}, None)
-
 
 class BatchWork:
     """Work of each batch a framework hands its callbacks (Lightning's
@@ -381,13 +406,14 @@ class BatchWork:
         samples, tokens = batch_work(batch)
         flops = -1.0
         if self._count_flops:
-            key = ModelWork.shape_key(batch if isinstance(batch, (tuple, list)) else (batch,), {})
+            key = _shape_key(batch if isinstance(batch, (tuple, list)) else (batch,), None,
+                             _torch_types()[0])
             flops = self._flops.get(key, -1.0)
             if flops < 0 and self._counter is None and len(self._flops) < MAX_SHAPES:
                 self._counter, self._key = _flop_mode(), key
                 self._counter.__enter__()
         if samples >= 0 or tokens >= 0 or flops >= 0:
-            self._core.add_work(float(samples), float(tokens), flops, SOURCE_BATCH)
+            self._core.add_work(samples, tokens, flops, SOURCE_BATCH)
 
     def end(self) -> None:
         """The batch's forward and backward are done: its counted FLOPs go to the step."""

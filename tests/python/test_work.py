@@ -72,7 +72,7 @@ def test_count_flops_on_meta_is_within_10pct_of_the_analytic_count():
     assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())  # untouched
 
 
-def test_explicit_gpt_loop_reports_tokens_flops_and_mfu(tmp_path, records_of, one_thread):
+def test_explicit_gpt_loop_reports_tokens_flops_and_mfu(tmp_path, records_of):
     with steptrace.Profiler(tmp_path / "run", peak_tflops=PEAK_TFLOPS) as prof:
         torch.manual_seed(0)
         gen = torch.Generator().manual_seed(0)
@@ -80,10 +80,10 @@ def test_explicit_gpt_loop_reports_tokens_flops_and_mfu(tmp_path, records_of, on
         model = prof.watch(GPT(), phases=False)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         loader = prof.data(get_batch(data, 8, 32, gen) for _ in range(40))
-        for _ in range(20):  # two micro-batches per step, each from the wrapped loader
+        for _ in range(20):  # two micro-batches per step from the wrapped loader, taken before it
+            micro_batches = [next(loader), next(loader)]
             with prof.step():
-                for _micro in range(2):
-                    x, y = next(loader)
+                for x, y in micro_batches:
                     with prof.phase("forward"):
                         _, loss = model(x, y)
                     with prof.phase("backward"):
@@ -143,7 +143,9 @@ def test_add_work_refuses_a_bad_figure_and_records_nothing(tmp_path, records_of,
 
 def test_count_work_off_counts_nothing(tmp_path, records_of):
     with steptrace.Profiler(tmp_path / "run", count_work=False) as prof:
-        model = prof.watch(GPT(), phases=False)
+        with pytest.raises(steptrace.ConfigError, match="count_work=False"):
+            prof.watch(GPT(), phases=False)  # nothing left to watch on a plain model
+        model = prof.watch(GPT())
         for x in prof.data([torch.randint(0, 65, (2, 32))] * 2):
             with prof.step():
                 model(x, x)[1].backward()
