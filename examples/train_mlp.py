@@ -54,6 +54,7 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     with steptrace.Profiler(args.log_dir, overwrite=True, metrics_port=args.metrics_port) as prof:
+        prof.watch(model, phases=False)  # each step's model FLOPs (samples come from prof.data)
         for epoch in range(args.epochs):
             for x, y in prof.data(loader):  # the wait for each batch is the step's data_ms
                 with prof.step():

@@ -193,8 +193,9 @@ class _CompletionPoller:
         self._stop = False
         self._thread: Optional[threading.Thread] = None
 
-    def add(self, token: int, work: Any, host_blocked: bool, size: tuple[int, int] = (0, 0),
-            result: Any = None, value: Any = None) -> None:
+    def add(self, token: Optional[int], work: Any, host_blocked: bool, size: tuple[int, int] = (0, 0),
+            result: Any = None, value: Any = None) -> tuple:
+        """Returns the item (to join on, see add_join)."""
         item = (token, work, host_blocked, result, value, size)
         with self._cond:
             if not self._stop:
@@ -203,11 +204,30 @@ class _CompletionPoller:
                     self._thread = threading.Thread(target=self._run, name="steptrace-collectives", daemon=True)
                     self._thread.start()
                 self._cond.notify()
-                return
+                return item
         self._finish(item, wait=True)
+        return item
+
+    def add_join(self, program_future: Any, inner: list, result: Any) -> None:
+        """``result`` completes with ``program_future``'s value once that is done, after
+        the ``inner`` items (the collectives launched while it was made) have ended: the
+        future a DDP comm hook of the program returns may complete before the poller has
+        seen its collective's work complete, and DDP goes on when it does."""
+        self.add(None, program_future, False, (0, 0), result, inner)
 
     def _finish(self, item: tuple, wait: bool) -> None:
         token, work, host_blocked, result, value, size = item
+        if token is None:  # a join: its collectives end first, then DDP's future
+            with self._cond:
+                inner = [p for p in self._pending if any(p is q for q in value)]
+                self._pending = [p for p in self._pending if not any(p is q for q in inner)]
+            for q in inner:
+                self._finish(q, wait)
+            try:
+                result.set_result(work.wait() if wait else work.value())
+            except Exception as exc:  # noqa: BLE001 - the program's hook failed: DDP sees why
+                result.set_exception(exc)
+            return
         self._end(token, host_blocked, *size)
         if result is None:
             return
@@ -228,8 +248,8 @@ class _CompletionPoller:
                 pending = list(self._pending)
             done = []
             for item in pending:
-                try:
-                    completed = item[1].is_completed()
+                try:  # a join waits on a torch future, a collective on its work
+                    completed = item[1].done() if item[0] is None else item[1].is_completed()
                 except Exception:  # noqa: BLE001 - an aborted group: the work is over
                     completed = True
                 if completed:
@@ -263,6 +283,9 @@ class CollectiveTiming:
         self._begin, self._end = core.collective_begin, core.collective_end
         self._poller = _CompletionPoller(core.collective_end)
         self._ddp = _DdpAdoption()
+        # per thread (DDP calls comm hooks on the autograd engine's threads): the poller
+        # items launched inside the program's comm hook in progress
+        self._hook_calls = threading.local()
         self.polled = 0  # collectives whose future completed at launch (NCCL-like)
         self.by_future = 0  # collectives whose future completed with the work (gloo-like)
 
@@ -331,7 +354,30 @@ class CollectiveTiming:
             self.by_future += 1
         else:
             self.polled += 1
-        self._poller.add(token, work, host_blocked, size)
+        item = self._poller.add(token, work, host_blocked, size)
+        captured = getattr(self._hook_calls, "items", None)
+        if captured is not None:
+            captured.append(item)
+
+    def run_hook(self, hook: Callable[..., Any], state: Any, bucket: Any) -> Any:
+        """The program's comm hook, behind the dispatcher. Its collectives are timed where
+        they go through torch.distributed; where one is still outstanding when the hook
+        returns, DDP gets a future that completes after that collective has ended, so that
+        it ends in the step that launched it."""
+        import torch
+
+        calls = self._hook_calls
+        outer = getattr(calls, "items", None)
+        calls.items = []
+        try:
+            fut = hook(state, bucket)
+        finally:
+            inner, calls.items = calls.items, outer
+        if not inner or not isinstance(fut, torch._C.Future):  # torch.futures.Future's base too
+            return fut
+        result = torch.futures.Future()
+        self._poller.add_join(fut, inner, result)
+        return result
 
     def reduce_bucket(self, all_reduce: Callable[..., Any], tensor: Any, group: Any) -> Any:
         """A DDP bucket's all-reduce, timed, and the future DDP waits for. Where the
@@ -433,12 +479,12 @@ def adopt_ddp(ddp: Any) -> bool:
     # No annotations: DDP rejects a hook whose annotations are not GradBucket / Future.
     def steptrace_dispatch(state, bucket):  # type: ignore[no-untyped-def]
         chosen = box[0]
+        timing = _current()
         if chosen is not None:
-            return chosen[0](chosen[1], bucket)
+            return chosen[0](chosen[1], bucket) if timing is None else timing.run_hook(chosen[0], chosen[1], bucket)
         tensor = bucket.buffer()
         tensor.div_(size)  # DDP's average, as its allreduce_hook does
         all_reduce = _originals.get("all_reduce", dist.all_reduce)
-        timing = _current()
         if timing is None:  # the Profiler has closed: DDP's own allreduce_hook
             return all_reduce(tensor, group=group, async_op=True).get_future().then(_first_tensor)
         return timing.reduce_bucket(all_reduce, tensor, group)

@@ -20,6 +20,8 @@
 #   check_cupti.py         the CUPTI backends: counters, kernel activity, torch.profiler
 #                          and Kineto coexistence, attribution across threads
 #   check_nvml.py          NVML telemetry: power and energy against nvidia-smi, sampler cost
+#   check_work.py          the datasheet peak found for this GPU, FLOPs of a bf16 MLP step
+#                          against 6·N·B, mfu_pct against CUDA events around the same steps
 # Time: the whole run has STEPTRACE_GPU_BUDGET_S (175) seconds after setup; each script
 # has its own cap within it (the deadline is passed down as STEPTRACE_GPU_DEADLINE, so
 # their child processes get time limits that fit) and is stopped at it.
@@ -36,7 +38,7 @@ end=$((start + BUDGET))
 rc=0
 # script, cap in seconds
 for entry in check_cuda_timing.py:20 check_streams.py:30 check_graphs.py:60 check_nvml_devices.py:25 \
-             check_cupti.py:75 check_nvml.py:40; do
+             check_cupti.py:75 check_nvml.py:40 check_work.py:20; do
   script=${entry%%:*}
   cap=${entry##*:}
   now=$(date +%s)
