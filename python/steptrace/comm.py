@@ -369,6 +369,31 @@ class CollectiveTiming:
         return "no collective seen"
 
 
+def timing_method(comm_timing: str) -> tuple[str, str]:
+    """How a Profiler opened now times the collectives, for run_start's ``backends.comm``:
+    (method, "") where they are timed, ("", why not) where they are not."""
+    if comm_timing == "off":
+        return "", 'comm_timing="off": torch.distributed is left as it is'
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return "", "untimed: torch.distributed is not imported (no process group)"
+    try:
+        if not dist.is_available():
+            return "", "untimed: this torch has no torch.distributed"
+        backend = str(dist.get_backend()).lower() if dist.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - an odd state: described as without a group
+        backend = ""
+    polled = f"completion polling of Work.is_completed() every {POLL_S * 1000:g} ms"
+    if not backend:
+        return (f"{polled} where a collective's future completes at launch (NCCL), its future where it "
+                f"completes with the work (gloo); no process group yet"), ""
+    if "nccl" not in backend:
+        return (f"completion of each collective's future, which completes with the work ({backend}: the host "
+                f"waits, blocked time), and {polled}"), ""
+    return (f"{polled} ({backend}: the future completes at launch; the host does not wait), "
+            f"and the future where a backend completes it with the work"), ""
+
+
 # DDP models given the dispatcher, with the program's (hook, state) once it registers one.
 _adopted: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
 _register_patched = False
