@@ -19,7 +19,8 @@ with ``pg_status`` in strings), so the tests use real gloo ranks.
 
 Nothing here runs per step: the hang alert asks for a snapshot once (the alert thread
 answers the watchdog), and the cross-rank heartbeat carries a compact one only while its
-rank has made no progress for a while.
+rank has made no progress for a while (a full dump of 2,000 entries costs about 65 ms of
+CPU here: it is taken again only when the groups' status changed).
 """
 
 from __future__ import annotations
@@ -217,6 +218,28 @@ def compact(snap: Optional[Mapping[str, Any]]) -> Any:
                            [pending.get("op"), pending.get("input_sizes")] if pending else None,
                            enq.get("op") if enq else None]
     return out
+
+
+_heartbeat_cache: dict = {}  # the last full dump's compact state, by the pg_status it had
+
+
+def heartbeat_state(environ: Mapping[str, str] = os.environ) -> Any:
+    """``compact(snapshot())`` for a stalled rank's heartbeat, once a poll: the group
+    status alone (``includeCollectives=False``: about 10 us) each time, the full dump
+    (about 65 ms of CPU for 2,000 entries on this 2-core VM) only when that status changed
+    since the last one, which in a stall is once."""
+    fn = _dump_function()
+    size = buffer_size(environ)
+    if fn is None or size is None or size <= 0 or not _process_group_exists():
+        return compact(snapshot(environ=environ))
+    try:
+        status = json.loads(fn(includeCollectives=False)).get("pg_status")
+    except Exception:  # noqa: BLE001 - said by the full snapshot
+        return compact(snapshot(environ=environ))
+    key = json.dumps(status, sort_keys=True)
+    if _heartbeat_cache.get("key") != key:
+        _heartbeat_cache.update(key=key, state=compact(snapshot(environ=environ)))
+    return _heartbeat_cache["state"]
 
 
 def parting(per_rank: Mapping[int, Any]) -> Optional[dict]:

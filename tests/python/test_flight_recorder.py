@@ -128,3 +128,21 @@ def test_gloo_with_the_recorder_on_and_off():
     assert group["last_completed"]["input_sizes"] == [[3]] and group["pending"] is None
     off = _run({})
     assert off["now"]["recorder"] == "off" and "TORCH_FR_BUFFER_SIZE is not set" in off["now"]["why"]
+
+
+def test_a_stalled_heartbeat_dumps_the_whole_ring_only_when_the_status_changed(monkeypatch):
+    calls = []
+
+    def dump(includeCollectives=True):  # noqa: N803 - torch's keyword
+        calls.append(includeCollectives)
+        return json.dumps(DOCUMENTED if includeCollectives else {"pg_status": DOCUMENTED["pg_status"]})
+
+    monkeypatch.setattr(fr, "_dump_function", lambda: dump)
+    monkeypatch.setattr(fr, "_process_group_exists", lambda: True)
+    monkeypatch.setattr(fr, "_heartbeat_cache", {})
+    env = {"TORCH_FR_BUFFER_SIZE": "2000"}
+    states = [fr.heartbeat_state(env) for _ in range(3)]
+    assert states == [{"0": [3, 2, ["nccl:all_reduce", [[4, 5]]], "nccl:all_reduce"]}] * 3
+    assert calls == [False, True, False, False]  # one full dump, then the status alone
+    assert fr.heartbeat_state({}) == "off: TORCH_FR_BUFFER_SIZE is not set: the flight recorder is off " \
+        "(steptrace run turns it on; else export TORCH_FR_BUFFER_SIZE=2000 before the process group is made)"

@@ -203,8 +203,8 @@ class ClusterExchange:
               "m": round(statistics.median(self._step_ms) / 1000.0, 4) if self._step_ms else 0.0}
         if now - self._progress_t >= self._fr_after:
             # no progress for a while: this rank's flight recorder state, for the aggregator
-            # to name where the ranks part (one dump per poll, only while it lasts)
-            hb["fr"] = flight_recorder.compact(flight_recorder.snapshot())
+            # to name where the ranks part (a full dump only when its status changed)
+            hb["fr"] = flight_recorder.heartbeat_state()
         self._store.set(self._prefix + f"h{self.rank}", json.dumps(hb, separators=(",", ":")))
 
     # ---- the aggregating rank ----
