@@ -151,7 +151,13 @@ def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
             async_op = bool(kwargs.get("async_op", False))
             kwargs["async_op"] = True
         bound = _arguments(sig, args, kwargs)  # bound once: the size and the group
-        work = timing.launch(original, args, kwargs, _payload_of(name, bound), bound.get("group"))
+        group = bound.get("group")
+        if not async_op and _future_is_completion(group):
+            # gloo / MPI, called synchronously: wait() returns once the work is done (CPU
+            # work), so it ends the timing here, without the completion poller
+            timing.launch_and_wait(original, args, kwargs, _payload_of(name, bound))
+            return None
+        work = timing.launch(original, args, kwargs, _payload_of(name, bound), group)
         if async_op or work is None:
             return work
         work.wait()  # what the synchronous call does (on NCCL: the current stream waits)
@@ -316,6 +322,20 @@ class CollectiveTiming:
             fut = None
         self._track(token, work, fut, size, group)
         return work
+
+    def launch_and_wait(self, original: Callable[..., Any], args: tuple, kwargs: dict,
+                        size: tuple[int, int] = (0, 0)) -> None:
+        """Calls ``original`` (``async_op=True``) and waits for its work, on a backend whose
+        wait returns once the work is done (gloo, MPI): timed from launch to that return,
+        blocked time."""
+        token = self._begin()
+        try:
+            work = original(*args, **kwargs)
+            if work is not None:
+                work.wait()
+        finally:
+            self._end(token, True, *size)
+        self.by_future += 1
 
     def _track(self, token: int, work: Any, fut: Any, size: tuple[int, int], group: Any) -> None:
         try:

@@ -179,3 +179,17 @@ def test_payload_and_bus_factor_follow_nccl_tests(monkeypatch):
     assert of("all_gather", [torch.ones(1000)] * 4, t) == (16000, 12000)
     assert of("broadcast", t, 0) == (4000, 4000)
     assert of("barrier") == (0, 0)
+
+
+def test_a_synchronous_gloo_collective_is_timed_in_the_calling_thread(tmp_path):
+    out = run_case(tmp_path, """
+        gloo = dist.new_group(backend="gloo")  # wait() returns once its work is done
+        with steptrace.Profiler("run") as prof:
+            with prof.step():
+                dist.all_reduce(torch.ones(8), group=gloo)  # timed to wait()'s return, no poller
+            poller_after_sync = prof._comm._poller._thread is not None
+        print(json.dumps({"comm": comm_of(prof), "poller_after_sync": poller_after_sync}))
+    """)
+    [first] = out["comm"]
+    assert not out["poller_after_sync"]  # no thread started, no 0.5 ms polls
+    assert first["collectives"] == 1 and first["bytes"] == 32 and first["exposed_ms"] == first["comm_ms"]
