@@ -168,6 +168,22 @@ def test_rank_silent_names_the_rank_that_others_wait_for():
     assert [(a["subject_rank"], a["details"]["reason"]) for a in alerts] == [(1, "stopped publishing")]
 
 
+def test_offline_view_names_where_the_ranks_part_from_their_hang_alerts():
+    def hang(rank: int, enq: int, done: int) -> dict:
+        entry = {"seq": enq, "op": "nccl:all_reduce", "input_sizes": [[1024]]}
+        group = {"group": "0", "desc": "default_pg", "last_enqueued": entry, "last_started": None,
+                 "last_completed": {"seq": done}, "pending": entry if enq > done else None}
+        return {"kind": "alert", "type": "hang", "rank": rank, "step": 40,
+                "details": {"flight_recorder": {"recorder": "on", "groups": [group]}}}
+
+    odd = {"kind": "alert", "type": "hang", "rank": 2, "step": 40,
+           "details": {"flight_recorder": {"recorder": "on", "groups": ["not a group"]}}}
+    result = analyze_records([hang(0, 81, 80), hang(1, 80, 80), odd])
+    assert result["hang"]["parted"]["behind"] == [1] and result["hang"]["parted"]["seq"] == 81
+    assert set(result["hang"]["ranks"]) == {"0", "1"}  # the odd record left out
+    assert analyze_records([])["hang"] is None
+
+
 class _RankCore:
     """What the exchange reads of a rank's core (a few atomics and its log), set by the test."""
 
@@ -320,7 +336,7 @@ def test_live_blocked_rank_reported_silent_while_it_blocks(tmp_path):
     assert "TORCH_FR_BUFFER_SIZE is not set" in hangs[0]["details"]["flight_recorder"]["why"]
 
 
-def test_live_hang_with_the_flight_recorder_names_the_collective_where_the_ranks_part(tmp_path):
+def test_live_hang_with_the_flight_recorder_names_the_collective_where_the_ranks_part(tmp_path, capsys):
     # rank 1 stops 5 s in its forward at step 40; rank 0 waits in that step's all-reduce
     torchrun(tmp_path, "--block-rank", "1", "--block-at", "40", "--block-s", "5", "--cluster-silent-s", "1.0",
              steps=60, env={"TORCH_FR_BUFFER_SIZE": "2000"})
@@ -339,6 +355,9 @@ def test_live_hang_with_the_flight_recorder_names_the_collective_where_the_ranks
     assert g0["last_completed"]["seq"] == parted["seq"] - 1
     assert "flight recorder: group 0" in hang[0]["message"] and "not completed" in hang[0]["message"]
     list(steptrace.read(tmp_path, validate=True))
+    # afterwards, from the ranks' hang alerts: the same verdict
+    cli(["cluster", str(tmp_path)])
+    assert f"HANG: {parted['message']}" in capsys.readouterr().out
 
 
 def test_at_scale_the_record_lists_the_notable_ranks_and_the_cli_all():
