@@ -147,6 +147,15 @@ def job() -> dict:
         (f"sum by (rank) (rate(steptrace_comm_exposed_seconds_total{{{sel}}}[5m]))", "blocked r{{rank}}"),
     ], w=24, unit="s",
           description="A straggler's rank has more compute; the ranks waiting for it have more blocked time.")
+    p.add("Collective bandwidth per rank (bus / algorithm)", "timeseries", [
+        (f"steptrace_comm_busbw_bytes_per_second{{{sel}}}", "bus r{{rank}}"),
+        (f"steptrace_comm_algbw_bytes_per_second{{{sel}}}", "alg r{{rank}}"),
+    ], w=24, unit="Bps",
+          description="Each rank's collectives of its last step with known sizes, as nccl-tests defines them: "
+                      "algorithm bandwidth is the payload over the time a collective was outstanding, bus "
+                      "bandwidth that times the collective's bus factor (all-reduce 2(n-1)/n), comparable "
+                      "with the link's peak. A rank far below the others has a slow link (comm_straggler); "
+                      "waiting for a late rank lowers it on the waiting ranks too.")
     p.add("Tensor-core activity per GPU", "timeseries", [
         (f"steptrace_tensor_active_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
         ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "{{Hostname}} gpu {{gpu}} (DCGM)"),

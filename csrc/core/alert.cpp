@@ -135,24 +135,42 @@ std::optional<SubscriberEvent> AlertLog::wait_event(int timeout_ms) {
   return e;
 }
 
-std::string AlertLog::request_stacks(int timeout_ms) {
+std::string AlertLog::request(SubscriberEvent::Kind kind, int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!subscribed_ || closed_) return {};
-  const std::uint64_t ticket = ++requests_;
-  queue_.push_back({SubscriberEvent::kStackRequest, {}});
+  Exchange& x = kind == SubscriberEvent::kStackRequest ? stacks_ : collectives_;
+  const std::uint64_t ticket = ++x.requests;
+  queue_.push_back({kind, {}});
   event_cv_.notify_all();
   const bool answered = answer_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                                            [&] { return closed_ || answers_ >= ticket; });
-  return answered && answers_ >= ticket ? stacks_ : std::string();
+                                            [&] { return closed_ || x.answers >= ticket; });
+  return answered && x.answers >= ticket ? x.answer : std::string();
+}
+
+void AlertLog::answer(SubscriberEvent::Kind kind, std::string text) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Exchange& x = kind == SubscriberEvent::kStackRequest ? stacks_ : collectives_;
+    x.answer = std::move(text);
+    x.answers = x.requests;
+  }
+  answer_cv_.notify_all();
+}
+
+std::string AlertLog::request_stacks(int timeout_ms) {
+  return request(SubscriberEvent::kStackRequest, timeout_ms);
 }
 
 void AlertLog::answer_stacks(std::string stacks) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stacks_ = std::move(stacks);
-    answers_ = requests_;
-  }
-  answer_cv_.notify_all();
+  answer(SubscriberEvent::kStackRequest, std::move(stacks));
+}
+
+std::string AlertLog::request_collectives(int timeout_ms) {
+  return request(SubscriberEvent::kCollectivesRequest, timeout_ms);
+}
+
+void AlertLog::answer_collectives(std::string json) {
+  answer(SubscriberEvent::kCollectivesRequest, std::move(json));
 }
 
 void AlertLog::finish() {

@@ -40,10 +40,11 @@ std::string alert_json_line(const AlertEvent& event, int rank);
 /// or of another type keep their defaults; `details` is taken as it is.
 AlertEvent alert_from_json(const nlohmann::ordered_json& record);
 
-/// An event for subscribers: an alert/resolved record, or a request for the stacks of
-/// all Python threads (answered with answer_stacks).
+/// An event for subscribers: an alert/resolved record, a request for the stacks of all
+/// Python threads (answered with answer_stacks), or a request for the collectives the
+/// process launched last (PyTorch's flight recorder; answered with answer_collectives).
 struct SubscriberEvent {
-  enum Kind { kAlert, kStackRequest } kind;
+  enum Kind { kAlert, kStackRequest, kCollectivesRequest } kind;
   std::string json;  // kAlert: the record
 };
 
@@ -69,6 +70,10 @@ class AlertLog {
   /// Watchdog: asks the subscriber for stacks and waits up to timeout_ms; empty if none.
   std::string request_stacks(int timeout_ms);
   void answer_stacks(std::string stacks);
+  /// Watchdog: asks the subscriber for the flight recorder's state (a JSON object) and
+  /// waits up to timeout_ms; empty if none (no answer, or nothing to say).
+  std::string request_collectives(int timeout_ms);
+  void answer_collectives(std::string json);
   /// No more stack requests: wakes the watchdog if it waits for an answer.
   void close();
   /// No more events at all: wait_event returns at once when the queue is empty.
@@ -77,6 +82,9 @@ class AlertLog {
  private:
   // Queues the line for subscribers and calls the callback.
   void deliver(const std::string& json_line);
+  // One request of a kind to the subscriber, answered (or not) within timeout_ms.
+  std::string request(SubscriberEvent::Kind kind, int timeout_ms);
+  void answer(SubscriberEvent::Kind kind, std::string text);
   static constexpr std::size_t kMaxQueued = 1024;
   mutable std::mutex mu_;
   std::condition_variable event_cv_;
@@ -88,9 +96,13 @@ class AlertLog {
   bool subscribed_ = false;
   bool closed_ = false;
   bool finished_ = false;
-  std::uint64_t requests_ = 0;
-  std::uint64_t answers_ = 0;
-  std::string stacks_;
+  struct Exchange {  // the requests of one kind and their latest answer
+    std::uint64_t requests = 0;
+    std::uint64_t answers = 0;
+    std::string answer;
+  };
+  Exchange stacks_;
+  Exchange collectives_;
 };
 
 }  // namespace steptrace::detail

@@ -378,10 +378,13 @@ py::object make_step_scope(const StepScope& scope);
 class PyProfiler {
  public:
   PyProfiler(steptrace::Config config, const std::map<std::string, std::string>& versions,
-             bool fake_device, bool external_profiler, py::object live_bytes) {
+             bool fake_device, bool external_profiler, py::object live_bytes,
+             std::pair<std::string, std::string> comm) {
     steptrace::RunInfo info;
     for (const auto& [k, v] : versions) info.versions.emplace_back(k, v);
     info.external_profiler_active = external_profiler;
+    info.comm_method = std::move(comm.first);
+    info.comm_untimed = std::move(comm.second);
     steptrace::Backends backends;
     if (!live_bytes.is_none()) {  // first: attribution takes the first live figure
       backends.memory_sources.push_back(std::make_unique<PyLiveBytesSource>(std::move(live_bytes)));
@@ -775,10 +778,13 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyProfiler>(m, "Profiler")
       .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool, bool,
-                    py::object>(),
+                    py::object, std::pair<std::string, std::string>>(),
            py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{},
            py::arg("fake_device") = false, py::arg("external_profiler") = false,
-           py::arg("live_bytes") = py::none())
+           py::arg("live_bytes") = py::none(),
+           py::arg("comm") = std::pair<std::string, std::string>{},
+           "comm: (method, why untimed) of the collectives' timing, for run_start's "
+           "backends.comm (both empty: no entry)")
       .def("fake_device_work", &PyProfiler::fake_device_work, py::arg("kernels"),
            py::arg("counters") = std::vector<double>{},
            "Tests: kernels (name, work, ms) and counter values for the step in progress")
@@ -909,12 +915,18 @@ PYBIND11_MODULE(_core, m) {
               e = p.core().wait_event(timeout_ms);
             }
             if (!e) return py::none();
-            return py::make_tuple(e->stack_request ? "stacks" : "alert", e->json);
+            return py::make_tuple(e->stack_request         ? "stacks"
+                                  : e->collectives_request ? "collectives"
+                                                           : "alert",
+                                  e->json);
           },
           py::arg("timeout_ms"),
-          "Next alert event as (\"alert\", json) or (\"stacks\", \"\"), or None on timeout")
+          "Next alert event as (\"alert\", json), (\"stacks\", \"\") or (\"collectives\", "
+          "\"\"), or None on timeout")
       .def("answer_stacks",
            [](PyProfiler& p, std::string stacks) { p.core().answer_stacks(std::move(stacks)); })
+      .def("answer_collectives",
+           [](PyProfiler& p, std::string json) { p.core().answer_collectives(std::move(json)); })
       .def("collective_begin", [](PyProfiler& p) { return p.core().collective_begin(); })
       .def(
           "collective_end",

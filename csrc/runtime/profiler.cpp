@@ -716,10 +716,14 @@ void Profiler::subscribe_events() { impl_->alerts().subscribe(); }
 std::optional<ProfilerEvent> Profiler::wait_event(int timeout_ms) {
   auto e = impl_->alerts().wait_event(timeout_ms);
   if (!e) return std::nullopt;
-  return ProfilerEvent{e->kind == detail::SubscriberEvent::kStackRequest, std::move(e->json)};
+  return ProfilerEvent{e->kind == detail::SubscriberEvent::kStackRequest, std::move(e->json),
+                       e->kind == detail::SubscriberEvent::kCollectivesRequest};
 }
 void Profiler::answer_stacks(std::string stacks) {
   impl_->alerts().answer_stacks(std::move(stacks));
+}
+void Profiler::answer_collectives(std::string json) {
+  impl_->alerts().answer_collectives(std::move(json));
 }
 
 bool install_sigterm_handler(bool terminate, double grace_s) {

@@ -70,6 +70,16 @@ ordered_json counters_json(const RunManifest& m) {
   return j;
 }
 
+// backends.comm: how the collectives are timed (the Python package says; C++: no entry).
+ordered_json comm_json(const RunInfo& info) {
+  if (!info.comm_method.empty()) {
+    return {{"active", {"completion"}},
+            {"unavailable", ordered_json::object()},
+            {"method", info.comm_method}};
+  }
+  return {{"active", ordered_json::array()}, {"unavailable", {{"completion", info.comm_untimed}}}};
+}
+
 ordered_json timer_json(const RunManifest& m) {
   if (m.device) {
     return {{"active", {m.device->timer().name(), "host"}},
@@ -160,6 +170,9 @@ std::string run_start_json(const RunManifest& m) {
         {"counters", counters_json(m)},
         {"telemetry", telemetry_json(m)}}},
   };
+  if (!m.info->comm_method.empty() || !m.info->comm_untimed.empty()) {
+    record["backends"]["comm"] = comm_json(*m.info);
+  }
   if (m.peak) record["work"] = work_json(config, *m.peak);
   if (m.metrics) record["metrics"] = metrics_json(m);
   return record.dump() + "\n";

@@ -13,6 +13,23 @@
 #include "steptrace/profiler.hpp"
 
 namespace steptrace::detail {
+namespace {
+
+// The flight recorder's state that Python answered (empty without a process group, or no
+// answer): details.flight_recorder, and its summary at the end of the message.
+void add_flight_recorder(AlertEvent& event, const std::string& answer) {
+  if (answer.empty()) return;
+  auto fr = nlohmann::ordered_json::parse(answer, nullptr, /*allow_exceptions=*/false);
+  if (!fr.is_object()) return;
+  const auto summary = fr.find("summary");
+  if (summary != fr.end() && summary->is_string() && !summary->get<std::string>().empty() &&
+      fr.value("recorder", "") == "on") {
+    event.message += "; " + summary->get<std::string>();
+  }
+  event.details["flight_recorder"] = std::move(fr);
+}
+
+}  // namespace
 
 void Watchdog::start(const Context& context) {
   context_ = context;
@@ -100,6 +117,7 @@ void Watchdog::loop() {
             stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(stacks);
         event->details["stacks_source"] =
             stacks.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(source);
+        add_flight_recorder(*event, context_.alerts->request_collectives(1000));
       }
       raise_alert(*context_.writer, *context_.alerts, *event, config.rank);
     }

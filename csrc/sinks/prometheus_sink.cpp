@@ -179,6 +179,13 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
     v.comm_exposed_s += static_cast<double>(exposed) / 1e9;
     v.compute_s +=
         static_cast<double>(std::max<std::int64_t>(0, r.host_ns - r.comm.exposed_ns)) / 1e9;
+    if (r.comm.bytes > 0 && r.comm.busy_ns > 0) {  // as the record's algbw_gbps / busbw_gbps
+      const double s = static_cast<double>(r.comm.busy_ns) / 1e9;
+      v.comm_sized_seen = true;
+      v.comm_bytes += static_cast<double>(r.comm.bytes);
+      v.algbw_bytes_s = static_cast<double>(r.comm.bytes) / s;
+      v.busbw_bytes_s = static_cast<double>(r.comm.bus_bytes) / s;
+    }
   } else if (r.kernels.present) {
     v.split_seen = true;
     v.compute_s += static_cast<double>(r.kernels.compute_ns) / 1e9;
@@ -222,6 +229,7 @@ std::vector<ClusterRow> cluster_rows(const nlohmann::ordered_json& record) {
     out.comm_s = member(row, "comm_ms", 1e3);
     out.wait_s = member(row, "wait_ms", 1e3);
     out.straggler_score = member(row, "straggler_pct", 1e2);
+    out.busbw_bytes_s = member(row, "busbw_gbps") * 1e9;  // NaN stays NaN
     out.straggler = std::find(stragglers.begin(), stragglers.end(), out.rank) != stragglers.end();
     rows.push_back(std::move(out));
   }
@@ -396,6 +404,23 @@ std::string MetricsRegistry::render() const {
            "Communication not overlapped by compute.");
     sample(out, "steptrace_comm_exposed_seconds_total", l, v.comm_exposed_s);
   }
+  if (v.comm_sized_seen) {  // collectives with known sizes (nccl-tests' figures)
+    static constexpr std::array<std::array<const char*, 3>, 3> kBandwidth = {{
+        {"steptrace_comm_bytes_total", "counter",
+         "Payload of the collectives whose sizes are known (nccl-tests' S)."},
+        {"steptrace_comm_algbw_bytes_per_second", "gauge",
+         "Algorithm bandwidth of the collectives of the last step with known sizes: payload "
+         "over the time a collective was outstanding."},
+        {"steptrace_comm_busbw_bytes_per_second", "gauge",
+         "Bus bandwidth of the collectives of the last step with known sizes: the algorithm "
+         "bandwidth times each collective's bus factor."},
+    }};
+    const std::array<double, 3> values = {v.comm_bytes, v.algbw_bytes_s, v.busbw_bytes_s};
+    for (std::size_t i = 0; i < kBandwidth.size(); ++i) {
+      header(out, kBandwidth[i][0], kBandwidth[i][1], kBandwidth[i][2]);
+      sample(out, kBandwidth[i][0], l, values[i]);
+    }
+  }
   render_hardware(out, v);
   render_cluster(out, v);
   return std::string(out.data(), out.size());
@@ -513,6 +538,10 @@ void MetricsRegistry::render_cluster(fmt::memory_buffer& out, const Values& v) c
   per_rank("steptrace_rank_step_p95_seconds",
            "95th percentile step time of the rank in the last cross-rank window.",
            &ClusterRow::step_p95_s);
+  per_rank("steptrace_rank_busbw_bytes_per_second",
+           "Bus bandwidth of the rank's collectives (median over its steps, waiting included) in "
+           "the last cross-rank window.",
+           &ClusterRow::busbw_bytes_s);
   static constexpr std::pair<const char*, double ClusterRow::*> kParts[] = {
       {"compute", &ClusterRow::compute_s},
       {"comm", &ClusterRow::comm_s},

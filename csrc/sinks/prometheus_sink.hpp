@@ -45,6 +45,7 @@ struct ClusterRow {
   std::string host;
   double step_s = 0, step_p95_s = 0, data_s = 0, compute_s = 0, comm_s = 0, wait_s = 0;
   double straggler_score = 0;  // own work over the other ranks' median, minus 1
+  double busbw_bytes_s = 0;    // bus bandwidth of its collectives (NaN: sizes unknown)
   bool straggler = false;
 };
 
@@ -105,6 +106,10 @@ class MetricsRegistry {
     std::array<double, 3> ratios{};  // tensor_active, dram_throughput, sm_occupancy; NaN: none
     bool split_seen = false;
     double compute_s = 0, comm_s = 0, comm_exposed_s = 0;
+    // Collectives with known sizes: their payload, and the bandwidth of the last step that
+    // had them (nccl-tests' algorithm and bus bandwidth); NaN: none yet.
+    bool comm_sized_seen = false;
+    double comm_bytes = 0, algbw_bytes_s = 0, busbw_bytes_s = 0;
     std::map<std::string, std::int64_t> alerts;  // by type
     // GPU hardware (NVML) figures of the last step that had them; NaN: not reported.
     bool hw_seen = false;

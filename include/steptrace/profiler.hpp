@@ -49,6 +49,11 @@ struct RunInfo {
   /// Another profiler (torch.profiler) collects device activity as the run starts:
   /// kernel activity starts yielded (see Profiler::set_external_profiler).
   bool external_profiler_active = false;
+  /// How the program's collectives are timed, for run_start's backends.comm: where they
+  /// are, the method (its "method", active "completion"); else `comm_untimed`, why not.
+  /// Both empty: no entry (a C++ program times its own with collective_begin / _end).
+  std::string comm_method;
+  std::string comm_untimed;
 };
 
 /// Backends the profiler uses; a null member means the default one.
@@ -62,11 +67,15 @@ struct Backends {
   std::unique_ptr<TelemetrySource> telemetry;             // default: NVML, where it loads
 };
 
-/// What Profiler::wait_event returns: an alert or resolved record (JSON), or a request
-/// for the stacks of the program's threads (answer with Profiler::answer_stacks).
+/// What Profiler::wait_event returns: an alert or resolved record (JSON), a request for
+/// the stacks of the program's threads (answer with Profiler::answer_stacks), or one for
+/// its last collectives (answer with Profiler::answer_collectives).
 struct ProfilerEvent {
   bool stack_request = false;
   std::string json;
+  /// A request for the collectives the process launched last, from a hang (answer with
+  /// Profiler::answer_collectives).
+  bool collectives_request = false;
 };
 
 /// RAII scope of one phase: ends it when destroyed. Move-only.
@@ -253,6 +262,10 @@ class STEPTRACE_API Profiler {
   std::optional<ProfilerEvent> wait_event(int timeout_ms);
   /// Answers a stack request: the text goes into the hang alert's details.stacks.
   void answer_stacks(std::string stacks);
+  /// Answers a collectives request: a JSON object (PyTorch's flight recorder state, see
+  /// python/steptrace/flight_recorder.py) for the hang alert's details.flight_recorder; its
+  /// "summary" string, where the recorder is on, ends the alert's message. Empty: nothing.
+  void answer_collectives(std::string json);
 
   /// Times one collective from the host (e.g. a DDP bucket's all-reduce, from a
   /// communication hook): collective_begin() as it is launched returns a token for

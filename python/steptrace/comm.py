@@ -151,7 +151,13 @@ def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
             async_op = bool(kwargs.get("async_op", False))
             kwargs["async_op"] = True
         bound = _arguments(sig, args, kwargs)  # bound once: the size and the group
-        work = timing.launch(original, args, kwargs, _payload_of(name, bound), bound.get("group"))
+        group = bound.get("group")
+        if not async_op and _future_is_completion(group):
+            # gloo / MPI, called synchronously: wait() returns once the work is done (CPU
+            # work), so it ends the timing here, without the completion poller
+            timing.launch_and_wait(original, args, kwargs, _payload_of(name, bound))
+            return None
+        work = timing.launch(original, args, kwargs, _payload_of(name, bound), group)
         if async_op or work is None:
             return work
         work.wait()  # what the synchronous call does (on NCCL: the current stream waits)
@@ -340,6 +346,20 @@ class CollectiveTiming:
         self._track(token, work, fut, size, group)
         return work
 
+    def launch_and_wait(self, original: Callable[..., Any], args: tuple, kwargs: dict,
+                        size: tuple[int, int] = (0, 0)) -> None:
+        """Calls ``original`` (``async_op=True``) and waits for its work, on a backend whose
+        wait returns once the work is done (gloo, MPI): timed from launch to that return,
+        blocked time."""
+        token = self._begin()
+        try:
+            work = original(*args, **kwargs)
+            if work is not None:
+                work.wait()
+        finally:
+            self._end(token, True, *size)
+        self.by_future += 1
+
     def _track(self, token: int, work: Any, fut: Any, size: tuple[int, int], group: Any) -> None:
         try:
             completed = work.is_completed() or (fut is not None and fut.done() and _future_is_completion(group))
@@ -413,6 +433,31 @@ class CollectiveTiming:
         if self.by_future:
             return "completion (Work.is_completed); futures complete with the work: host blocked"
         return "no collective seen"
+
+
+def timing_method(comm_timing: str) -> tuple[str, str]:
+    """How a Profiler opened now times the collectives, for run_start's ``backends.comm``:
+    (method, "") where they are timed, ("", why not) where they are not."""
+    if comm_timing == "off":
+        return "", 'comm_timing="off": torch.distributed is left as it is'
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return "", "untimed: torch.distributed is not imported (no process group)"
+    try:
+        if not dist.is_available():
+            return "", "untimed: this torch has no torch.distributed"
+        backend = str(dist.get_backend()).lower() if dist.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - an odd state: described as without a group
+        backend = ""
+    polled = f"completion polling of Work.is_completed() every {POLL_S * 1000:g} ms"
+    if not backend:
+        return (f"{polled} where a collective's future completes at launch (NCCL), its future where it "
+                f"completes with the work (gloo); no process group yet"), ""
+    if "nccl" not in backend:
+        return (f"completion of each collective's future, which completes with the work ({backend}: the host "
+                f"waits, blocked time), and {polled}"), ""
+    return (f"{polled} ({backend}: the future completes at launch; the host does not wait), "
+            f"and the future where a backend completes it with the work"), ""
 
 
 # DDP models given the dispatcher, with the program's (hook, state) once it registers one.

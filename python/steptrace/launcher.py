@@ -17,6 +17,10 @@ is closed (``run_end``) on every way out.
 With ``--nproc-per-node N`` or ``--torchrun ARGS`` the launcher re-executes itself under
 ``python -m torch.distributed.run ARGS -m steptrace.launcher ...``, so that every rank
 runs the launcher and writes its own ``rank<N>.jsonl`` into the same folder.
+
+The launcher turns PyTorch's flight recorder on (``TORCH_FR_BUFFER_SIZE=2000``) unless
+``TORCH_FR_BUFFER_SIZE`` or ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is set already (0 turns it
+off): hang alerts then carry each rank's last collectives (:mod:`steptrace.flight_recorder`).
 """
 
 from __future__ import annotations
@@ -113,6 +117,12 @@ def run(args: argparse.Namespace) -> int:
     and returns its exit status: 1 after printing the traceback of an exception it raised,
     as ``python train.py`` would."""
     options = check(args)
+    from steptrace.flight_recorder import enable as enable_flight_recorder
+
+    # PyTorch's flight recorder (TORCH_FR_BUFFER_SIZE) for the hang alerts' collectives,
+    # unless the user set it: read when the first process group is made, in this process
+    # or in the ranks torchrun starts (they inherit the environment)
+    enable_flight_recorder()
     if args.nproc_per_node is not None or args.torchrun is not None:
         return subprocess.call(_torchrun_command(args))
     try:

@@ -426,6 +426,9 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_
         if kind == "stacks":
             core.answer_stacks(_thread_stacks())
             continue
+        if kind == "collectives":  # a hang: the flight recorder's last collectives, if any
+            core.answer_collectives(_flight_recorder_answer())
+            continue
         record = json.loads(payload)
         _log_record(record, limiter)
         if on_alert is not None:
@@ -433,6 +436,18 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_
                 on_alert(record)
             except Exception:  # a faulty callback must not end alert delivery
                 logger.exception("steptrace on_alert callback raised")
+
+
+def _flight_recorder_answer() -> str:
+    """The hang alert's ``details.flight_recorder`` (JSON; empty without a process group):
+    see :mod:`steptrace.flight_recorder`."""
+    try:
+        from steptrace import flight_recorder  # noqa: PLC0415
+
+        snap = flight_recorder.snapshot()
+    except Exception as exc:  # noqa: BLE001 - the alert goes out without it
+        snap = {"recorder": "unavailable", "why": f"{type(exc).__name__}: {exc}", "summary": ""}
+    return json.dumps(snap, separators=(",", ":")) if snap is not None else ""
 
 
 def _step_value(name: str, value: Any, warned: set) -> Optional[float]:
@@ -536,7 +551,10 @@ class Profiler:
         # _fake_device (tests): fake kernel activity and counters, fed by _core.fake_device_work
         # a torch profiler already running owns CUPTI's activity buffers: start yielded
         live = _cuda_live_bytes(torch) if cuda and python_options["cuda_memory"] else None
-        self._core = _core.Profiler(config, _versions(), _fake_device, _torch_profiler_running(torch), live)
+        from steptrace.comm import timing_method  # noqa: PLC0415
+
+        self._core = _core.Profiler(config, _versions(), _fake_device, _torch_profiler_running(torch), live,
+                                    timing_method(config.comm_timing))
         self._signalled = False
         self._abandoned = False  # a forked child's copy of the parent's profiler
         self._phase_hooks: list = []  # steptrace.autophase hooks installed by watch()

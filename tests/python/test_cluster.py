@@ -5,11 +5,13 @@ straggler, has a slow loader, blocks, or where nothing is wrong."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -166,6 +168,22 @@ def test_rank_silent_names_the_rank_that_others_wait_for():
     assert [(a["subject_rank"], a["details"]["reason"]) for a in alerts] == [(1, "stopped publishing")]
 
 
+def test_offline_view_names_where_the_ranks_part_from_their_hang_alerts():
+    def hang(rank: int, enq: int, done: int) -> dict:
+        entry = {"seq": enq, "op": "nccl:all_reduce", "input_sizes": [[1024]]}
+        group = {"group": "0", "desc": "default_pg", "last_enqueued": entry, "last_started": None,
+                 "last_completed": {"seq": done}, "pending": entry if enq > done else None}
+        return {"kind": "alert", "type": "hang", "rank": rank, "step": 40,
+                "details": {"flight_recorder": {"recorder": "on", "groups": [group]}}}
+
+    odd = {"kind": "alert", "type": "hang", "rank": 2, "step": 40,
+           "details": {"flight_recorder": {"recorder": "on", "groups": ["not a group"]}}}
+    result = analyze_records([hang(0, 81, 80), hang(1, 80, 80), odd])
+    assert result["hang"]["parted"]["behind"] == [1] and result["hang"]["parted"]["seq"] == 81
+    assert set(result["hang"]["ranks"]) == {"0", "1"}  # the odd record left out
+    assert analyze_records([])["hang"] is None
+
+
 class _RankCore:
     """What the exchange reads of a rank's core (a few atomics and its log), set by the test."""
 
@@ -236,12 +254,16 @@ def test_without_torch_distributed_there_is_no_cluster_view(tmp_path):
 
 
 # ---- real runs: torchrun, gloo, 2 ranks on the CPU ----
-def torchrun(log_dir: Path, *args: str, steps: int = 120) -> subprocess.CompletedProcess:
+def torchrun(log_dir: Path, *args: str, steps: int = 120, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    from steptrace.flight_recorder import ENV_VARS
+
+    # PyTorch's flight recorder only where a test turns it on
+    base = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
          str(EXAMPLE), str(log_dir), "--steps", str(steps), "--work-ms", "20", "--cluster-interval", "20",
          "--cluster-poll-s", "0.1", *args],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=300, env={**base, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -307,6 +329,35 @@ def test_live_blocked_rank_reported_silent_while_it_blocks(tmp_path):
     assert silent[0]["unix_ns"] < resumed_ns  # reported while rank 1 was still blocked
     resolved = [r for r in records_of(tmp_path / "rank0.jsonl", "resolved") if r["type"] == "rank_silent"]
     assert [r["subject_rank"] for r in resolved] == [1]
+    # PyTorch's flight recorder is off here: the alerts say so, and how to turn it on
+    assert silent[0]["details"]["flight_recorder"]["recorder"] == "off"
+    hangs = [a for r in (0, 1) for a in records_of(tmp_path / f"rank{r}.jsonl", "alert") if a["type"] == "hang"]
+    assert hangs and all(h["details"]["flight_recorder"]["recorder"] == "off" for h in hangs), hangs
+    assert "TORCH_FR_BUFFER_SIZE is not set" in hangs[0]["details"]["flight_recorder"]["why"]
+
+
+def test_live_hang_with_the_flight_recorder_names_the_collective_where_the_ranks_part(tmp_path, capsys):
+    # rank 1 stops 5 s in its forward at step 40; rank 0 waits in that step's all-reduce
+    torchrun(tmp_path, "--block-rank", "1", "--block-at", "40", "--block-s", "5", "--cluster-silent-s", "1.0",
+             steps=60, env={"TORCH_FR_BUFFER_SIZE": "2000"})
+    [silent] = [a for a in records_of(tmp_path / "rank0.jsonl", "alert") if a["type"] == "rank_silent"]
+    parted = silent["details"]["flight_recorder"]["parted"]
+    assert (parted["kind"], parted["behind"], parted["waiting"], parted["op"]) == \
+        ("behind", [1], [0], "gloo:all_reduce"), silent
+    assert "the ranks part at collective #" in silent["message"] and "rank(s) 1 did not" in silent["message"]
+    # each rank's own hang alert carries its last collectives: rank 0 waits in the one rank 1 never called
+    hang = {r: next(a for a in records_of(tmp_path / f"rank{r}.jsonl", "alert") if a["type"] == "hang")
+            for r in (0, 1)}
+    [g0] = hang[0]["details"]["flight_recorder"]["groups"]
+    [g1] = hang[1]["details"]["flight_recorder"]["groups"]
+    assert g0["pending"]["seq"] == parted["seq"] and g0["pending"]["op"] == "gloo:all_reduce"
+    assert g1["pending"] is None and g1["last_completed"]["seq"] == parted["seq"] - 1
+    assert g0["last_completed"]["seq"] == parted["seq"] - 1
+    assert "flight recorder: group 0" in hang[0]["message"] and "not completed" in hang[0]["message"]
+    list(steptrace.read(tmp_path, validate=True))
+    # afterwards, from the ranks' hang alerts: the same verdict
+    cli(["cluster", str(tmp_path)])
+    assert f"HANG: {parted['message']}" in capsys.readouterr().out
 
 
 def test_at_scale_the_record_lists_the_notable_ranks_and_the_cli_all():

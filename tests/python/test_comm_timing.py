@@ -6,6 +6,7 @@ torchrun tests.)"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -122,11 +123,28 @@ def test_comm_timing_off_leaves_torch_distributed_as_it_was(tmp_path):
                 dist.all_reduce(torch.ones(2))
         with steptrace.Profiler("run2") as prof2:
             patched = dist.all_reduce is not original
-        said = [next(steptrace.read(p.log_path))["config"]["comm_timing"] for p in (prof, prof2)]
+        starts = [next(steptrace.read(p.log_path, validate=True)) for p in (prof, prof2)]
         print(json.dumps({"same": same, "patched": patched, "restored": dist.all_reduce is original,
-                          "comm": comm_of(prof), "run_start": said}))
+                          "comm": comm_of(prof), "run_start": [s["config"]["comm_timing"] for s in starts],
+                          "how": [s["backends"]["comm"] for s in starts]}))
     """)
+    how = out.pop("how")
     assert out == {"same": True, "patched": True, "restored": True, "comm": [None], "run_start": ["off", "auto"]}
+    # run_start says how the collectives are timed, or why they are not
+    assert how[0] == {"active": [], "unavailable": {"completion": 'comm_timing="off": torch.distributed is left as it is'}}
+    assert how[1]["active"] == ["completion"] and how[1]["method"].startswith(
+        "completion polling of Work.is_completed() every 0.5 ms (steptrace_fake_nccl: "), how[1]
+
+
+def test_run_start_says_when_there_is_nothing_to_time(tmp_path):
+    code = ("import sys, json, steptrace\n"
+            "prof = steptrace.Profiler(sys.argv[1]); prof.close()\n"
+            "print(json.dumps(next(steptrace.read(prof.log_path))['backends']['comm']))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == {"active": [], "unavailable": {
+        "completion": "untimed: torch.distributed is not imported (no process group)"}}
 
 
 def test_bad_comm_timing_is_refused_before_any_file(tmp_path):
@@ -161,3 +179,17 @@ def test_payload_and_bus_factor_follow_nccl_tests(monkeypatch):
     assert of("all_gather", [torch.ones(1000)] * 4, t) == (16000, 12000)
     assert of("broadcast", t, 0) == (4000, 4000)
     assert of("barrier") == (0, 0)
+
+
+def test_a_synchronous_gloo_collective_is_timed_in_the_calling_thread(tmp_path):
+    out = run_case(tmp_path, """
+        gloo = dist.new_group(backend="gloo")  # wait() returns once its work is done
+        with steptrace.Profiler("run") as prof:
+            with prof.step():
+                dist.all_reduce(torch.ones(8), group=gloo)  # timed to wait()'s return, no poller
+            poller_after_sync = prof._comm._poller._thread is not None
+        print(json.dumps({"comm": comm_of(prof), "poller_after_sync": poller_after_sync}))
+    """)
+    [first] = out["comm"]
+    assert not out["poller_after_sync"]  # no thread started, no 0.5 ms polls
+    assert first["collectives"] == 1 and first["bytes"] == 32 and first["exposed_ms"] == first["comm_ms"]

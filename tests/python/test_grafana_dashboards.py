@@ -33,6 +33,7 @@ STEPTRACE_METRICS = {
     "steptrace_gpu_power_watts", "steptrace_gpu_power_limit_watts", "steptrace_gpu_temperature_celsius",
     "steptrace_gpu_energy_joules_total", "steptrace_gpu_throttled_steps_total", "steptrace_rank_straggler_score",
     "steptrace_rank_split_seconds", "steptrace_time_seconds_total", "steptrace_runq_wait_seconds_total",
+    "steptrace_comm_busbw_bytes_per_second", "steptrace_comm_algbw_bytes_per_second",
 }
 
 
@@ -94,6 +95,17 @@ def test_job_dashboard_has_the_goodput_panels():
     assert "steptrace_runq_wait_seconds_total" in runq
     for expr in (target["expr"], training, runq):
         assert 'job="$job", rank=~"$rank"' in expr  # the dashboard's selection applies
+
+
+def test_job_dashboard_has_the_collective_bandwidth_panel():
+    panels = {p["title"]: p for p in dashboards()["steptrace-job.json"]["panels"]}
+    bw = panels["Collective bandwidth per rank (bus / algorithm)"]
+    assert bw["fieldConfig"]["defaults"]["unit"] == "Bps"  # bytes per second, shown as kB/s .. GB/s
+    exprs_ = [t["expr"] for t in bw["targets"]]
+    assert [e.split("{")[0] for e in exprs_] == ["steptrace_comm_busbw_bytes_per_second",
+                                                 "steptrace_comm_algbw_bytes_per_second"]
+    assert all('job="$job", rank=~"$rank"' in e for e in exprs_)
+    assert [t["legendFormat"] for t in bw["targets"]] == ["bus r{{rank}}", "alg r{{rank}}"]
 
 
 def _free_port() -> int:

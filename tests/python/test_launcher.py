@@ -4,6 +4,8 @@ and exceptions are its own; bad arguments fail before anything is written; torch
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 import steptrace
+from steptrace import flight_recorder
 from steptrace.autophase import PHASES
 from steptrace.cli import main as cli
 
@@ -106,6 +109,10 @@ DDP_SCRIPT = """
         loss_fn(model(x), x[:, :4].argmax(dim=1)).backward()
         opt.step()
         opt.zero_grad()
+    import json, os
+    from steptrace import flight_recorder
+    snap = flight_recorder.snapshot()  # the recorder that steptrace run turned on
+    print("FR", os.environ.get("TORCH_FR_BUFFER_SIZE"), json.dumps(flight_recorder.compact(snap)), flush=True)
     dist.destroy_process_group()
 """
 
@@ -113,10 +120,17 @@ DDP_SCRIPT = """
 def test_nproc_per_node_runs_every_rank_under_the_launcher(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
+    env = {k: v for k, v in os.environ.items() if k not in flight_recorder.ENV_VARS}
     proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp_path / "logs"),
                            "--nproc-per-node", "2", "--torchrun=--standalone", str(script)],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # steptrace run turned PyTorch's flight recorder on: each rank recorded DDP's set-up
+    # collectives and its 8 buckets, the last an all-reduce, all completed
+    fr = [line.split(" ", 2) for line in proc.stdout.splitlines() if line.startswith("FR ")]
+    assert len(fr) == 2 and fr[0][2] == fr[1][2] and {size for _, size, _ in fr} == {"2000"}, proc.stdout
+    [(enqueued, completed, pending, op)] = json.loads(fr[0][2]).values()
+    assert enqueued == completed >= 8 and pending is None and op == "gloo:all_reduce"
     starts = []
     for rank in (0, 1):
         recs = records(tmp_path / "logs", rank)

@@ -231,3 +231,47 @@ def test_hardware_figures_and_the_cross_rank_view_on_the_endpoint(tmp_path, monk
     assert records[-1]["sinks"] == [
         {"name": "jsonl", "status": "ok", "slow_calls": 0, "max_call_ms": records[-1]["sinks"][0]["max_call_ms"]},
         {"name": "prometheus", "status": "ok", "slow_calls": 0, "max_call_ms": records[-1]["sinks"][1]["max_call_ms"]}]
+
+
+def test_collective_bandwidth_on_the_endpoint(tmp_path):
+    # Collectives timed through the core's own calls (what steptrace.comm makes for each
+    # torch.distributed collective), with the sizes it gives: payload S and S x bus factor.
+    host = socket.gethostname()
+    base = f'job="bw",run_id="bw-scrape",rank="0",host="{host}"'
+    with steptrace.Profiler(tmp_path / "run", metrics_port=0, run_id="bw-scrape", job="bw", cluster="off") as prof:
+        core = prof._core
+        for i in range(6):
+            with prof.step():
+                token = core.collective_begin()
+                time.sleep(0.002)  # the collective's duration (only its length matters here)
+                core.collective_end(token, True, 4_000_000 * (i + 1), 6_000_000 * (i + 1))
+        with prof.step():  # a step without sized collectives keeps the last sized step's figures
+            core.collective_end(core.collective_begin(), True)
+        # rank 0's cross-rank view lists each rank's bus bandwidth (window median)
+        row = {"steps": 20, "step_ms": 10.0, "step_p95_ms": 11.0, "compute_ms": 6.0, "comm_ms": 1.0, "wait_ms": 0.0,
+               "data_ms": 0.5, "own_ms": 6.5, "straggler_pct": 0.0}
+        core.write_record(json.dumps({"kind": "cluster", "step": 19, "window": 0, "world_size": 2,
+                                      "ranks_reporting": 2, "stragglers": [],
+                                      "ranks": [{**row, "rank": 0, "host": host, "busbw_gbps": 12.5},
+                                                {**row, "rank": 1, "host": "node-b"}]}))
+        prof.flush()
+        text = _get(f"http://127.0.0.1:{prof.metrics_port}/metrics").decode()
+    steps = [r for r in steptrace.read(tmp_path / "run" / "rank0.jsonl", validate=True) if r["kind"] == "step"]
+    last_sized = [s["comm"] for s in steps if "busbw_gbps" in s["comm"]][-1]
+    assert "busbw_gbps" not in steps[-1]["comm"] and last_sized["bytes"] == 24_000_000
+    # GB/s in the record (6 significant digits), bytes per second on the endpoint
+    assert _samples(text, "steptrace_comm_algbw_bytes_per_second") == {
+        base: pytest.approx(last_sized["algbw_gbps"] * 1e9, rel=1e-5)}
+    assert _samples(text, "steptrace_comm_busbw_bytes_per_second") == {
+        base: pytest.approx(last_sized["busbw_gbps"] * 1e9, rel=1e-5)}
+    assert _samples(text, "steptrace_comm_bytes_total") == {base: sum(4_000_000 * (i + 1) for i in range(6))}
+    assert "# TYPE steptrace_comm_busbw_bytes_per_second gauge" in text
+    assert _samples(text, "steptrace_rank_busbw_bytes_per_second") == {base: 12.5e9}  # rank 1 has none: absent
+
+
+def test_no_sized_collectives_no_bandwidth_series(tmp_path):
+    with steptrace.Profiler(tmp_path / "run", metrics_port=0, cluster="off") as prof:
+        train(prof, batches(3))
+        prof.flush()
+        text = _get(f"http://127.0.0.1:{prof.metrics_port}/metrics").decode()
+    assert "steptrace_comm_" not in text and "busbw" not in text

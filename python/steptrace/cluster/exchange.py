@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
+from steptrace import flight_recorder
 from steptrace.cluster.rules import ClusterAnalyzer
 from steptrace.cluster.stats import _median, window_summary
 
@@ -93,6 +94,8 @@ class ClusterExchange:
         self._step_seen = -1
         self._activity_seen: tuple = ()
         self._progress_t = clock()
+        # a rank stalled this long sends its flight recorder state (rank_silent fires later)
+        self._fr_after = max(2 * float(self.options["cluster_poll_s"]), float(self.options["cluster_silent_s"]) / 2)
         self._step_ms: list[float] = []
         # aggregator state
         self._seen: set[int] = set()
@@ -198,6 +201,10 @@ class ClusterExchange:
               "ph": phase, "c": in_collective,
               "w": self._published_window,
               "m": round(statistics.median(self._step_ms) / 1000.0, 4) if self._step_ms else 0.0}
+        if now - self._progress_t >= self._fr_after:
+            # no progress for a while: this rank's flight recorder state, for the aggregator
+            # to name where the ranks part (a full dump only when its status changed)
+            hb["fr"] = flight_recorder.heartbeat_state()
         self._store.set(self._prefix + f"h{self.rank}", json.dumps(hb, separators=(",", ":")))
 
     # ---- the aggregating rank ----
@@ -233,7 +240,7 @@ class ClusterExchange:
             self._hb[r] = {"t": now, "progress_t": now - age, "step": int(raw_hb["s"]),
                            "phase": raw_hb["ph"], "in_collective": bool(raw_hb["c"]),
                            "window": int(raw_hb["w"]), "median_step_s": float(raw_hb["m"]),
-                           "host": self._hosts.get(r, "")}
+                           "host": self._hosts.get(r, ""), "fr": raw_hb.get("fr")}
         median_step_s = _median(hb.get("median_step_s", 0.0) for hb in self._hb.values()) or 0.0
         unix_ns = time.time_ns()
         self._write_all(self._analyzer.silence(self._hb, now, median_step_s, self._seen, unix_ns))

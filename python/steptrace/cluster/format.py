@@ -66,6 +66,9 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
     for a in result["alerts"]:
         if a["kind"] == "alert" and a["type"] != "straggler":
             lines.append(f"{a['type'].upper()} at step {a['step']}: {a['message']}")
+    hang = result.get("hang")
+    if hang and hang.get("parted"):  # from the ranks' hang alerts (PyTorch's flight recorder)
+        lines.append(f"HANG: {hang['parted']['message']} (each rank's last hang alert, flight recorder)")
     if not found and len(table["ranks"]) >= 2 and not table["method"]:
         # step times alone: every rank waits for the slowest at each collective, so they agree
         lines.append(f"no verdict: communication was not timed, so a straggler hidden by the others' waiting "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Optional
 
+from steptrace import flight_recorder
 from steptrace.cluster.options import _RANGES, CLUSTER_OPTIONS
 from steptrace.cluster.rules import ClusterAnalyzer
 from steptrace.cluster.stats import window_summary
@@ -60,10 +61,13 @@ def _clean_step(rec: Mapping[str, Any]) -> Optional[dict[str, Any]]:
 def analyze_records(records: Iterable[Mapping[str, Any]], options: Optional[Mapping[str, Any]] = None,
                     ) -> dict[str, Any]:
     """The cross-rank view of a whole run from its records (all ranks): the per-window
-    cluster records, the alerts, and a per-rank table over the whole run. Step records
+    cluster records, the alerts, a per-rank table over the whole run, and ``hang``: where
+    the ranks part, from each rank's last hang alert's flight recorder state (None without
+    one). Step records
     without a whole rank, step index and finite step time are left out (an unvalidated
     log is tolerated, as by the summary)."""
     by_rank: dict[int, list[Mapping[str, Any]]] = {}
+    hung: dict[int, Any] = {}  # each rank's last hang alert's flight recorder state (compact)
     hosts: dict[int, str] = {}
     world = 0
     interval = None
@@ -77,6 +81,13 @@ def analyze_records(records: Iterable[Mapping[str, Any]], options: Optional[Mapp
             host = rec.get("host")
             hosts[_whole(rec.get("rank"), 0)] = host if isinstance(host, str) else ""
             world = max(world, _whole(rec.get("world_size"), 1))
+        elif kind == "alert" and rec.get("type") == "hang" and _whole(rec.get("rank")) is not None:
+            fr = (rec.get("details") or {}).get("flight_recorder") if isinstance(rec.get("details"), dict) else None
+            if isinstance(fr, dict) and fr.get("recorder") == "on" and isinstance(fr.get("groups"), list):
+                try:
+                    hung[int(rec["rank"])] = flight_recorder.compact(fr)
+                except (KeyError, TypeError, AttributeError, ValueError, IndexError):  # an odd record: left out
+                    pass
         elif kind == "cluster" and interval is None:
             interval = _whole(rec.get("interval"))  # the live view's window
             if interval is not None and not 2 <= interval <= _RANGES["cluster_interval"][1]:
@@ -111,6 +122,12 @@ def analyze_records(records: Iterable[Mapping[str, Any]], options: Optional[Mapp
         if summary is not None:
             whole[r] = summary
     table = ClusterAnalyzer(opts).window(whole, world_size=world or len(whole), all_rows=True)[0] if whole else None
+    # where the ranks part, from the flight recorder state of each rank's last hang alert
+    try:
+        parted = flight_recorder.parting(hung) if hung else None
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError):  # an unvalidated log's odd state
+        parted = None
     return {"windows": clusters, "alerts": alerts, "table": table, "interval": size,
-            "ranks": sorted(by_rank)}
+            "ranks": sorted(by_rank), "hang": {"ranks": {str(r): c for r, c in sorted(hung.items())},
+                                               "parted": parted} if hung else None}
 

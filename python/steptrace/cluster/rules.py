@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from steptrace.cluster.episodes import EpisodeTracker
 from steptrace.cluster.options import CLUSTER_OPTIONS, HW_POWER_KEY, HW_TEMP_KEY
 from steptrace.cluster.stats import _common, _median, _medians_without_each
+from steptrace.flight_recorder import cross_rank
 
 _PHASE_ADVICE = {
     "data": "its input pipeline is slower: give its DataLoader more workers or pinned memory, "
@@ -310,16 +311,25 @@ class ClusterAnalyzer:
                       else f"blocked outside communication in {where}")
             alerts += self._episodes.update(
                 "rank_silent", r, hit, int(hb.get("step", 0)), 1, unix_ns,
-                lambda: {"value": round(now - min(hb["t"], hb["progress_t"]), 3), "baseline": None,
-                         "threshold": limit, "phase": hb.get("phase") or None,
-                         "message": (f"rank {r} (host {hb.get('host') or '?'}) has made no progress for "
-                                     f"{now - hb['progress_t']:.1f} s ({reason}; last step {hb.get('step')}) "
-                                     f"while {len(waiting - {r})} other rank(s) wait in a collective: "
-                                     f"look at that rank's stacks (py-spy dump, or its hang alert)"),
-                         "details": {"host": hb.get("host", ""), "last_step": hb.get("step"),
-                                     "reason": reason, "waiting_ranks": sorted(waiting - {r})}},
+                lambda: self._silent_alert(r, hb, heartbeats, waiting, now, limit, reason),
                 f"rank {r} makes progress again")
         return alerts
+
+    @staticmethod
+    def _silent_alert(r: int, hb: Mapping[str, Any], heartbeats: Mapping[int, Mapping[str, Any]],
+                      waiting: set, now: float, limit: float, reason: str) -> dict:
+        fr = cross_rank(heartbeats)
+        parted = fr.get("parted") if fr else None
+        return {"value": round(now - min(hb["t"], hb["progress_t"]), 3), "baseline": None,
+                "threshold": limit, "phase": hb.get("phase") or None,
+                "message": (f"rank {r} (host {hb.get('host') or '?'}) has made no progress for "
+                            f"{now - hb['progress_t']:.1f} s ({reason}; last step {hb.get('step')}) "
+                            f"while {len(waiting - {r})} other rank(s) wait in a collective"
+                            + (f"; {parted['message']}" if parted else "")
+                            + ": look at that rank's stacks (py-spy dump, or its hang alert)"),
+                "details": {"host": hb.get("host", ""), "last_step": hb.get("step"),
+                            "reason": reason, "waiting_ranks": sorted(waiting - {r}),
+                            **({"flight_recorder": fr} if fr else {})}}
 
     def finish(self, step: int) -> list[dict]:
         """Resolves the episodes still open at the end of the run."""
