@@ -60,6 +60,9 @@ fi
   opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2
 
 # ---- steptrace itself (incremental: the build folder is kept under build/) ----
-log "building and installing steptrace"
-"$PY" -m pip install -q --no-build-isolation --no-deps .
+# The test build: STEPTRACE_TEST_HOOKS=ON adds steptrace._testing (the fake device backends
+# the Python tests use). A plain `pip install .` or a release wheel leaves it out.
+log "building and installing steptrace (with the test hooks)"
+"$PY" -m pip install -q --no-build-isolation --no-deps \
+  --config-settings=cmake.define.STEPTRACE_TEST_HOOKS=ON .
 log "done: $("$PY" -c 'import steptrace; print("steptrace", steptrace.__version__)') in $VENV"

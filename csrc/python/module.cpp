@@ -14,12 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "../backends/fake/fake_device_activity.hpp"
 #include "steptrace/config.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/metrics.hpp"
 #include "steptrace/profiler.hpp"
 #include "steptrace/replay.hpp"
+
+#include "backends_capsule.hpp"
 
 namespace py = pybind11;
 using steptrace::PhaseId;
@@ -378,31 +379,27 @@ py::object make_step_scope(const StepScope& scope);
 class PyProfiler {
  public:
   PyProfiler(steptrace::Config config, const std::map<std::string, std::string>& versions,
-             bool fake_device, bool external_profiler, py::object live_bytes,
-             std::pair<std::string, std::string> comm) {
+             bool external_profiler, py::object live_bytes,
+             std::pair<std::string, std::string> comm, py::object given_backends) {
     steptrace::RunInfo info;
     for (const auto& [k, v] : versions) info.versions.emplace_back(k, v);
     info.external_profiler_active = external_profiler;
     info.comm_method = std::move(comm.first);
     info.comm_untimed = std::move(comm.second);
     steptrace::Backends backends;
-    if (!live_bytes.is_none()) {  // first: attribution takes the first live figure
-      backends.memory_sources.push_back(std::make_unique<PyLiveBytesSource>(std::move(live_bytes)));
-      if (config.sample_rss) {  // a given list replaces the default RSS source: keep it
-        if (auto rss = steptrace::make_rss_source())
-          backends.memory_sources.push_back(std::move(rss));
-      }
+    // Backends from another module of this build (the test build's steptrace._testing
+    // fakes), through the public extension points only (backends_capsule.hpp).
+    if (!given_backends.is_none()) {
+      backends = steptrace::python::take_backends_capsule(given_backends);
     }
-    if (fake_device) {  // tests: the device-activity path with fakes on the host clock
-      auto activity = std::make_unique<steptrace::fake::FakeKernelActivity>();
-      auto sampler = std::make_unique<steptrace::fake::FakeCounterSampler>();
-      for (auto* clock : {&activity->clock_ns, &sampler->clock_ns}) *clock = -1;
-      activity->delivery.auto_deliver = true;
-      sampler->delivery.auto_deliver = true;
-      fake_activity_ = activity.get();
-      fake_sampler_ = sampler.get();
-      backends.kernel_activity = std::move(activity);
-      backends.counter_sampler = std::move(sampler);
+    if (!live_bytes.is_none()) {  // first: attribution takes the first live figure
+      auto& sources = backends.memory_sources;
+      const bool had_sources = !sources.empty();
+      sources.insert(sources.begin(), std::make_unique<PyLiveBytesSource>(std::move(live_bytes)));
+      // a given list replaces the default RSS source: keep it
+      if (!had_sources && config.sample_rss) {
+        if (auto rss = steptrace::make_rss_source()) sources.push_back(std::move(rss));
+      }
     }
     profiler_ = std::make_shared<steptrace::Profiler>(std::move(config), std::move(info),
                                                       std::move(backends));
@@ -440,31 +437,6 @@ class PyProfiler {
   const ProfilerPtr& profiler() const { return profiler_; }
   StepHooks& hooks() { return *hooks_; }
 
-  // Fake device work of the step in progress: kernels back to back from now, and one
-  // counter sample over them.
-  void fake_device_work(const std::vector<std::tuple<std::string, std::string, double>>& kernels,
-                        const std::vector<double>& counters) {
-    if (fake_activity_ == nullptr) {
-      throw py::value_error("fake_device_work needs a Profiler made with fake_device=True");
-    }
-    const std::int64_t start = fake_activity_->now_ns();
-    std::int64_t t = start;
-    for (const auto& [name, work, ms] : kernels) {
-      steptrace::KernelWork w = steptrace::KernelWork::kCompute;
-      if (work == "matmul") {
-        w = steptrace::KernelWork::kMatmul;
-      } else if (work == "nccl") {
-        w = steptrace::KernelWork::kCommunication;
-      } else if (work != "compute") {
-        throw py::value_error("kernel work \"" + work +
-                              "\" is unknown; use \"compute\", \"matmul\" or \"nccl\"");
-      }
-      const auto ns = static_cast<std::int64_t>(ms * 1e6);
-      fake_activity_->add_kernel(name, w, t, t + ns);
-      t += ns;
-    }
-    if (!counters.empty()) fake_sampler_->add_sample(start, std::max(t, start + 1), counters);
-  }
   const StepScope& step_scope() const { return step_; }
 
  private:
@@ -473,8 +445,6 @@ class PyProfiler {
   std::shared_ptr<StepHooks> hooks_;
   StepScope step_;
   py::object step_scope_;
-  steptrace::fake::FakeKernelActivity* fake_activity_ = nullptr;  // owned by the profiler
-  steptrace::fake::FakeCounterSampler* fake_sampler_ = nullptr;
   std::vector<py::object> by_id_;
   std::vector<std::pair<PyObject*, py::object>> by_object_;
   std::vector<py::object> keys_;
@@ -777,17 +747,14 @@ PYBIND11_MODULE(_core, m) {
           "first.");
 
   py::class_<PyProfiler>(m, "Profiler")
-      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool, bool,
-                    py::object, std::pair<std::string, std::string>>(),
+      .def(py::init<steptrace::Config, const std::map<std::string, std::string>&, bool, py::object,
+                    std::pair<std::string, std::string>, py::object>(),
            py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{},
-           py::arg("fake_device") = false, py::arg("external_profiler") = false,
-           py::arg("live_bytes") = py::none(),
-           py::arg("comm") = std::pair<std::string, std::string>{},
+           py::arg("external_profiler") = false, py::arg("live_bytes") = py::none(),
+           py::arg("comm") = std::pair<std::string, std::string>{}, py::arg("backends") = py::none(),
            "comm: (method, why untimed) of the collectives' timing, for run_start's "
-           "backends.comm (both empty: no entry)")
-      .def("fake_device_work", &PyProfiler::fake_device_work, py::arg("kernels"),
-           py::arg("counters") = std::vector<double>{},
-           "Tests: kernels (name, work, ms) and counter values for the step in progress")
+           "backends.comm (both empty: no entry); `backends`: a capsule of backends from a "
+           "module of the same build (steptrace._testing's fakes in the test build), taken once")
       .def("set_external_profiler",
            [](PyProfiler& p, bool active) { p.core().set_external_profiler(active); })
       .def(

@@ -540,7 +540,7 @@ class Profiler:
     :meth:`flush` may come from another thread (see docs/lifecycle.md).
     """
 
-    def __init__(self, log_dir: "str | os.PathLike[str]", _fake_device: bool = False, **options: Any) -> None:
+    def __init__(self, log_dir: "str | os.PathLike[str]", _backends: Any = None, **options: Any) -> None:
         config, python_options = build_config(log_dir, options)
         torch = sys.modules.get("torch")  # never import torch ourselves: the user's loop did
         cuda = torch is not None and config.clock != "host" and torch.cuda.is_available()
@@ -548,13 +548,14 @@ class Profiler:
         # is the rank's own even while the current device is still 0 (before set_device)
         if cuda and config.device_index < 0 and torch.cuda.is_initialized() and "LOCAL_RANK" not in os.environ:
             config.device_index = torch.cuda.current_device()
-        # _fake_device (tests): fake kernel activity and counters, fed by _core.fake_device_work
         # a torch profiler already running owns CUPTI's activity buffers: start yielded
         live = _cuda_live_bytes(torch) if cuda and python_options["cuda_memory"] else None
         from steptrace.comm import timing_method  # noqa: PLC0415
 
-        self._core = _core.Profiler(config, _versions(), _fake_device, _torch_profiler_running(torch), live,
-                                    timing_method(config.comm_timing))
+        # _backends (tests): a capsule of backends from the test build's steptrace._testing
+        # (FakeDevice().backends(): fake kernel activity and counters)
+        self._core = _core.Profiler(config, _versions(), external_profiler=_torch_profiler_running(torch),
+                                    live_bytes=live, comm=timing_method(config.comm_timing), backends=_backends)
         self._signalled = False
         self._abandoned = False  # a forked child's copy of the parent's profiler
         self._phase_hooks: list = []  # steptrace.autophase hooks installed by watch()

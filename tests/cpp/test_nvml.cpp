@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backends/fake/fake_backends.hpp"
+#include "backends/nvml/nvml_testing.hpp"
 #include "steptrace/ext/telemetry.hpp"
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"

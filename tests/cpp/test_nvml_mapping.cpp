@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/nvml/nvml_testing.hpp"
 #include "fake_cupti/fake_cuda.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/telemetry.hpp"

@@ -300,7 +300,7 @@ def test_on_the_cuda_path_the_phase_follows_the_allocator_not_the_heap(tmp_path)
 
     allocated = {"bytes": 100 << 20}
     config, _ = build_config(tmp_path, {})
-    core = _core.Profiler(config, {}, False, False, lambda: allocated["bytes"])
+    core = _core.Profiler(config, {}, live_bytes=lambda: allocated["bytes"])
     for i in range(200):
         core.begin_step()
         core.begin_phase("forward")

@@ -25,6 +25,8 @@
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/telemetry.hpp"
 
+#include "nvml_testing.hpp"
+
 namespace steptrace {
 namespace detail::nvml {
 namespace {

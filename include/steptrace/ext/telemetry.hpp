@@ -92,15 +92,12 @@ class STEPTRACE_API TelemetrySource {
 /// its PCI bus id where libcuda is there, else through CUDA_VISIBLE_DEVICES (a GPU UUID,
 /// whole or a prefix; a MIG UUID: its board; an index), from libnvidia-ml.so.1 loaded at run
 /// time ($STEPTRACE_NVML_LIBRARY overrides the path). `interval_ms` > 0: a sampler thread
-/// reads every interval_ms once start() is called; 0: no thread, sample_nvml_now() reads
-/// (deterministic tests). `clock`: the samples' clock (not owned; null: CLOCK_MONOTONIC).
+/// reads every interval_ms once start() is called; 0: no thread (the C++ tests read with a
+/// hook of their own). `clock`: the samples' clock (not owned; null: CLOCK_MONOTONIC).
 /// nullptr when unavailable; `why_not` then says why in one line.
 STEPTRACE_API std::unique_ptr<TelemetrySource> make_nvml_telemetry(int device_index,
                                                                    int interval_ms,
                                                                    std::string* why_not,
                                                                    Clock* clock = nullptr);
-/// Reads one sample now on the calling thread (a source from make_nvml_telemetry with
-/// interval_ms = 0); false when `source` is not one, or the read failed.
-STEPTRACE_API bool sample_nvml_now(TelemetrySource& source);
 
 }  // namespace steptrace
