@@ -907,7 +907,7 @@ def work_lines(summary: dict[str, Any]) -> list[str]:
         line = f"energy per token: {run['j_per_token']:.3g} J"
         if _is_num(run.get("tokens_per_kwh")):
             kwh = float(run["tokens_per_kwh"])
-            line += f", {kwh / 1e6:.3g} M tokens/kWh" if kwh >= 1e6 else f", {rate_text(kwh)} tokens/kWh"
+            line += f", {kwh / 1e6:,.1f} M tokens/kWh" if kwh >= 1e6 else f", {rate_text(kwh)} tokens/kWh"
         out.append(line + f" ({_energy(run.get('energy_j'))} in all)")
     return out
 

@@ -422,7 +422,7 @@ def test_summary_reports_work_medians_trend_peak_and_energy() -> None:
     assert rows["tokens/s"].split()[1] == "102,400" and rows["tokens/s"].split()[2] == "flat"
     assert rows["MFU"].split()[1] == "20.0%"
     assert "MFU against a peak of 10 TFLOP/s" in text
-    assert "energy per token: 0.00195 J, 1.84e+03 M tokens/kWh" in text
+    assert "energy per token: 0.00195 J, 1,843.2 M tokens/kWh (80.0 J in all)" in text
 
 
 def test_summary_work_trend_falls_when_the_same_work_takes_longer() -> None:
