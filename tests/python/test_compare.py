@@ -363,3 +363,8 @@ def test_cli_compare_fails_on_an_mfu_drop_and_gates_it_by_name(tmp_path: Path) -
     assert res["regressed"] == ["mfu_pct"] and res["work"]["mfu_pct"]["verdict"] == "regressed"
     bad = lf.run_cli("compare", base.parent, new.parent, "--gate", "mfu")
     assert bad.returncode == 2 and "mfu_pct" in bad.stderr
+    # on a terminal: the rich tables, the work table among them
+    rc, out, _ = lf.run_cli_tty("compare", base.parent, new.parent, NO_COLOR="1")
+    assert rc == 1
+    mfu = next(ln for ln in out.splitlines() if ln.startswith("MFU"))
+    assert "REGRESSED" in mfu and "%" in mfu
