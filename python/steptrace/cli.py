@@ -3,7 +3,7 @@
 ::
 
     steptrace summary RUN [--json] [--plain]           per-phase p50/p95/p99/max, wall clock, memory, alerts
-    steptrace compare BASE NEW [--threshold PCT] ...   which phases regressed (a CI gate)
+    steptrace compare BASE NEW [--threshold PCT] ...   which phases (and MFU, tokens/s) regressed (a CI gate)
     steptrace plot RUN -o out.png [--rank R]           step time by phase, memory, counters
     steptrace export RUN --format chrome|csv -o FILE   Perfetto / chrome://tracing timeline, or CSV
     steptrace report RUN -o report.html                one self-contained HTML report
@@ -17,7 +17,7 @@ are always skipped) and ``--no-progress``. Each subcommand
 is an ``_add_<name>(subparsers)`` function that registers its parser and sets ``func``
 to a ``_cmd_<name>(args) -> int``; add new ones to ``_COMMANDS``.
 
-Exit status: 0 on success; 1 from ``compare`` when a phase regressed (and from
+Exit status: 0 on success; 1 from ``compare`` when a phase or work rate regressed (and from
 ``cluster --fail-on-straggler`` when a straggler was found); 2 for a usage
 error or a log that cannot be read (one line ``steptrace: error: ...`` on stderr, never a
 traceback). Reader warnings (a truncated last line, skipped lines) are printed as
@@ -202,8 +202,9 @@ def _add_compare(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
             "95%% confidence interval, and a two-sided Mann-Whitney U test. A phase regressed when its "
             "median grew by more than --threshold and --min-delta-ms, with p < --alpha and the whole "
             "interval above zero. Where both runs recorded useful work, MFU and tokens/s are compared "
-            "the same way, and a fall beyond --threshold is a regression too. Exit status 1 when a (gated) phase regressed, 0 when none did, 2 on "
-            "errors: use it as a CI gate between two model versions."
+            "the same way, and a fall beyond --threshold is a regression too. Exit status 1 when a "
+            "(gated) timing or work rate regressed, 0 when none did, 2 on errors: use it as a CI gate "
+            "between two model versions."
         ),
     )
     p.add_argument("base", metavar="BASE", help="the reference run (file or folder)")

@@ -236,7 +236,8 @@ def _compare_row(xb: Any, xn: Any, threshold: float, alpha: float, min_delta: fl
         "n_base": 0 if xb is None else int(len(xb)),
         "n_new": 0 if xn is None else int(len(xn)),
         f"base_p50{unit}": None, f"new_p50{unit}": None, f"delta{unit}": None, "change_pct": None,
-        "ci_low_pct": None, "ci_high_pct": None, "p_value": None, "p_slower" if not higher_is_better else "p_higher": None,
+        "ci_low_pct": None, "ci_high_pct": None, "p_value": None,
+        "p_higher" if higher_is_better else "p_slower": None,
     }
     if (xb is None or len(xb) == 0) and (xn is None or len(xn) == 0):
         row["verdict"] = "too few steps"
