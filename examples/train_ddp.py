@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--cluster-poll-s", type=float, default=1.0)
     parser.add_argument("--cluster-silent-s", type=float, default=10.0)
     parser.add_argument("--no-comm-timing", action="store_true", help="do not time the collectives")
+    parser.add_argument("--flops-per-step", type=float, default=0.0, help="model FLOPs of a step (for MFU)")
+    parser.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak TFLOP/s (MFU on a CPU)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -65,7 +67,8 @@ def main() -> None:
 
     with steptrace.Profiler(args.log_dir, overwrite=True, cluster_interval=args.cluster_interval,
                             cluster_poll_s=args.cluster_poll_s, cluster_silent_s=args.cluster_silent_s,
-                            comm_timing="off" if args.no_comm_timing else "auto") as prof:
+                            comm_timing="off" if args.no_comm_timing else "auto",
+                            flops_per_step=args.flops_per_step, peak_tflops=args.peak_tflops) as prof:
         for i, x in enumerate(prof.data(loader())):
             with prof.step():
                 with prof.phase("forward"):

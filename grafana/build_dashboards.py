@@ -50,7 +50,7 @@ class Panels:
 
     def add(self, title: str, kind: str, targets: list[tuple[str, str]], *, w: int = 12, h: int = 8,
             unit: str = "short", links: list[dict] | None = None, description: str = "",
-            options: dict | None = None) -> None:
+            options: dict | None = None, overrides: list[dict] | None = None) -> None:
         if self.x + w > 24:
             self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
         panel = {
@@ -58,7 +58,7 @@ class Panels:
             "datasource": DS, "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h},
             "targets": [{"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend}
                         for i, (expr, legend) in enumerate(targets)],
-            "fieldConfig": {"defaults": {"unit": unit, "links": links or []}, "overrides": []},
+            "fieldConfig": {"defaults": {"unit": unit, "links": links or []}, "overrides": overrides or []},
             "options": options or {},
         }
         self.items.append(panel)
@@ -112,6 +112,33 @@ def overview() -> dict:
                      [nav("steptrace-job", "Job"), nav("steptrace-profiling", "Profiling")])
 
 
+def right_axis(ref_id: str, unit: str) -> dict:
+    """A field override: the query ``ref_id`` on a right-hand axis in ``unit``."""
+    return {"matcher": {"id": "byFrameRefID", "options": ref_id},
+            "properties": [{"id": "unit", "value": unit}, {"id": "custom.axisPlacement", "value": "right"}]}
+
+
+def useful_work(p: Panels, sel: str) -> None:
+    """MFU per rank beside the tensor cores' activity and the GPU's power, and tokens/s
+    (docs/useful-work.md)."""
+    p.add("MFU per rank, beside tensor-core activity and power", "timeseries", [
+        (f"steptrace_mfu_ratio{{{sel}}}", "r{{rank}} MFU"),
+        (f"steptrace_tensor_active_ratio{{{sel}}}", "r{{rank}} tensor cores active"),
+        (f"steptrace_gpu_power_watts{{{sel}}}", "r{{rank}} power"),
+    ], w=16, unit="percentunit", overrides=[right_axis("C", "watt")],
+          description="MFU: the last step's model FLOP/s over the device's peak (run_start.work says which "
+                      "peak). Tensor cores busy at high power with a low MFU: the work is not the model's "
+                      "(padding, recomputation, small matrices); a rank below the others: its steps are "
+                      "slower for the same FLOPs.")
+    p.add("Throughput: tokens/s and samples/s", "timeseries", [
+        (f"sum(rate(steptrace_tokens_total{{{sel}}}[5m]))", "job tokens/s (5m, wall clock)"),
+        (f"steptrace_tokens_per_second{{{sel}}}", "r{{rank}} tokens/s (last step)"),
+        (f"sum(rate(steptrace_samples_total{{{sel}}}[5m]))", "job samples/s (5m, wall clock)"),
+    ], w=8, unit="short",
+          description="The job's rate over the wall clock (evaluation and checkpoints included), summed over "
+                      "the selected ranks, and each rank's rate over its last step's training iteration.")
+
+
 def job() -> dict:
     p = Panels()
     sel = 'job="$job", rank=~"$rank"'
@@ -156,6 +183,7 @@ def job() -> dict:
                       "bandwidth that times the collective's bus factor (all-reduce 2(n-1)/n), comparable "
                       "with the link's peak. A rank far below the others has a slow link (comm_straggler); "
                       "waiting for a late rank lowers it on the waiting ranks too.")
+    useful_work(p, sel)
     p.add("Tensor-core activity per GPU", "timeseries", [
         (f"steptrace_tensor_active_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
         ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "{{Hostname}} gpu {{gpu}} (DCGM)"),

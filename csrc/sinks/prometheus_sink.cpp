@@ -13,6 +13,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "../core/work.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/device_activity.hpp"
 
@@ -63,6 +64,26 @@ void histogram(fmt::memory_buffer& out, const char* name, const std::string& lab
   fmt::format_to(it, "{}_bucket{{{},le=\"+Inf\"}} {}\n", name, labels, h.count);
   fmt::format_to(it, "{}_sum{{{}}} {}\n", name, labels, number(h.sum));
   fmt::format_to(it, "{}_count{{{}}} {}\n", name, labels, h.count);
+}
+
+// Useful work of one step: its rates (a gauge keeps the last step that knew each figure)
+// and its samples and tokens added to the counters.
+void observe_work(const StepRecord& r, MetricsRegistry::Values::Work& w) {
+  const WorkCount& c = r.work;
+  if (!c.any()) return;
+  if (c.samples >= 0) {
+    w.samples_seen = true;
+    w.samples_total += c.samples;
+  }
+  if (c.tokens >= 0) {
+    w.tokens_seen = true;
+    w.tokens_total += c.tokens;
+  }
+  const WorkRates rates = work_rates(r);
+  if (std::isfinite(rates.samples_per_s)) w.samples_per_s = rates.samples_per_s;
+  if (std::isfinite(rates.tokens_per_s)) w.tokens_per_s = rates.tokens_per_s;
+  if (std::isfinite(rates.tflops_per_s)) w.tflops_per_s = rates.tflops_per_s;
+  if (std::isfinite(rates.mfu_pct)) w.mfu_ratio = rates.mfu_pct / 100.0;
 }
 
 }  // namespace
@@ -192,6 +213,7 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
     v.comm_s += static_cast<double>(r.kernels.nccl_ns) / 1e9;
     v.comm_exposed_s += static_cast<double>(r.kernels.exposed_nccl_ns) / 1e9;
   }
+  observe_work(r, v.work);
 }
 
 namespace {
@@ -422,8 +444,41 @@ std::string MetricsRegistry::render() const {
     }
   }
   render_hardware(out, v);
+  render_work(out, v);
   render_cluster(out, v);
   return std::string(out.data(), out.size());
+}
+
+void MetricsRegistry::render_work(fmt::memory_buffer& out, const Values& v) const {
+  const std::string& l = base_labels_;
+  const Values::Work& w = v.work;
+  // A gauge only once a step knew the figure (a run without token ids has no tokens/s).
+  const auto gauge = [&](const char* name, const char* help, double value) {
+    if (std::isnan(value)) return;
+    header(out, name, "gauge", help);
+    sample(out, name, l, value);
+  };
+  gauge("steptrace_samples_per_second",
+        "Samples per second of the last step's training iteration that counted samples.",
+        w.samples_per_s);
+  gauge("steptrace_tokens_per_second",
+        "Tokens per second of the last step's training iteration that counted tokens.",
+        w.tokens_per_s);
+  gauge("steptrace_model_tflops_per_second",
+        "Model TFLOP/s (forward and backward) of the last step that counted FLOPs.",
+        w.tflops_per_s);
+  gauge("steptrace_mfu_ratio",
+        "Model FLOPs utilization of the last step: achieved FLOP/s over the device's peak "
+        "(0..1; run_start.work says which peak).",
+        w.mfu_ratio);
+  if (w.samples_seen) {
+    header(out, "steptrace_samples_total", "counter", "Samples of the steps that counted them.");
+    sample(out, "steptrace_samples_total", l, w.samples_total);
+  }
+  if (w.tokens_seen) {
+    header(out, "steptrace_tokens_total", "counter", "Tokens of the steps that counted them.");
+    sample(out, "steptrace_tokens_total", l, w.tokens_total);
+  }
 }
 
 void MetricsRegistry::render_hardware(fmt::memory_buffer& out, const Values& v) const {

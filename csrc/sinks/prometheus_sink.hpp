@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -124,11 +125,22 @@ class MetricsRegistry {
     std::int64_t cluster_windows = 0;
     double world_size = 0, ranks_reporting = 0, stragglers = 0;
     std::vector<ClusterRow> cluster_rows;  // at most kMaxClusterRows
+    // Useful work (work.hpp): the last step's rates, NaN until a step knew them, and the
+    // samples and tokens summed over the steps that counted them.
+    struct Work {
+      double samples_per_s = std::numeric_limits<double>::quiet_NaN();
+      double tokens_per_s = std::numeric_limits<double>::quiet_NaN();
+      double tflops_per_s = std::numeric_limits<double>::quiet_NaN();
+      double mfu_ratio = std::numeric_limits<double>::quiet_NaN();
+      double samples_total = 0, tokens_total = 0;
+      bool samples_seen = false, tokens_seen = false;
+    } work;
   };
 
  private:
   void render_hardware(fmt::memory_buffer& out, const Values& v) const;
   void render_cluster(fmt::memory_buffer& out, const Values& v) const;
+  void render_work(fmt::memory_buffer& out, const Values& v) const;
 
   const MetricLabels labels_;
   const PhaseNames& names_;

@@ -24,7 +24,10 @@ DataFrames from them on first use. A million steps load in seconds.
 - memory fields under their own names (``rss_bytes``, ``allocated_bytes``, ...),
   counters (``tensor_active_pct``, ...), kernels as ``kernel_<field>``
   (``kernel_nccl_ms``, ``kernel_count``, ...) and telemetry (``power_w``, ``temp_c``,
-  ``sm_clock_mhz``), when the log has them.
+  ``sm_clock_mhz``), when the log has them;
+- useful work (docs/useful-work.md) under its own names: ``samples``, ``tokens``,
+  ``flops``, ``samples_per_s``, ``tokens_per_s``, ``tflops_per_s``, ``mfu_pct``,
+  ``j_per_sample``, ``j_per_token``, on the steps that counted them.
 
 A value a step does not have is NaN; byte and count columns without a gap are int64. A
 phase whose column name would collide with a fixed column gets a ``phase_`` prefix
@@ -238,7 +241,7 @@ class Run:
     def _column_rank(self, gk: tuple[str, str]) -> tuple[int, int]:
         group, key = gk
         order = {"phases_ms": 0, "host_phases_ms": 1, "phase_retained_bytes": 2, "memory": 3, "counters": 4,
-                 "kernels": 5, "telemetry": 6}
+                 "kernels": 5, "telemetry": 6, "comm": 7, "meta": 8, "work": 9}
         if group in ("phases_ms", "host_phases_ms", "phase_retained_bytes"):
             phases = self.phases
             return (order[group], phases.index(key) if key in phases else len(phases))

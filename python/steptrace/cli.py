@@ -3,7 +3,7 @@
 ::
 
     steptrace summary RUN [--json] [--plain]           per-phase p50/p95/p99/max, wall clock, memory, alerts
-    steptrace compare BASE NEW [--threshold PCT] ...   which phases regressed (a CI gate)
+    steptrace compare BASE NEW [--threshold PCT] ...   which phases (and MFU, tokens/s) regressed (a CI gate)
     steptrace plot RUN -o out.png [--rank R]           step time by phase, memory, counters
     steptrace export RUN --format chrome|csv -o FILE   Perfetto / chrome://tracing timeline, or CSV
     steptrace report RUN -o report.html                one self-contained HTML report
@@ -17,7 +17,7 @@ are always skipped) and ``--no-progress``. Each subcommand
 is an ``_add_<name>(subparsers)`` function that registers its parser and sets ``func``
 to a ``_cmd_<name>(args) -> int``; add new ones to ``_COMMANDS``.
 
-Exit status: 0 on success; 1 from ``compare`` when a phase regressed (and from
+Exit status: 0 on success; 1 from ``compare`` when a phase or work rate regressed (and from
 ``cluster --fail-on-straggler`` when a straggler was found); 2 for a usage
 error or a log that cannot be read (one line ``steptrace: error: ...`` on stderr, never a
 traceback). Reader warnings (a truncated last line, skipped lines) are printed as
@@ -201,8 +201,10 @@ def _add_compare(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
             "Compare the per-phase step times of two runs: the change of the median with a bootstrap "
             "95%% confidence interval, and a two-sided Mann-Whitney U test. A phase regressed when its "
             "median grew by more than --threshold and --min-delta-ms, with p < --alpha and the whole "
-            "interval above zero. Exit status 1 when a (gated) phase regressed, 0 when none did, 2 on "
-            "errors: use it as a CI gate between two model versions."
+            "interval above zero. Where both runs recorded useful work, MFU and tokens/s are compared "
+            "the same way, and a fall beyond --threshold is a regression too. Exit status 1 when a "
+            "(gated) timing or work rate regressed, 0 when none did, 2 on errors: use it as a CI gate "
+            "between two model versions."
         ),
     )
     p.add_argument("base", metavar="BASE", help="the reference run (file or folder)")
@@ -216,8 +218,8 @@ def _add_compare(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
     p.add_argument("--warmup", type=_nonneg_int, default=None, metavar="N",
                    help="skip the first N steps of each run (default: the run's warmup_steps, else 10)")
     p.add_argument("--gate", metavar="NAMES", default=None,
-                   help="comma-separated timings whose regression fails the command (default: all; "
-                        "e.g. iteration,backward)")
+                   help="comma-separated timings and work rates whose regression fails the command "
+                        "(default: all; e.g. iteration,backward,mfu_pct,tokens_per_s)")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     p.add_argument("--plain", action="store_true", help="plain text even on a terminal")
     _common(p)
@@ -246,10 +248,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                             min_delta_ms=args.min_delta_ms, warmup=args.warmup, gate=gate,
                             base_name=args.base, new_name=args.new)
     if gate is not None:
-        unknown = [g for g in gate if g not in result["phases"]]
+        known = [*result["phases"], *result["work"]]
+        unknown = [g for g in gate if g not in known]
         if unknown:
-            raise _Usage(f"--gate names {', '.join(unknown)}, not a timing of these runs "
-                         f"(have: {', '.join(result['phases'])})")
+            raise _Usage(f"--gate names {', '.join(unknown)}, not a timing or work rate of these runs "
+                         f"(have: {', '.join(known)})")
     if args.json:
         _print_json(result)
     else:
@@ -266,7 +269,7 @@ def _render_compare_rich(result: dict[str, Any], console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from steptrace.compare import compare_footer, compare_header, compare_rows, goodput_line, goodput_rows
+    from steptrace.compare import compare_footer, compare_header, compare_rows, goodput_line, goodput_rows, work_rows
 
     console.print(Text(compare_header(result), style="bold"))
     rows = compare_rows(result)
@@ -277,6 +280,15 @@ def _render_compare_rich(result: dict[str, Any], console: Any) -> None:
     for r, (name, info) in zip(rows[1:], result["phases"].items()):
         t.add_row(*r[:-1], Text(r[-1], style=styles.get(info["verdict"], "")))
     console.print(t)
+    work = work_rows(result)
+    if work:
+        styles.update(lower="yellow", higher="green")
+        w = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for i, h in enumerate(work[0]):
+            w.add_column(h, justify="left" if i in (0, 6) else "right")
+        for r, info in zip(work[1:], result["work"].values()):
+            w.add_row(*r[:-1], Text(r[-1], style=styles.get(info["verdict"], "")))
+        console.print(w)
     wall = goodput_rows(result)
     if wall:
         g = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)

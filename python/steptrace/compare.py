@@ -25,6 +25,17 @@ the defaults. Step times are autocorrelated (warmup, GC, thermals), which makes 
 that assumes independent samples over-confident: the threshold, not the p-value, is
 what keeps the gate quiet on noise.
 
+``work`` compares the useful work of the steps (docs/useful-work.md) where both runs
+recorded it: ``mfu_pct`` and ``tokens_per_s`` (each step's, the same steps after warmup,
+all ranks pooled), with the same test and interval. Higher is better here, so the
+verdicts are mirrored: a rate **regressed** when its median fell by more than
+``threshold`` with p < ``alpha`` and the whole interval below zero (no ``min_delta_ms``:
+it is a time), **improved** when it rose as much; ``lower`` / ``higher`` is a significant
+change within the threshold. A regressed rate fails the gate like a regressed timing
+(``gate`` names them ``mfu_pct`` and ``tokens_per_s``). An MFU drop at an unchanged step
+time means each step does less model work per second of the device's peak than before:
+new shapes or a new model whose FLOPs per step changed, which the timings alone miss.
+
 ``goodput`` compares the runs' wall clock by part (:func:`steptrace.summary.goodput`: the
 training steps' share, data, eval, checkpoint, other, startup, after the last step), as
 shares of each run's wall clock and their difference in percentage points; it informs,
@@ -49,7 +60,10 @@ BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_MAX_SAMPLE = 2000
 #: Fewer steps than this on either side: no verdict (never a regression).
 MIN_STEPS = 8
-VERDICTS = ("regressed", "improved", "slower", "faster", "same", "too few steps", "added", "removed")
+VERDICTS = ("regressed", "improved", "slower", "faster", "lower", "higher", "same", "too few steps", "added",
+            "removed")
+#: The per-step work rates compared (a step's ``work`` object), higher is better.
+WORK_COMPARED = ("mfu_pct", "tokens_per_s")
 
 
 def _np() -> Any:
@@ -138,21 +152,44 @@ def _warmup(table: StepTable) -> int:
     return DEFAULT_WARMUP
 
 
+def _col(a: Any, dtype: Any) -> Any:
+    np = _np()
+    return np.frombuffer(a, dtype=dtype).copy() if len(a) else np.zeros(0, dtype=dtype)
+
+
+def _kept(table: StepTable, warmup: Optional[int]) -> Any:
+    """The steps compared: ok, timed, ``step >= warmup`` (all of them when that would
+    leave fewer than :data:`MIN_STEPS`)."""
+    np = _np()
+    w = _warmup(table) if warmup is None else warmup
+    ok = _col(table.ok, np.int8) != 0
+    keep = ok & ~np.isnan(_col(table.step_ms, np.float64))
+    after = keep & (_col(table.step, np.int64) >= w)
+    return after if int(after.sum()) >= MIN_STEPS else keep
+
+
+def work_samples(table: StepTable, warmup: Optional[int] = None) -> dict[str, Any]:
+    """The per-step work rates compared (:data:`WORK_COMPARED`) of the steps
+    :func:`samples` compares, NaN (a step without the figure) dropped; a rate no step
+    has is left out."""
+    np = _np()
+    cols = table.groups["work"].cols
+    keep = _kept(table, warmup)
+    out = {}
+    for field in WORK_COMPARED:
+        if field in cols:
+            v = _col(cols[field], np.float64)[keep]
+            out[field] = v[~np.isnan(v)]
+    return out
+
+
 def samples(table: StepTable, warmup: Optional[int] = None) -> dict[str, Any]:
     """The per-timing samples compared: ok steps with ``step >= warmup`` (all of them
     when that would leave fewer than :data:`MIN_STEPS`), NaN dropped."""
     np = _np()
-
-    def col(a: Any, dtype: Any) -> Any:
-        return np.frombuffer(a, dtype=dtype).copy() if len(a) else np.zeros(0, dtype=dtype)
-
-    w = _warmup(table) if warmup is None else warmup
-    ok = col(table.ok, np.int8) != 0
+    col = _col
+    keep = _kept(table, warmup)
     step_ms = col(table.step_ms, np.float64)
-    keep = ok & ~np.isnan(step_ms)
-    after = keep & (col(table.step, np.int64) >= w)
-    if int(after.sum()) >= MIN_STEPS:
-        keep = after
     data = col(table.data_ms, np.float64)
     data = np.where(np.isnan(data), 0.0, data)
     out: dict[str, Any] = {"data": data[keep]}
@@ -188,6 +225,48 @@ def _verdict(change: float, delta: float, p: float, ci: tuple[float, float], thr
     return "same"
 
 
+def _compare_row(xb: Any, xn: Any, threshold: float, alpha: float, min_delta: float, unit: str = "_ms",
+                 higher_is_better: bool = False) -> dict[str, Any]:
+    """One compared quantity: medians (``base_p50<unit>``, ``new_p50<unit>``), change %,
+    the bootstrap interval, the U test and the verdict. With ``higher_is_better`` (a rate)
+    the verdicts are mirrored: a significant fall beyond the threshold regressed, a
+    significant change within it is ``lower`` / ``higher``."""
+    np = _np()
+    row: dict[str, Any] = {
+        "n_base": 0 if xb is None else int(len(xb)),
+        "n_new": 0 if xn is None else int(len(xn)),
+        f"base_p50{unit}": None, f"new_p50{unit}": None, f"delta{unit}": None, "change_pct": None,
+        "ci_low_pct": None, "ci_high_pct": None, "p_value": None,
+        "p_higher" if higher_is_better else "p_slower": None,
+    }
+    if (xb is None or len(xb) == 0) and (xn is None or len(xn) == 0):
+        row["verdict"] = "too few steps"
+    elif xb is None or len(xb) == 0:
+        row["verdict"] = "added"
+    elif xn is None or len(xn) == 0:
+        row["verdict"] = "removed"
+    else:
+        mb, mn = float(np.median(xb)), float(np.median(xn))
+        row[f"base_p50{unit}"], row[f"new_p50{unit}"], row[f"delta{unit}"] = mb, mn, mn - mb
+        change = (mn / mb - 1.0) if mb > 0 else (0.0 if mn == mb else math.inf)
+        row["change_pct"] = 100.0 * change if math.isfinite(change) else None
+        if len(xb) < MIN_STEPS or len(xn) < MIN_STEPS:
+            row["verdict"] = "too few steps"
+        else:
+            p, p_up = mann_whitney(xb, xn)
+            ci = median_change_ci(xb, xn) if mb > 0 else (math.nan, math.nan)
+            row["p_value"] = p
+            row["p_higher" if higher_is_better else "p_slower"] = p_up
+            if math.isfinite(ci[0]):
+                row["ci_low_pct"], row["ci_high_pct"] = 100.0 * ci[0], 100.0 * ci[1]
+            if higher_is_better:  # a fall is the regression: the same rules on the mirror image
+                verdict = _verdict(-change, -(mn - mb), p, (-ci[1], -ci[0]), threshold, alpha, min_delta)
+                row["verdict"] = {"slower": "lower", "faster": "higher"}.get(verdict, verdict)
+            else:
+                row["verdict"] = _verdict(change, mn - mb, p, ci, threshold, alpha, min_delta)
+    return row
+
+
 def compare_tables(base: StepTable, new: StepTable, *, threshold: float = DEFAULT_THRESHOLD,
                    alpha: float = DEFAULT_ALPHA, min_delta_ms: float = DEFAULT_MIN_DELTA_MS,
                    warmup: Optional[int] = None, gate: Optional[Iterable[str]] = None,
@@ -206,37 +285,17 @@ def compare_tables(base: StepTable, new: StepTable, *, threshold: float = DEFAUL
     gate_set = None if gate is None else set(gate)
     rows: dict[str, dict[str, Any]] = {}
     for name in order:
-        xb, xn = sb.get(name), sn.get(name)
-        row: dict[str, Any] = {
-            "n_base": 0 if xb is None else int(len(xb)),
-            "n_new": 0 if xn is None else int(len(xn)),
-            "base_p50_ms": None, "new_p50_ms": None, "delta_ms": None, "change_pct": None,
-            "ci_low_pct": None, "ci_high_pct": None, "p_value": None, "p_slower": None,
-        }
-        if (xb is None or len(xb) == 0) and (xn is None or len(xn) == 0):
-            row["verdict"] = "too few steps"
-        elif xb is None or len(xb) == 0:
-            row["verdict"] = "added"
-        elif xn is None or len(xn) == 0:
-            row["verdict"] = "removed"
-        else:
-            mb, mn = float(np.median(xb)), float(np.median(xn))
-            row["base_p50_ms"], row["new_p50_ms"], row["delta_ms"] = mb, mn, mn - mb
-            change = (mn / mb - 1.0) if mb > 0 else (0.0 if mn == mb else math.inf)
-            row["change_pct"] = 100.0 * change if math.isfinite(change) else None
-            if len(xb) < MIN_STEPS or len(xn) < MIN_STEPS:
-                row["verdict"] = "too few steps"
-            else:
-                p, p_slower = mann_whitney(xb, xn)
-                ci = median_change_ci(xb, xn) if mb > 0 else (math.nan, math.nan)
-                row["p_value"], row["p_slower"] = p, p_slower
-                if math.isfinite(ci[0]):
-                    row["ci_low_pct"], row["ci_high_pct"] = 100.0 * ci[0], 100.0 * ci[1]
-                row["verdict"] = _verdict(change, mn - mb, p, ci, threshold, alpha, min_delta_ms)
-        row["gated"] = gate_set is None or name in gate_set
-        rows[name] = row
-    regressed = [k for k, r in rows.items() if r["verdict"] == "regressed" and r["gated"]]
-    improved = [k for k, r in rows.items() if r["verdict"] == "improved"]
+        rows[name] = _compare_row(sb.get(name), sn.get(name), threshold, alpha, min_delta_ms)
+        rows[name]["gated"] = gate_set is None or name in gate_set
+    wb, wn = work_samples(base, warmup), work_samples(new, warmup)
+    work: dict[str, dict[str, Any]] = {}
+    for name in WORK_COMPARED:
+        if name in wb or name in wn:
+            work[name] = _compare_row(wb.get(name), wn.get(name), threshold, alpha, 0.0, unit="",
+                                      higher_is_better=True)
+            work[name]["gated"] = gate_set is None or name in gate_set
+    regressed = [k for k, r in (*rows.items(), *work.items()) if r["verdict"] == "regressed" and r["gated"]]
+    improved = [k for k, r in (*rows.items(), *work.items()) if r["verdict"] == "improved"]
     return {
         "goodput": compare_goodput(goodput(base), goodput(new)),
         "base": base_name,
@@ -248,6 +307,7 @@ def compare_tables(base: StepTable, new: StepTable, *, threshold: float = DEFAUL
         "warmup_steps": {"base": _warmup(base) if warmup is None else warmup,
                          "new": _warmup(new) if warmup is None else warmup},
         "phases": rows,
+        "work": work,
         "regressed": regressed,
         "improved": improved,
         "ok": not regressed,
@@ -347,6 +407,37 @@ def compare_rows(result: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+_WORK_LABELS = {"mfu_pct": "MFU", "tokens_per_s": "tokens/s"}
+
+
+def work_rows(result: dict[str, Any]) -> list[list[str]]:
+    """The compared work rates as table rows (header first; empty when neither run
+    recorded useful work)."""
+    from steptrace.summary import work_value_text
+
+    work = result.get("work") or {}
+    if not work:
+        return []
+    rows = [["work", "base p50", "new p50", "change", "95% CI", "p-value", "verdict"]]
+    for name, r in work.items():
+        ci = "-" if r["ci_low_pct"] is None else f"[{r['ci_low_pct']:+.1f}%, {r['ci_high_pct']:+.1f}%]"
+        verdict = r["verdict"].upper() if r["verdict"] in ("regressed", "improved") else r["verdict"]
+        if r["verdict"] == "regressed" and not r["gated"]:
+            verdict += " (not gated)"
+        rows.append([_WORK_LABELS.get(name, name), work_value_text(name, r["base_p50"]),
+                     work_value_text(name, r["new_p50"]), _signed_pct(r["change_pct"]), ci, _p(r["p_value"]),
+                     verdict])
+    return rows
+
+
+def _row_of(result: dict[str, Any], name: str) -> dict[str, Any]:
+    return result["phases"].get(name) or (result.get("work") or {})[name]
+
+
+def _label(name: str) -> str:
+    return _WORK_LABELS.get(name, name)
+
+
 def compare_header(result: dict[str, Any]) -> str:
     return (f"compare {result.get('base') or 'BASE'} -> {result.get('new') or 'NEW'}: median change per phase; "
             f"regression = more than {result['threshold_pct']:g}% and {result['min_delta_ms']:g} ms slower "
@@ -356,11 +447,18 @@ def compare_header(result: dict[str, Any]) -> str:
 def compare_footer(result: dict[str, Any]) -> str:
     reg = result["regressed"]
     if reg:
-        parts = ", ".join(f"{k} ({result['phases'][k]['change_pct']:+.1f}%)" for k in reg)
-        return f"REGRESSION: {len(reg)} phase{'s' if len(reg) != 1 else ''} slower beyond {result['threshold_pct']:g}%: {parts}"
+        parts = ", ".join(f"{_label(k)} ({_row_of(result, k)['change_pct']:+.1f}%)" for k in reg)
+        slower = [k for k in reg if k in result["phases"]]
+        lower = [k for k in reg if k not in result["phases"]]
+        what = []
+        if slower:
+            what.append(f"{len(slower)} phase{'s' if len(slower) != 1 else ''} slower")
+        if lower:
+            what.append(f"{' and '.join(_label(k) for k in lower)} lower")
+        return f"REGRESSION: {', '.join(what)} beyond {result['threshold_pct']:g}%: {parts}"
     imp = result["improved"]
     if imp:
-        parts = ", ".join(f"{k} ({result['phases'][k]['change_pct']:+.1f}%)" for k in imp)
+        parts = ", ".join(f"{_label(k)} ({_row_of(result, k)['change_pct']:+.1f}%)" for k in imp)
         return f"no regression; improved: {parts}"
     return "no regression"
 
@@ -412,6 +510,9 @@ def format_compare(result: dict[str, Any]) -> str:
 
     rows = compare_rows(result)
     lines = [compare_header(result)] + align(rows)
+    work = work_rows(result)
+    if work:
+        lines += [""] + align(work)
     wall = goodput_rows(result)
     if wall:
         lines += [""] + align(wall) + [goodput_line(result)]
@@ -427,6 +528,9 @@ __all__ = [
     "mann_whitney",
     "median_change_ci",
     "samples",
+    "work_samples",
+    "work_rows",
+    "WORK_COMPARED",
     "DEFAULT_THRESHOLD",
     "DEFAULT_ALPHA",
     "DEFAULT_MIN_DELTA_MS",

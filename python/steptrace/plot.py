@@ -8,11 +8,15 @@
    iteration time (the detector's window, default 100 steps) and the regression line at
    ``regression_threshold`` (1.5) x that median, alerts marked where they fired, and
    error steps as red crosses;
-2. memory over the steps (each field the log has, per rank);
-3. with NVML readings in the steps (``hw``): the GPU's power (W, left axis: each step's
+2. with useful work in the steps (docs/useful-work.md): MFU (%, left axis; TFLOP/s
+   where there is no MFU) and tokens/s (right axis; samples/s where there are no
+   tokens) of each step, under the step time they divide, with the GPU's power (W) on a
+   third axis where NVML read it;
+3. memory over the steps (each field the log has, per rank);
+4. with NVML readings in the steps (``hw``): the GPU's power (W, left axis: each step's
    average, its lowest reading, and the power limit) against the step time (ms, right
    axis) over the run;
-4. hardware counters (%), kernel times (ms) and telemetry (W, C), each only when the log
+5. hardware counters (%), kernel times (ms) and telemetry (W, C), each only when the log
    has them.
 
 With several ranks the stack shows one rank (``rank=``, default the lowest) and the
@@ -118,7 +122,8 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
     mem_cols = [name for name, group, key in run.variable_columns() if group == "memory"
                 and key != "device_total_bytes" and name in df and df[name].notna().any()]
     power = _power_series(run, rank, mine["step"].to_numpy(), np)
-    n_panels = 1 + (1 if power is not None else 0) + (1 if mem_cols else 0) + len(groups)
+    work = _work_series(mine, np)
+    n_panels = 1 + (1 if work else 0) + (1 if power is not None else 0) + (1 if mem_cols else 0) + len(groups)
     heights = [3.0] + [1.6] * (n_panels - 1)
     fig = Figure(figsize=(width, sum(heights) + 1.0), dpi=dpi, layout="constrained")
     axes = fig.subplots(n_panels, 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
@@ -192,6 +197,9 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
     ax.grid(True, alpha=0.3)
 
     panel = 1
+    if work:
+        _work_panel(axes[panel], np, x, k, work, ok, power)
+        panel += 1
     if power is not None:
         _power_panel(axes[panel], np, x, k, power, mine["step_ms"].to_numpy(dtype=np.float64), ok)
         panel += 1
@@ -256,6 +264,58 @@ def _power_series(run: Run, rank: int, steps: Any, np: Any) -> Optional[dict[str
                 limits.append(float(t["power_limit_w"]))
     return {"power_w": col("power_w"), "min_power_w": col("min_power_w"), "max_temp_c": col("max_temp_c"),
             "power_limit_w": max(limits) if limits else None}
+
+
+_WORK_AXES = (("mfu_pct", "MFU %", "#2ca02c"), ("tflops_per_s", "TFLOP/s", "#2ca02c"),
+              ("tokens_per_s", "tokens/s", "#9467bd"), ("samples_per_s", "samples/s", "#9467bd"))
+
+
+def _work_series(mine: Any, np: Any) -> dict[str, Any]:
+    """The useful-work rates of the steps drawn, by column, that at least one step has."""
+    out = {}
+    for col, _label, _color in _WORK_AXES:
+        if col in mine and mine[col].notna().any():
+            out[col] = mine[col].to_numpy(dtype=np.float64)
+    return out
+
+
+def _work_panel(ax: Any, np: Any, x: Any, k: int, work: dict[str, Any], ok: Any,
+                power: Optional[dict[str, Any]]) -> None:
+    """MFU (else TFLOP/s) on the left axis, tokens/s (else samples/s) on the right, and the
+    GPU's power on a third axis where NVML read it."""
+    left = next(((c, lab, col) for c, lab, col in _WORK_AXES[:2] if c in work), None)
+    right = next(((c, lab, col) for c, lab, col in _WORK_AXES[2:] if c in work), None)
+    handles: list[Any] = []
+    names: list[str] = []
+
+    def draw(target: Any, spec: tuple[str, str, str]) -> None:
+        c, label, color = spec
+        target.plot(x, _binned(np, np.where(ok, work[c], np.nan), k), color=color, linewidth=1.1, label=label)
+        target.set_ylabel(label)
+        target.set_ylim(bottom=0)
+        h, n = target.get_legend_handles_labels()
+        handles.extend(h)
+        names.extend(n)
+
+    main = left or right
+    assert main is not None  # _work_series found at least one rate
+    draw(ax, main)
+    if left and right:
+        draw(ax.twinx(), right)
+    if power is not None and np.isfinite(power["power_w"]).any():
+        ax3 = ax.twinx()
+        ax3.spines["right"].set_position(("axes", 1.12))
+        ax3.plot(x, _binned(np, power["power_w"], k), color="#e6550d", linewidth=0.8, alpha=0.7, label="power W")
+        ax3.set_ylabel("power W")
+        ax3.set_ylim(bottom=0)
+        h, n = ax3.get_legend_handles_labels()
+        handles.extend(h)
+        names.extend(n)
+    what = "MFU" if "mfu_pct" in work else ("TFLOP/s" if "tflops_per_s" in work else "throughput")
+    ax.set_title(f"useful work: {what} per step" + (" and tokens/s" if "tokens_per_s" in work and left else ""),
+                 loc="left", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.22, 1.0), fontsize=8, frameon=False)
 
 
 def _power_panel(ax: Any, np: Any, x: Any, k: int, power: dict[str, Any], step_ms: Any, ok: Any) -> None:

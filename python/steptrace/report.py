@@ -31,6 +31,10 @@ from steptrace.summary import (
     hw_rows,
     hw_summary,
     memory_rows,
+    rate_text,
+    work_lines,
+    work_rows,
+    work_value_text,
 )
 
 #: At most this many alerts are listed one by one (all are counted in the summary).
@@ -222,6 +226,19 @@ def _hw_section(hw: dict[str, Any], rows: list[list[str]]) -> str:
               "time.</p>")
 
 
+def _work_section(summary: dict[str, Any]) -> str:
+    """Useful work: the rates' medians and trends, the peak, energy per token."""
+    rows = work_rows(summary)
+    lines = work_lines(summary)
+    return ("<h2>Useful work</h2>" + (_table(rows, left=(0, len(rows[0]) - 1)) if rows else "")
+            + "".join(f"<p>{_e(line)}</p>" for line in lines)
+            + "<p class='sub'>Each step's samples, tokens and model FLOPs per second of its training iteration "
+              "(<code>work</code> in the step records); MFU is its FLOP/s over the device's peak; p50 over the "
+              "steps with status ok, all ranks pooled; trend: the least-squares line over the steps after "
+              "warmup (flat when it moves less than 5% of the median). The timeline's work panel shows them "
+              "beside the step time and the GPU's power.</p>")
+
+
 def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] = None) -> str:
     """The report of ``run`` (a path or :class:`~steptrace.analysis.Run`) as an HTML string."""
     require("matplotlib", "plot", "steptrace report")
@@ -249,6 +266,12 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
     good = summary.get("goodput") or {}
     if good:
         cards.append(_card(_pct(good.get("training_pct")), "of the wall clock training"))
+    work = summary.get("work") or {}
+    if "mfu_pct" in work:
+        cards.append(_card(work_value_text("mfu_pct", work["mfu_pct"]["p50"]), "median MFU"))
+    if "tokens_per_s" in work:
+        cards.append(_card(rate_text(work["tokens_per_s"].get("job_p50", work["tokens_per_s"]["p50"])),
+                           "tokens / s" + (" (job)" if "job_p50" in work["tokens_per_s"] else "")))
     n_alerts = sum(a["count"] for a in (summary.get("alerts") or {}).values())
     cards.append(_card(str(n_alerts), "alerts", bad=n_alerts > 0))
     cards.append(_card(str(summary.get("error_steps", 0)), "error steps", bad=summary.get("error_steps", 0) > 0))
@@ -266,6 +289,8 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
                     f'over the steps" src="data:image/png;base64,{png}">')
     if len(run.ranks) > 1:
         sections.append(_ranks_section(run))
+    if work:
+        sections.append(_work_section(summary))
     if summary.get("memory"):
         sections.append("<h2>Memory</h2>" + _table(memory_rows(summary), left=(0, 4))
                         + "<p class='sub'>start, peak and end: the largest across ranks; trend: the "

@@ -32,6 +32,11 @@ TREND_MIN_BYTES = 1 << 20
 #: The parts of run_end's ``goodput`` (seconds), in the order the summary lists them;
 #: they add up to ``wall_s``.
 GOODPUT_PARTS = ("startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "other_s", "after_last_step_s")
+#: The per-step rates of useful work the summary reports (the step's ``work`` object).
+WORK_RATES = ("samples_per_s", "tokens_per_s", "tflops_per_s", "mfu_pct")
+#: A work rate's trend is "rising"/"falling" when its fitted line moves this share of its
+#: median over the steps after warmup, else "flat".
+WORK_TREND_MIN_FRACTION = 0.05
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -343,7 +348,7 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
 
     averages: dict[str, dict[str, float]] = {}
     for group, _prefix in GROUPS:
-        if group in ("memory", "meta"):  # meta: labels (global step, lr), not quantities to average
+        if group in ("memory", "meta", "work"):  # meta: labels (global step, lr); work: its own part
             continue
         for field, col in table.groups[group].cols.items():
             v = ops.nonnan(ops.take(ops.col(col), timed))
@@ -441,6 +446,115 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
     hw_part = hw_summary(hw, table.run_ends, table.run_starts)
     if hw_part is not None:  # only for a log with NVML readings: nothing changes otherwise
         out["hw"] = hw_part
+    work_part = work_summary(table, ops=ops, rows_by_rank=rows_by_rank, warmup=warmup)
+    if work_part is not None:  # only for a log with useful work: nothing changes otherwise
+        out["work"] = work_part
+    return out
+
+
+# --------------------------------------------------------------------------- useful work
+
+
+def _work_trend(slope: Optional[float], span: int, p50: float) -> dict[str, Any]:
+    """How a work rate moved over the steps after warmup: the least-squares line's change
+    over them, as a share of the median."""
+    if slope is None or not p50 > 0:
+        return {"per_step": slope, "change": None, "change_pct": None, "steps": span, "trend": "unknown"}
+    change = slope * span
+    pct = 100.0 * change / p50
+    label = "flat"
+    if abs(change) >= WORK_TREND_MIN_FRACTION * p50:
+        label = "rising" if change > 0 else "falling"
+    return {"per_step": slope, "change": change, "change_pct": pct, "steps": span, "trend": label}
+
+
+def work_summary(table: StepTable, *, ops: Any = None, rows_by_rank: Optional[dict[int, Any]] = None,
+                 warmup: Optional[int] = None) -> Optional[dict[str, Any]]:
+    """The "work" part of the summary (docs/useful-work.md): for each per-step rate
+    (samples/s, tokens/s, TFLOP/s, MFU %) over the "ok" steps that have it, pooled over
+    ranks: ``p50``, ``mean``, ``steps``, each rank's ``p50`` (``by_rank``), ``job_p50``
+    (the ranks' medians summed: the job's throughput; not for MFU) and ``trend`` (the
+    least-squares line over the steps after warmup, the rank whose rate moved most); then
+    ``run`` from run_end's totals (ranks' tokens and energy summed: ``energy_j``,
+    ``j_per_token``, ``tokens_per_kwh``; ``mfu_pct`` the mean of the ranks' run MFU) and
+    the peak MFU divides by (``peak_tflops``, ``mfu_dtype``, ``chip``) or why there is
+    none (``mfu_unavailable``). None when the log has no useful work."""
+    ops = ops if ops is not None else _ops()
+    cols = table.groups["work"].cols
+    ends = [(e.get("rank", 0), e["work"]) for e in table.run_ends if isinstance(e.get("work"), dict)]
+    starts = [rs["work"] for rs in table.run_starts if isinstance(rs.get("work"), dict)]
+    if not any(f in cols for f in WORK_RATES) and not ends:
+        return None
+    ranks = table.ranks()
+    if rows_by_rank is None:
+        rows_by_rank = ops.ranks_rows(ops.col(table.rank), ranks) if table.n else {r: [] for r in ranks}
+    warmup = _warmup_of(table) if warmup is None else warmup
+    ok = ops.col(table.ok)
+    stepidx = ops.col(table.step)
+    out: dict[str, Any] = {}
+    for field in WORK_RATES:
+        if field not in cols:
+            continue
+        col = ops.col(cols[field])
+        pooled = ops.sort(ops.take(col, ops.timed(ok, col)))
+        if not len(pooled):
+            continue
+        p50 = float(percentile(pooled, 50))
+        by_rank: dict[str, float] = {}
+        best: Optional[dict[str, Any]] = None
+        for r in ranks:
+            idx = rows_by_rank.get(r, [])
+            if not len(idx):
+                continue
+            vals = ops.take(col, idx)
+            keep = ops.timed(ops.take(ok, idx), vals)
+            if not len(keep):
+                continue
+            v = ops.take(vals, keep)
+            rank_p50 = float(percentile(ops.sort(v), 50))
+            by_rank[str(r)] = rank_p50
+            xs = ops.take(ops.take(stepidx, idx), keep)
+            cut = warmup if len(v) >= warmup + MIN_TREND_STEPS else 0
+            slope = ops.slope(xs[cut:], v[cut:])
+            span = int(xs[-1]) - int(xs[cut]) if len(xs) > cut else 0
+            trend = _work_trend(slope, span, rank_p50)
+            if best is None or (trend["change_pct"] is not None
+                                and (best["change_pct"] is None or abs(trend["change_pct"]) > abs(best["change_pct"]))):
+                best = trend
+        total = ops.total(pooled)
+        entry: dict[str, Any] = {"p50": p50, "mean": total / len(pooled) if math.isfinite(total) else None,
+                                 "steps": len(pooled), "by_rank": by_rank,
+                                 "trend": best or _work_trend(None, 0, p50)}
+        if field != "mfu_pct" and len(by_rank) > 1:
+            entry["job_p50"] = math.fsum(by_rank.values())
+        out[field] = entry
+
+    run: dict[str, Any] = {}
+    for key in ("samples", "tokens", "flops"):
+        vals = [float(w[key]) for _, w in ends if _finite(w.get(key))]
+        if vals:
+            run[key] = math.fsum(vals)
+    mfus = [float(w["mfu_pct"]) for _, w in ends if _finite(w.get("mfu_pct"))]
+    if mfus:
+        run["mfu_pct"] = math.fsum(mfus) / len(mfus)
+    energy = [(float(w["energy_j"]), float(w["j_per_token"])) for _, w in ends
+              if _finite(w.get("energy_j")) and _finite(w.get("j_per_token")) and w["j_per_token"] > 0]
+    if energy:
+        joules = math.fsum(e for e, _ in energy)
+        tokens = math.fsum(e / j for e, j in energy)
+        run["energy_j"] = joules
+        if tokens > 0 and joules > 0:
+            run["j_per_token"] = joules / tokens
+            run["tokens_per_kwh"] = 3.6e6 * tokens / joules
+    peak: dict[str, Any] = {}
+    for w in [w for _, w in ends] + starts:
+        for key in ("peak_tflops", "mfu_dtype", "chip", "source", "mfu_unavailable", "mfu_dtype_assumed"):
+            if key not in peak and w.get(key) is not None and isinstance(w.get(key), (str, int, float)):
+                peak[key] = w[key]
+    if "peak_tflops" in peak:
+        peak.pop("mfu_unavailable", None)
+    out["run"] = run
+    out["peak"] = peak
     return out
 
 
@@ -719,6 +833,83 @@ def hw_rows(summary: dict[str, Any]) -> list[list[str]]:
     reasons = hw.get("throttle_reasons") or {}
     rows.append(["throttle", ", ".join(f"{r} ({n} steps)" for r, n in reasons.items()) if reasons else "none"])
     return rows
+
+
+_WORK_LABELS = {"samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "tflops_per_s": "TFLOP/s",
+                "mfu_pct": "MFU"}
+
+
+def rate_text(v: Optional[float]) -> str:
+    """A rate with the digits that matter: ``13,194``, ``412.3``, ``0.00243``."""
+    if v is None or v != v:
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def work_value_text(field: str, v: Optional[float]) -> str:
+    """A work rate as the tables show it (MFU in %)."""
+    if v is None:
+        return "-"
+    return f"{v:.1f}%" if field == "mfu_pct" and abs(v) >= 0.1 else (
+        f"{v:.3g}%" if field == "mfu_pct" else rate_text(v))
+
+
+def work_trend_text(trend: Optional[dict[str, Any]]) -> str:
+    """``flat``, ``falling -8.1% over 900 steps`` or ``-``."""
+    if not trend or trend.get("trend") in (None, "unknown"):
+        return "-"
+    if trend["trend"] == "flat":
+        return "flat"
+    pct = trend.get("change_pct") or 0.0
+    return f"{trend['trend']} {pct:+.1f}% over {trend.get('steps', 0)} steps"
+
+
+def work_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """The useful-work table (header first; empty without work): each rate's median, the
+    job's (the ranks' medians summed) where there are several ranks, and its trend."""
+    w = summary.get("work") or {}
+    fields = [f for f in WORK_RATES if f in w]
+    if not fields:
+        return []
+    multi = any("job_p50" in w[f] for f in fields)
+    head = ["work (per rank)" if multi else "work", "p50"] + (["job"] if multi else []) + ["trend"]
+    rows = [head]
+    for f in fields:
+        e = w[f]
+        row = [_WORK_LABELS[f], work_value_text(f, e.get("p50"))]
+        if multi:
+            row.append(rate_text(e["job_p50"]) if "job_p50" in e else "-")
+        rows.append(row + [work_trend_text(e.get("trend"))])
+    return rows
+
+
+def work_lines(summary: dict[str, Any]) -> list[str]:
+    """The lines under the work table: the peak MFU divides by (or why there is no MFU),
+    the run's MFU and its energy per token (run_end)."""
+    w = summary.get("work")
+    if not w:
+        return []
+    out = []
+    peak, run = w.get("peak") or {}, w.get("run") or {}
+    if _is_num(peak.get("peak_tflops")):
+        what = ", ".join(str(peak[k]) for k in ("mfu_dtype", "chip") if isinstance(peak.get(k), str))
+        assumed = " (dtype assumed)" if peak.get("mfu_dtype_assumed") is True else ""
+        out.append(f"MFU against a peak of {peak['peak_tflops']:g} TFLOP/s" + (f" ({what})" if what else "") + assumed)
+    elif isinstance(peak.get("mfu_unavailable"), str):
+        out.append(f"no MFU: {peak['mfu_unavailable']}")
+    if _is_num(run.get("mfu_pct")):
+        out.append(f"MFU over the whole run (run_end): {work_value_text('mfu_pct', run['mfu_pct'])}")
+    if _is_num(run.get("j_per_token")):
+        line = f"energy per token: {run['j_per_token']:.3g} J"
+        if _is_num(run.get("tokens_per_kwh")):
+            kwh = float(run["tokens_per_kwh"])
+            line += f", {kwh / 1e6:,.1f} M tokens/kWh" if kwh >= 1e6 else f", {rate_text(kwh)} tokens/kWh"
+        out.append(line + f" ({_energy(run.get('energy_j'))} in all)")
+    return out
 
 
 def _top_kernels(run_ends: Sequence[dict[str, Any]], limit: int = 10) -> list[dict[str, Any]]:
@@ -1000,6 +1191,13 @@ def format_summary(summary: dict[str, Any]) -> str:
     if counters:
         lines.append("")
         lines += _table(counters)
+    work = work_rows(summary)
+    work_extra = work_lines(summary)
+    if work or work_extra:
+        lines.append("")
+    if work:
+        lines += _table(work, left=(0, len(work[0]) - 1))
+    lines += work_extra
     hw = hw_rows(summary)
     if hw:
         lines.append("")
@@ -1055,6 +1253,11 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
     counters = counter_rows(summary)
     if counters:
         console.print(table(counters))
+    work = work_rows(summary)
+    if work:
+        console.print(table(work, left=(0, len(work[0]) - 1)))
+    for line in work_lines(summary):
+        console.print(line)
     hw = hw_rows(summary)
     if hw:
         console.print(table(hw, left=(0, 1)))
@@ -1078,6 +1281,10 @@ __all__ = [
     "GOODPUT_PARTS",
     "hw_summary",
     "hw_rows",
+    "work_summary",
+    "work_rows",
+    "work_lines",
+    "WORK_RATES",
     "HwSeries",
     "render_rich",
     "percentile",

@@ -200,12 +200,59 @@ TEST(MetricsRegistry, AbsentDataIsAbsent) {
        {"steptrace_step_median_seconds", "steptrace_last_step_timestamp_seconds",
         "steptrace_memory_bytes", "steptrace_alerts_total", "steptrace_tensor_active_ratio",
         "steptrace_comm_seconds_total", "steptrace_phase_duration_seconds_count",
-        "steptrace_runq_wait_seconds_total", "steptrace_interval_in_flight_seconds"}) {
+        "steptrace_runq_wait_seconds_total", "steptrace_interval_in_flight_seconds",
+        "steptrace_tokens_per_second", "steptrace_samples_per_second",
+        "steptrace_model_tflops_per_second", "steptrace_mfu_ratio", "steptrace_tokens_total",
+        "steptrace_samples_total"}) {
     EXPECT_TRUE(named(all, absent).empty()) << absent;
   }
   // every kind of the wall clock is there from the start, at 0
   EXPECT_EQ(named(all, "steptrace_time_seconds_total").size(), kTimeKinds.size());
   for (const Sample& s : named(all, "steptrace_time_seconds_total")) EXPECT_EQ(s.value, 0);
+}
+
+// Useful work: the last step's rates as gauges (each only once a step knew it), samples
+// and tokens summed over the steps as counters; the rates over the training iteration
+// (data wait + step), MFU as a 0..1 ratio of the step's peak.
+TEST(MetricsRegistry, UsefulWorkOfTheLastStepAndTotals) {
+  PhaseNames names;
+  MetricsRegistry reg(MetricLabels{}, names, "1");
+  StepRecord a = record(0, 1'500'000'000);  // 1.5 s step + 0.5 s data wait = 2 s
+  a.data_ns = 500'000'000;
+  a.work.add(8, 1024, 4e12, WorkSource::kUser);
+  a.work.peak_flops_per_s = 10e12;
+  reg.observe_step(a);
+  auto all = parse(reg.render());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_samples_per_second"), 4.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_tokens_per_second"), 512.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_model_tflops_per_second"), 2.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_mfu_ratio"), 0.2);
+  EXPECT_EQ(value_of(all, "steptrace_samples_total"), 8);
+  EXPECT_EQ(value_of(all, "steptrace_tokens_total"), 1024);
+
+  StepRecord b = record(1, 1'000'000'000);  // samples only: the other gauges keep a's
+  b.work.add(4, -1, -1, WorkSource::kBatch);
+  reg.observe_step(b);
+  reg.observe_step(record(2, 1'000'000'000));  // no work at all: nothing changes
+  all = parse(reg.render());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_samples_per_second"), 4.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_tokens_per_second"), 512.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_mfu_ratio"), 0.2);
+  EXPECT_EQ(value_of(all, "steptrace_samples_total"), 12);
+  EXPECT_EQ(value_of(all, "steptrace_tokens_total"), 1024);
+
+  // Samples without tokens, FLOPs without a peak: only the series it knows.
+  MetricsRegistry partial(MetricLabels{}, names, "1");
+  StepRecord c = record(0, 2'000'000'000);
+  c.work.add(16, -1, 6e12, WorkSource::kBatch);
+  partial.observe_step(c);
+  all = parse(partial.render());
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_samples_per_second"), 8.0);
+  EXPECT_DOUBLE_EQ(value_of(all, "steptrace_model_tflops_per_second"), 3.0);
+  for (const char* absent :
+       {"steptrace_tokens_per_second", "steptrace_tokens_total", "steptrace_mfu_ratio"}) {
+    EXPECT_TRUE(named(all, absent).empty()) << absent;
+  }
 }
 
 // Wall clock by kind from the records' between-steps account, run-queue wait from the

@@ -217,6 +217,80 @@ def run_records(n_steps: int = 5, rank: int = 0, world_size: int = 1, end: bool 
     return recs
 
 
+def work(iteration_ms: float, samples: Optional[float] = 8, tokens: Optional[float] = 1024,
+         flops: Optional[float] = 2e10, peak_tflops: Optional[float] = 10.0,
+         energy_j: Optional[float] = None) -> dict[str, Any]:
+    """A step's ``work`` object as the profiler writes it: the figures given (None: not
+    known) and their rates over ``iteration_ms``; MFU against ``peak_tflops``."""
+    s = iteration_ms / 1e3
+    w: dict[str, Any] = {}
+    if samples is not None:
+        w["samples"] = samples
+    if tokens is not None:
+        w["tokens"] = tokens
+    if flops is not None:
+        w["flops"] = flops
+    if samples is not None:
+        w["samples_per_s"] = samples / s
+    if tokens is not None:
+        w["tokens_per_s"] = tokens / s
+    if flops is not None:
+        w["tflops_per_s"] = flops / s / 1e12
+        if peak_tflops:
+            w["mfu_pct"] = 100.0 * flops / s / (peak_tflops * 1e12)
+    if energy_j is not None:
+        if samples:
+            w["j_per_sample"] = energy_j / samples
+        if tokens:
+            w["j_per_token"] = energy_j / tokens
+    return w
+
+
+def work_run(n: int = 40, rank: int = 0, world_size: int = 1, run_id: str = "test-run",
+             iteration_ms: Any = 10.0, peak_tflops: Optional[float] = 10.0, energy_j: Optional[float] = None,
+             end: bool = True, **work_over: Any) -> list[dict[str, Any]]:
+    """A run whose steps did useful work: 8 samples, 1024 tokens, 2e10 FLOPs a step (keyword
+    overrides to :func:`work`), an iteration of ``iteration_ms`` (a number, or a function
+    of the step index): 1 ms of data wait and the rest the step. run_start says the peak
+    (the peak_tflops option) or why there is none; run_end has the run's totals."""
+    def it(i: int) -> float:
+        return float(iteration_ms(i) if callable(iteration_ms) else iteration_ms)
+
+    start_work: dict[str, Any] = ({"peak_tflops": peak_tflops, "chip": "peak_tflops option",
+                                   "source": "the peak_tflops option"} if peak_tflops else
+                                  {"peak_tflops": None, "mfu_unavailable": "no GPU timed the steps: MFU on a CPU "
+                                   "needs the peak_tflops option"})
+    recs = [run_start(rank=rank, world_size=world_size, run_id=run_id, work=start_work)]
+    total_ms = 0.0
+    for i in range(n):
+        ms = it(i)
+        total_ms += ms
+        phases = {"forward": (ms - 1.0) / 2, "backward": (ms - 1.0) / 2}
+        rec = step(i, rank=rank, phases=phases, data_ms=1.0, period_ms=ms,
+                   work=work(ms, peak_tflops=peak_tflops, energy_j=energy_j, **work_over))
+        if energy_j is not None:
+            power = energy_j / (ms / 1e3)
+            rec["hw"] = {"power_w": power, "min_power_w": power, "energy_j": energy_j, "throttle_reasons": [],
+                         "samples": 2}
+        recs.append(rec)
+    if end:
+        last = dict(work(total_ms, peak_tflops=peak_tflops, **work_over))
+        totals = {k: v * n for k, v in work(1.0, peak_tflops=None, **work_over).items()
+                  if k in ("samples", "tokens", "flops")}
+        end_work = {**{k: v for k, v in last.items() if k.endswith("_per_s") or k == "mfu_pct"}, **totals}
+        for k in ("samples_per_s", "tokens_per_s", "tflops_per_s", "mfu_pct"):
+            if k in end_work:
+                end_work[k] *= n
+        if peak_tflops:
+            end_work["peak_tflops"] = peak_tflops
+        if energy_j is not None and "tokens" in totals:
+            end_work["energy_j"] = energy_j * n
+            end_work["j_per_token"] = energy_j * n / totals["tokens"]
+            end_work["tokens_per_kwh"] = 3.6e6 * totals["tokens"] / (energy_j * n)
+        recs.append(run_end(n, rank=rank, work=end_work))
+    return recs
+
+
 def lines(records: Iterable[Any]) -> list[str]:
     """The JSON text of each record (one line each, no newline)."""
     return [json.dumps(r) for r in records]

@@ -8,6 +8,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +65,17 @@ def test_steps_dataframe_columns_and_dtypes(tmp_path: Path) -> None:
     assert df["backward_retained_bytes"].iloc[2] == 4096
 
 
+def test_work_columns_of_the_steps(tmp_path: Path) -> None:
+    recs = lf.work_run(4, peak_tflops=None, tokens=None)
+    recs[2]["work"] = lf.work(10.0)  # a step that also knew its tokens and its MFU
+    df = load(lf.write_log(tmp_path / "rank0.jsonl", recs)).steps
+    assert df["samples_per_s"].tolist() == pytest.approx([800.0] * 4)
+    assert df["samples"].dtype == np.float64 and df["samples"].tolist() == [8.0] * 4
+    assert df["tokens_per_s"].iloc[1] == pytest.approx(102400.0) and math.isnan(df["tokens_per_s"].iloc[0])
+    assert df["mfu_pct"].iloc[1] == pytest.approx(20.0) and df["mfu_pct"].isna().sum() == 3
+    assert list(df.columns)[-1] in ("mfu_pct", "tokens_per_s")  # work columns come last
+
+
 def test_alerts_dataframe(tmp_path: Path) -> None:
     run = load(_mixed_run(tmp_path))
     al = run.alerts
@@ -110,6 +122,17 @@ def test_phases_appearing_late_and_custom_names(tmp_path: Path) -> None:
     assert df['attention "block"_ms'].notna().sum() == 5
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal, floats to 12 significant digits."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, nan_ok=True)
+    return a == b
+
+
 def test_pure_python_summary_equals_numpy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _mixed_run(tmp_path)
     recs = lf.run_records(50) + [lf.alert("memory_growth", 30)]
@@ -119,14 +142,21 @@ def test_pure_python_summary_equals_numpy(tmp_path: Path, monkeypatch: pytest.Mo
             r["phases_ms"]["forward"] += (i % 7) * 0.1
     # the time between steps, the wall clock (from run_end, and from the steps of a crashed run)
     timeline = lf.timeline_run() + lf.timeline_run(rank=1, world_size=2, end=False)
-    with_np = [summarize(recs), summarize(list(__import__("steptrace").read(path))), summarize(timeline)]
+    # useful work on two ranks, slowing down (the work rates' medians and trends)
+    work = lf.work_run(30, iteration_ms=lambda i: 10.0 + 0.1 * i, energy_j=1.0) + lf.work_run(30, rank=1, world_size=2)
+    with_np = [summarize(recs), summarize(list(__import__("steptrace").read(path))), summarize(timeline),
+               summarize(work)]
     monkeypatch.setattr(_table, "_NUMPY", None)
-    without = [summarize(recs), summarize(list(__import__("steptrace").read(path))), summarize(timeline)]
-    for a, b in zip(with_np, without):
+    without = [summarize(recs), summarize(list(__import__("steptrace").read(path))), summarize(timeline),
+               summarize(work)]
+    for a, b in zip(with_np[:3], without[:3]):
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    # a fitted slope of non-integer rates may differ in its last bit (numpy's dot product)
+    assert _same(with_np[3], without[3])
     assert with_np[2]["goodput"]["source"] == "mixed" and with_np[2]["other"]["count"] == 60
     assert with_np[0]["memory_trend"]["rss_bytes"]["trend"] == "rising"
     assert with_np[0]["memory_trend"]["rss_bytes"]["bytes_per_step"] == pytest.approx(2**21)
+    assert with_np[3]["work"]["mfu_pct"]["trend"]["trend"] == "falling"
 
 
 def test_malformed_values_are_tolerated_as_missing(tmp_path: Path) -> None:

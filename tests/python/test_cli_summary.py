@@ -381,3 +381,98 @@ def test_cli_summary_json_and_rich_show_the_wall_clock(tmp_path: Path) -> None:
     render_rich(data, Console(file=buf, width=160, color_system=None))
     out = buf.getvalue()
     assert "steps (training)" in out and "training share (goodput)" in out and "slow_checkpoint" in out
+
+
+# --------------------------------------------------------------------------- useful work
+
+
+def _slowing(i: int) -> float:
+    """10 ms iterations, 12.5 ms from step 20 on: the same work, 20% fewer per second."""
+    return 10.0 if i < 20 else 12.5
+
+
+def test_work_run_records_are_valid() -> None:
+    from steptrace.reader import validate_record
+
+    for rec in lf.work_run(5, energy_j=2.0) + lf.work_run(3, peak_tflops=None, tokens=None):
+        validate_record(rec)
+
+
+def test_summary_reports_work_medians_trend_peak_and_energy() -> None:
+    s = summarize(lf.work_run(40, energy_j=2.0))
+    w = s["work"]
+    # 8 samples, 1024 tokens, 2e10 FLOPs per 10 ms iteration; peak 10 TFLOP/s
+    assert w["samples_per_s"]["p50"] == pytest.approx(800.0)
+    assert w["tokens_per_s"]["p50"] == pytest.approx(102400.0)
+    assert w["tflops_per_s"]["p50"] == pytest.approx(2.0)
+    assert w["mfu_pct"]["p50"] == pytest.approx(20.0)
+    assert w["mfu_pct"]["steps"] == 40
+    assert w["mfu_pct"]["trend"]["trend"] == "flat"
+    assert "job_p50" not in w["tokens_per_s"]
+    assert w["peak"]["peak_tflops"] == 10.0
+    # run_end: 2 J a step, 1024 tokens a step
+    assert w["run"]["j_per_token"] == pytest.approx(2.0 / 1024)
+    assert w["run"]["tokens_per_kwh"] == pytest.approx(3.6e6 * 1024 / 2.0)
+    assert w["run"]["energy_j"] == pytest.approx(80.0)
+    text = format_summary(s)
+    rows: dict = {}
+    for ln in text.splitlines():
+        if ln.split():
+            rows.setdefault(ln.split()[0], ln)  # the table's row, not the lines under it
+    assert rows["tokens/s"].split()[1] == "102,400" and rows["tokens/s"].split()[2] == "flat"
+    assert rows["MFU"].split()[1] == "20.0%"
+    assert "MFU against a peak of 10 TFLOP/s" in text
+    assert "energy per token: 0.00195 J, 1,843.2 M tokens/kWh (80.0 J in all)" in text
+
+
+def test_summary_work_trend_falls_when_the_same_work_takes_longer() -> None:
+    w = summarize(lf.work_run(40, iteration_ms=_slowing))["work"]
+    for field in ("tokens_per_s", "samples_per_s", "tflops_per_s", "mfu_pct"):
+        trend = w[field]["trend"]
+        assert trend["trend"] == "falling", field
+        assert trend["change_pct"] < -10
+    assert w["mfu_pct"]["p50"] == pytest.approx((20.0 + 16.0) / 2)  # 20 steps at each
+    line = next(ln for ln in format_summary(summarize(lf.work_run(40, iteration_ms=_slowing))).splitlines()
+                if ln.startswith("MFU "))
+    assert "falling -" in line and "% over" in line
+
+
+def test_summary_work_of_two_ranks_sums_the_job_and_the_energy() -> None:
+    recs = lf.work_run(20, energy_j=1.0) + lf.work_run(20, rank=1, world_size=2, iteration_ms=20.0, energy_j=3.0)
+    w = summarize(recs)["work"]
+    assert w["tokens_per_s"]["by_rank"] == {"0": pytest.approx(102400.0), "1": pytest.approx(51200.0)}
+    assert w["tokens_per_s"]["job_p50"] == pytest.approx(153600.0)
+    assert "job_p50" not in w["mfu_pct"]
+    assert w["run"]["tokens"] == 2 * 20 * 1024
+    assert w["run"]["j_per_token"] == pytest.approx((20 * 1.0 + 20 * 3.0) / (2 * 20 * 1024))
+    text = format_summary(summarize(recs))
+    assert "work (per rank)" in text
+    assert any(ln.split()[:3] == ["tokens/s", "76,800", "153,600"] for ln in text.splitlines()), text
+
+
+def test_summary_without_a_peak_says_why_and_without_work_says_nothing() -> None:
+    s = summarize(lf.work_run(10, peak_tflops=None, tokens=None))
+    assert set(s["work"]) == {"samples_per_s", "tflops_per_s", "run", "peak"}
+    text = format_summary(s)
+    assert "no MFU: no GPU timed the steps" in text
+    assert not any(ln.startswith(("MFU ", "tokens/s")) for ln in text.splitlines())
+    plain = summarize(lf.run_records(5))
+    assert "work" not in plain
+    assert "work" not in format_summary(plain).split()
+
+
+def test_cli_summary_json_and_rich_carry_the_work(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", lf.work_run(30, energy_j=2.0))
+    proc = _cli("summary", str(path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["work"]["mfu_pct"]["p50"] == pytest.approx(20.0)
+    assert data["work"]["run"]["tokens_per_kwh"] == pytest.approx(3.6e6 * 1024 / 2.0)
+    from rich.console import Console
+
+    from steptrace.summary import render_rich
+
+    console = Console(record=True, width=160)
+    render_rich(data, console)
+    out = console.export_text()
+    assert "tokens/s" in out and "20.0%" in out and "energy per token" in out

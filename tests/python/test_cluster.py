@@ -310,13 +310,24 @@ def test_live_slow_loader_named_with_phase_data(tmp_path):
 
 
 def test_live_clean_run_has_cluster_records_and_no_cluster_alert(tmp_path, capsys):
-    torchrun(tmp_path, steps=200)
+    # each step does 1e9 model FLOPs on a device of 1 TFLOP/s: MFU = 1e9 / iteration s / 1e12
+    torchrun(tmp_path, "--flops-per-step", "1e9", "--peak-tflops", "1", steps=200)
     rank0 = tmp_path / "rank0.jsonl"
-    assert len(records_of(rank0, "cluster")) >= 5
+    clusters = records_of(rank0, "cluster")
+    assert len(clusters) >= 5
     cluster_types = {"straggler", "comm_straggler", "comm_heavy", "rank_silent"}
     assert [a for a in records_of(rank0, "alert") if a["type"] in cluster_types] == []
+    list(steptrace.read(tmp_path, validate=True))  # the rows' work follows the schema
+    # each rank's median MFU in the rows: about 1e9 / (20 ms of compute and a little more)
+    for row in clusters[-1]["ranks"]:
+        assert 0.5 < row["mfu_pct"] < 1e9 / 0.020 / 1e12 * 100 * 1.01, row
     assert cli(["cluster", str(tmp_path), "--fail-on-straggler"]) == 0
-    assert "no straggler" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no straggler" in out
+    head = next(ln for ln in out.splitlines() if ln.split()[:2] == ["rank", "host"])
+    assert head.split()[-1] == "MFU"
+    per_rank = steptrace.load(tmp_path).per_rank
+    assert (per_rank["mfu_pct"] > 0.5).all()
 
 
 def test_live_blocked_rank_reported_silent_while_it_blocks(tmp_path):
@@ -369,6 +380,32 @@ def test_at_scale_the_record_lists_the_notable_ranks_and_the_cli_all():
     kept = [row["rank"] for row in record["ranks"]]
     assert len(kept) == 16 and 137 in kept and record["ranks_omitted"] == 184
     assert [a["subject_rank"] for a in alerts] == [137]
+
+
+def with_work(records: list[dict], tokens_per_s: float, mfu_pct: float) -> list[dict]:
+    """The same records, each step with useful work at these rates."""
+    return [{**r, "work": {"tokens": tokens_per_s * r["step_ms"] / 1e3, "tokens_per_s": tokens_per_s,
+                           "mfu_pct": mfu_pct}} for r in records]
+
+
+def test_rows_and_the_table_carry_each_ranks_mfu_and_tokens_per_s(capsys):
+    records = [{"kind": "run_start", "rank": r, "world_size": 2, "host": f"node{r}"} for r in (0, 1)]
+    records += with_work(steps(0, 0, 100), 50_000.0, 41.0) + with_work(steps(1, 0, 100), 40_000.0, 33.0)
+    result = analyze_records(records)
+    rows = {row["rank"]: row for row in result["table"]["ranks"]}
+    assert (rows[0]["mfu_pct"], rows[0]["tokens_per_s"]) == (41.0, 50_000.0)
+    assert (rows[1]["mfu_pct"], rows[1]["tokens_per_s"]) == (33.0, 40_000.0)
+    assert all(row["mfu_pct"] in (41.0, 33.0) for w in result["windows"] for row in w["ranks"])
+    from steptrace.cluster import format_cluster
+
+    lines = format_cluster(result).splitlines()
+    head = next(ln for ln in lines if ln.split()[:2] == ["rank", "host"])
+    assert head.split()[-2:] == ["MFU", "tokens/s"]
+    row1 = next(ln for ln in lines if ln.split()[:2] == ["1", "node1"])
+    assert row1.split()[-2:] == ["33.0%", "40,000"]
+    # without work: no such columns
+    plain = format_cluster(analyze_records(records[:2] + steps(0, 0, 100) + steps(1, 0, 100)))
+    assert "MFU" not in plain and "tokens/s" not in plain
 
 
 def test_hot_gpu_against_gpus_at_similar_power():

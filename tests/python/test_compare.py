@@ -285,3 +285,86 @@ def test_compare_shows_the_goodput_difference(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "wall clock share" not in proc.stdout
     proc = lf.run_cli("compare", old.parent, new.parent, "--json", "--gate", "forward")
     assert json.loads(proc.stdout)["goodput"]["parts"]["training"]["base_pct"] is None
+
+
+# --------------------------------------------------------------------------- useful work
+
+
+def _work_records(rng: random.Random, n: int = 300, time_scale: float = 1.0, flops: float = 2e10,
+                  tokens: float = 1024) -> list[dict]:
+    """A run whose steps did useful work: lognormal iterations (sigma 0.1) around 10 ms x
+    ``time_scale``, each step's ``flops`` and ``tokens`` (peak 10 TFLOP/s)."""
+    recs = [lf.run_start(config={"warmup_steps": 10}, work={"peak_tflops": 10.0})]
+    for i in range(n):
+        ms = 10.0 * time_scale * math.exp(rng.gauss(0, 0.1))
+        recs.append(lf.step(i, phases={"forward": (ms - 1) / 3, "backward": 2 * (ms - 1) / 3}, data_ms=1.0,
+                            work=lf.work(ms, flops=flops, tokens=tokens)))
+    recs.append(lf.run_end(n))
+    return recs
+
+
+def test_an_mfu_drop_at_the_same_step_time_is_a_regression() -> None:
+    # new shapes: each step does 20% fewer model FLOPs in the same time (and as many tokens)
+    base = collect(_work_records(random.Random(11)))
+    new = collect(_work_records(random.Random(12), flops=1.6e10))
+    res = compare_tables(base, new)
+    mfu = res["work"]["mfu_pct"]
+    assert mfu["verdict"] == "regressed" and mfu["change_pct"] == pytest.approx(-20, abs=3)
+    assert mfu["base_p50"] == pytest.approx(20.0, rel=0.05) and mfu["p_higher"] < 0.3
+    assert mfu["ci_high_pct"] < 0 and mfu["p_value"] < 1e-6
+    assert res["phases"]["iteration"]["verdict"] not in ("regressed", "improved")
+    assert res["work"]["tokens_per_s"]["verdict"] not in ("regressed", "improved")
+    assert res["regressed"] == ["mfu_pct"] and res["ok"] is False
+    text = format_compare(res)
+    row = next(ln for ln in text.splitlines() if ln.startswith("MFU"))
+    assert "REGRESSED" in row and "-2" in row
+    assert text.splitlines()[-1].startswith("REGRESSION: MFU lower beyond 5%: MFU (-")
+    # the other way round it improved; gated out it does not fail
+    assert compare_tables(new, base)["work"]["mfu_pct"]["verdict"] == "improved"
+    gated = compare_tables(base, new, gate=["iteration"])
+    assert gated["ok"] is True and not gated["work"]["mfu_pct"]["gated"]
+
+
+def test_slower_steps_of_the_same_work_regress_time_mfu_and_tokens() -> None:
+    res = compare_tables(collect(_work_records(random.Random(13))),
+                         collect(_work_records(random.Random(14), time_scale=1.2)))
+    assert {"iteration", "mfu_pct", "tokens_per_s"} <= set(res["regressed"])
+    assert res["work"]["tokens_per_s"]["change_pct"] == pytest.approx(-100 / 6, abs=3)
+
+
+def test_no_false_work_regression_on_identical_runs() -> None:
+    for seed in range(10):
+        res = compare_tables(collect(_work_records(random.Random(100 + 2 * seed), n=200)),
+                             collect(_work_records(random.Random(101 + 2 * seed), n=200)))
+        assert res["ok"] is True, seed
+        assert {r["verdict"] for r in res["work"].values()} <= {"same", "lower", "higher"}
+
+
+def test_runs_without_work_compare_no_work_and_one_side_is_added() -> None:
+    plain = _table(random.Random(15), 100)
+    res = compare_tables(plain, _table(random.Random(16), 100))
+    assert res["work"] == {} and "MFU" not in format_compare(res)
+    one = compare_tables(plain, collect(_work_records(random.Random(17), n=100)))
+    assert one["work"]["mfu_pct"]["verdict"] == "added" and "mfu_pct" not in one["regressed"]
+
+
+def test_cli_compare_fails_on_an_mfu_drop_and_gates_it_by_name(tmp_path: Path) -> None:
+    base = lf.write_log(tmp_path / "base" / "rank0.jsonl", _work_records(random.Random(21)))
+    new = lf.write_log(tmp_path / "new" / "rank0.jsonl", _work_records(random.Random(22), flops=1.5e10))
+    proc = lf.run_cli("compare", base.parent, new.parent)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(ln.split()[:3] == ["work", "base", "p50"] for ln in lines)
+    assert lines[-1].startswith("REGRESSION: MFU lower")
+    assert lf.run_cli("compare", base.parent, new.parent, "--gate", "iteration,tokens_per_s").returncode == 0
+    proc = lf.run_cli("compare", base.parent, new.parent, "--json", "--gate", "mfu_pct")
+    assert proc.returncode == 1
+    res = json.loads(proc.stdout)
+    assert res["regressed"] == ["mfu_pct"] and res["work"]["mfu_pct"]["verdict"] == "regressed"
+    bad = lf.run_cli("compare", base.parent, new.parent, "--gate", "mfu")
+    assert bad.returncode == 2 and "mfu_pct" in bad.stderr
+    # on a terminal: the rich tables, the work table among them
+    rc, out, _ = lf.run_cli_tty("compare", base.parent, new.parent, NO_COLOR="1")
+    assert rc == 1
+    mfu = next(ln for ln in out.splitlines() if ln.startswith("MFU"))
+    assert "REGRESSED" in mfu and "%" in mfu

@@ -321,3 +321,16 @@ def test_on_the_cuda_path_the_phase_follows_the_allocator_not_the_heap(tmp_path)
     (update,) = [r for r in records if r["kind"] == "alert_update"]
     assert update["phase"] == "backward"
     assert update["details"]["phase_bytes_per_step"] == pytest.approx(1 << 20, rel=0.01)
+
+
+def test_with_constant_flops_per_step_an_mfu_drop_is_a_step_regression():
+    # docs/useful-work.md: MFU = flops / iteration / peak, so with the FLOPs of a step fixed,
+    # MFU falls exactly where the iteration grows, and step_regression judges that growth.
+    import logfactory as lf
+
+    recs = lf.work_run(220, iteration_ms=lambda i: 10.0 if i < 150 else 20.0)
+    mfu = {r["step"]: r["work"]["mfu_pct"] for r in recs if r["kind"] == "step"}
+    assert mfu[149] == pytest.approx(20.0) and mfu[150] == pytest.approx(10.0)
+    alerts = [a for a in steptrace.detect(recs) if a["kind"] == "alert"]
+    assert [a["type"] for a in alerts] == ["step_regression"]
+    assert 150 <= alerts[0]["step"] <= 160 and alerts[0]["phase"] in ("forward", "backward")

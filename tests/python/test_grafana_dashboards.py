@@ -34,6 +34,8 @@ STEPTRACE_METRICS = {
     "steptrace_gpu_energy_joules_total", "steptrace_gpu_throttled_steps_total", "steptrace_rank_straggler_score",
     "steptrace_rank_split_seconds", "steptrace_time_seconds_total", "steptrace_runq_wait_seconds_total",
     "steptrace_comm_busbw_bytes_per_second", "steptrace_comm_algbw_bytes_per_second",
+    "steptrace_tokens_per_second", "steptrace_samples_per_second", "steptrace_model_tflops_per_second",
+    "steptrace_mfu_ratio", "steptrace_tokens_total", "steptrace_samples_total",
 }
 
 
@@ -108,6 +110,25 @@ def test_job_dashboard_has_the_collective_bandwidth_panel():
     assert [t["legendFormat"] for t in bw["targets"]] == ["bus r{{rank}}", "alg r{{rank}}"]
 
 
+def test_job_dashboard_has_mfu_per_rank_beside_tensor_cores_and_power_and_tokens_per_s():
+    panels = {p["title"]: p for p in dashboards()["steptrace-job.json"]["panels"]}
+    mfu = panels["MFU per rank, beside tensor-core activity and power"]
+    names = [re.findall(r"\bsteptrace_[a-z_]+", t["expr"]) for t in mfu["targets"]]
+    assert names == [["steptrace_mfu_ratio"], ["steptrace_tensor_active_ratio"], ["steptrace_gpu_power_watts"]]
+    assert all(t["legendFormat"].startswith("r{{rank}}") for t in mfu["targets"])  # one line per rank
+    assert mfu["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    [power_axis] = mfu["fieldConfig"]["overrides"]
+    assert power_axis["matcher"]["options"] == "C" and {"id": "unit", "value": "watt"} in power_axis["properties"]
+    tokens = panels["Throughput: tokens/s and samples/s"]
+    joined = " ".join(t["expr"] for t in tokens["targets"])
+    assert "rate(steptrace_tokens_total" in joined and "steptrace_tokens_per_second" in joined
+    for panel in (mfu, tokens):
+        for t in panel["targets"]:
+            assert 'job="$job", rank=~"$rank"' in t["expr"]
+    # side by side on one row
+    assert mfu["gridPos"]["y"] == tokens["gridPos"]["y"] and mfu["gridPos"]["w"] + tokens["gridPos"]["w"] == 24
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -119,6 +140,8 @@ def _free_port() -> int:
 # and the training thread's run-queue wait.
 BACKFILL_RATES = {"step": 0.6, "data": 0.1, "eval": 0.2, "checkpoint": 0.05, "other": 0.05}
 BACKFILL_RUNQ = 0.1
+BACKFILL_MFU = {"0": 0.42, "1": 0.31}
+BACKFILL_TOKENS_PER_S = 5000.0
 
 
 def _backfill(tmp: Path) -> None:
@@ -134,6 +157,15 @@ def _backfill(tmp: Path) -> None:
     lines.append("# TYPE steptrace_runq_wait_seconds counter")
     lines += [f"steptrace_runq_wait_seconds_total{{{labels}}} {(t - start) * BACKFILL_RUNQ} {t}"
               for t in range(start, end, 15)]
+    # two ranks' MFU and tokens (the MFU panel and the job's tokens/s)
+    lines.append("# TYPE steptrace_mfu_ratio gauge")
+    for rank, ratio in BACKFILL_MFU.items():
+        lines += [f'steptrace_mfu_ratio{{job="j",run_id="r",rank="{rank}",host="h"}} {ratio} {t}'
+                  for t in range(start, end, 15)]
+    lines.append("# TYPE steptrace_tokens counter")
+    for rank in BACKFILL_MFU:
+        lines += [f'steptrace_tokens_total{{job="j",run_id="r",rank="{rank}",host="h"}} '
+                  f'{(t - start) * BACKFILL_TOKENS_PER_S} {t}' for t in range(start, end, 15)]
     (tmp / "backfill.om").write_text("\n".join(lines) + "\n# EOF\n")
     proc = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "backfill.om"),
                            str(tmp / "data")], capture_output=True, text=True, timeout=120)
@@ -211,3 +243,25 @@ def test_goodput_panels_show_the_time_by_kind_and_the_training_share(prometheus)
     assert float(share["value"][1]) == pytest.approx(0.6, rel=1e-6)
     [wait] = query(runq["expr"])
     assert float(wait["value"][1]) == pytest.approx(BACKFILL_RUNQ, rel=1e-6)
+
+
+def test_mfu_panel_shows_each_ranks_mfu_and_the_jobs_tokens_per_s(prometheus):
+    panels = {p["title"]: p for p in dashboards()["steptrace-job.json"]["panels"]}
+
+    def query(expr: str) -> list[dict]:
+        expr = expr.replace("$job", "j").replace("$rank", "0|1")
+        answer = _query(prometheus, expr)
+        assert answer["status"] == "success", f"{expr}: {answer.get('error')}"
+        return answer["data"]["result"]
+
+    mfu = panels["MFU per rank, beside tensor-core activity and power"]["targets"][0]
+    got = {r["metric"]["rank"]: float(r["value"][1]) for r in query(mfu["expr"])}
+    assert got == {k: pytest.approx(v) for k, v in BACKFILL_MFU.items()}
+    job_tokens = panels["Throughput: tokens/s and samples/s"]["targets"][0]
+    # the selected ranks' rates summed: two ranks over one, in one query (one evaluation
+    # time; rate() extrapolates each rank's counter alike), is exactly 2
+    both, one = job_tokens["expr"].replace("$rank", "0|1"), job_tokens["expr"].replace("$rank", "0")
+    [ratio] = query(f"({both}) / ({one})")
+    assert float(ratio["value"][1]) == pytest.approx(2.0, rel=1e-9)
+    [rate] = query(one)
+    assert float(rate["value"][1]) == pytest.approx(BACKFILL_TOKENS_PER_S, rel=0.2)

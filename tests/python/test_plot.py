@@ -103,3 +103,25 @@ def test_the_time_between_steps_is_stacked_above_data(tmp_path: Path) -> None:
     # an older log has no between-steps layer
     old = plot_run(lf.write_log(tmp_path / "old" / "rank0.jsonl", lf.run_records(30)), tmp_path / "o.png")
     assert "other (between steps)" not in _labels(old.get_axes()[0])
+
+
+def test_useful_work_panel_beside_step_time_and_power(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", lf.work_run(40, iteration_ms=lambda i: 10.0 if i < 20 else 12.5,
+                                                              energy_j=2.0))
+    fig = plot_run(path)
+    labels = [a.get_ylabel() for a in fig.get_axes()]
+    # the panels: step time, work (MFU), power, memory; then their twin axes: the work
+    # panel's tokens/s and power, the power panel's step ms
+    assert labels == ["iteration ms", "MFU %", "power W", "memory MiB", "tokens/s", "power W", "step ms"]
+    work_ax = fig.get_axes()[1]
+    assert _labels(work_ax) == ["MFU %", "tokens/s", "power W"]
+    assert "MFU per step and tokens/s" in work_ax.get_title(loc="left")
+    mfu = work_ax.get_lines()[0].get_ydata()
+    assert list(mfu[:2]) == pytest.approx([20.0, 20.0]) and mfu[-1] == pytest.approx(16.0)
+
+
+def test_work_panel_without_mfu_or_tokens_shows_what_the_steps_have(tmp_path: Path) -> None:
+    path = lf.write_log(tmp_path / "rank0.jsonl", lf.work_run(20, peak_tflops=None, tokens=None))
+    axes = plot_run(path).get_axes()
+    assert [a.get_ylabel() for a in axes] == ["iteration ms", "TFLOP/s", "memory MiB", "samples/s"]
+    assert len(plot_run(_run(tmp_path, n=30)).get_axes()) == 2  # no work: no work panel

@@ -35,10 +35,12 @@ LOOP = textwrap.dedent("""
     model = torch.nn.Linear(64, 64)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(32, 64)
-    with steptrace.Profiler(sys.argv[1], metrics_port=0, job="scrape-test") as prof:
+    with steptrace.Profiler(sys.argv[1], metrics_port=0, job="scrape-test", peak_tflops=0.001) as prof:
         i = 0
         while not (prof.step_index > 200 and __import__("os").path.exists(sys.argv[2])):
             with prof.step():
+                # useful work: 32 samples of 64 tokens, a forward and backward of 6 x 32 x 64 x 64 FLOPs
+                prof.add_work(samples=32, tokens=32 * 64, flops=6 * 32 * 64 * 64)
                 with prof.phase("forward"):
                     loss = model(x).square().mean()
                     if i in (120, 121, 122):
@@ -179,6 +181,22 @@ def test_the_scraped_run_has_its_steps(scraped):
     [series] = r["data"]["result"]
     assert series["metric"]["rank"] == "0" and series["metric"]["run_id"]
     assert float(series["value"][1]) > 5
+
+
+def test_the_scraped_run_has_its_useful_work(scraped):
+    def one(expr: str) -> float:
+        [series] = _query(scraped, expr)["data"]["result"]
+        return float(series["value"][1])
+
+    sel = '{job="scrape-test"}'
+    # one scrape holds both counters: every written step counted its 2048 tokens and 32 samples
+    assert one(f"steptrace_tokens_total{sel} / steptrace_steps_total{sel}") == 2048
+    assert one(f"steptrace_samples_total{sel} / steptrace_steps_total{sel}") == 32
+    # the last step's rates: tokens/s = 64 x samples/s; MFU = its FLOP/s over the 1 GFLOP/s peak
+    assert one(f"steptrace_tokens_per_second{sel} / steptrace_samples_per_second{sel}") == pytest.approx(64)
+    mfu = one(f"steptrace_mfu_ratio{sel}")
+    tflops = one(f"steptrace_model_tflops_per_second{sel}")
+    assert 0 < mfu and mfu == pytest.approx(tflops / 0.001)
 
 
 def test_every_rule_and_dashboard_expression_is_valid_and_returns_data(scraped):

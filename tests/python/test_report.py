@@ -57,6 +57,18 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
     assert "<fast>" not in text
 
 
+def test_report_shows_useful_work_beside_step_time_and_power(tmp_path: Path) -> None:
+    recs = lf.work_run(40, iteration_ms=lambda i: 10.0 if i < 20 else 12.5, energy_j=2.0)
+    text = render_report(lf.write_log(tmp_path / "rank0.jsonl", recs))
+    assert "<h2>Useful work</h2>" in text and "<h2>GPU hardware</h2>" in text
+    cards = re.findall(r'<div class="card[^"]*"><div class="v">([^<]*)</div><div class="k">([^<]*)</div>', text)
+    assert ("18.0%", "median MFU") in cards and ("92,160", "tokens / s") in cards
+    for needle in ('<td class="l">MFU</td>', "falling -", "MFU against a peak of 10 TFLOP/s", "energy per token: 0.00195 J"):
+        assert needle in text, needle
+    plain = render_report(_run(tmp_path))
+    assert "Useful work" not in plain and "median MFU" not in plain
+
+
 def test_write_report(tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     assert write_report(_run(tmp_path), out) == str(out)

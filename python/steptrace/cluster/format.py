@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from steptrace.cluster.options import HW_POWER_KEY, HW_TEMP_KEY
+from steptrace.cluster.stats import WORK_KEYS
+
+_WORK_HEADS = {"mfu_pct": "MFU", "tokens_per_s": "tokens/s"}
 
 
 def _fmt(v: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
@@ -13,6 +16,14 @@ def _fmt(v: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
 
 def _share(part: Optional[float], whole: Optional[float]) -> str:
     return "-" if part is None or not whole else f"{100.0 * part / whole:.0f}%"
+
+
+def _work_cell(key: str, v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    if key == "mfu_pct":
+        return f"{v:.1f}%"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
 def stragglers_found(result: Mapping[str, Any]) -> list[int]:
@@ -36,6 +47,9 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
     with_hw = any(row.get("hw") for row in table["ranks"])
     if with_hw:
         head += ["power", "temp"]
+    # useful work (docs/useful-work.md), where any rank counted it: each rank's median
+    work = [k for k in WORK_KEYS if any(row.get(k) is not None for row in table["ranks"])]
+    head += [_WORK_HEADS[k] for k in work]
     rows = [head]
     for row in table["ranks"]:
         mem = row.get("memory_bytes")
@@ -47,11 +61,13 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
         if with_hw:
             hw = row.get("hw") or {}
             rows[-1] += [_fmt(hw.get(HW_POWER_KEY), ".0f", " W"), _fmt(hw.get(HW_TEMP_KEY), ".0f", " C")]
+        rows[-1] += [_work_cell(k, row.get(k)) for k in work]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
         lines.append("  ".join(c.rjust(w) if i not in (1,) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
     lines.append("(compute / comm / wait / data: shares of the median step; straggler: own work, "
-                 "compute + data, against the median of the other ranks)")
+                 "compute + data, against the median of the other ranks"
+                 + ("; MFU, tokens/s: the rank's median step" if work else "") + ")")
     windows = len(result["windows"])
     found = stragglers_found(result)
     for r in found:

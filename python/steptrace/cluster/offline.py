@@ -26,7 +26,7 @@ def _numbers(obj: Any) -> dict[str, float]:
     return {k: float(v) for k, v in obj.items() if _finite(v)} if isinstance(obj, dict) else {}
 
 
-_STEP_GROUPS = ("phases_ms", "memory", "kernels", "hw", "telemetry")
+_STEP_GROUPS = ("phases_ms", "memory", "kernels", "hw", "telemetry", "work")
 _MAX_PHASES = 4096  # as steptrace._table.MAX_KEYS: the profiler writes at most 32
 
 

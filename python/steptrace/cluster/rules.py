@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from steptrace.cluster.episodes import EpisodeTracker
 from steptrace.cluster.options import CLUSTER_OPTIONS, HW_POWER_KEY, HW_TEMP_KEY
-from steptrace.cluster.stats import _common, _median, _medians_without_each
+from steptrace.cluster.stats import WORK_KEYS, _common, _median, _medians_without_each
 from steptrace.flight_recorder import cross_rank
 
 _PHASE_ADVICE = {
@@ -64,7 +64,7 @@ class ClusterAnalyzer:
                    "comm_ms": comm_net, "wait_ms": wait, "own_ms": s[r]["own_ms"],
                    "straggler_pct": (round(100.0 * (s[r]["own_ms"] / other_own - 1.0), 2)
                                      if other_own and other_own > 0 else None)}
-            for key in ("memory_bytes", "hw", "busbw_gbps"):
+            for key in ("memory_bytes", "hw", "busbw_gbps", *WORK_KEYS):
                 if key in s[r]:
                     row[key] = s[r][key]
             rows.append(row)

@@ -8,6 +8,11 @@ import statistics
 from typing import Any, Iterable, Mapping, Optional
 
 
+#: The per-step work rates a window summary carries (each rank's median; the cluster
+#: record's rows and the ``steptrace cluster`` table show them).
+WORK_KEYS = ("mfu_pct", "tokens_per_s")
+
+
 def _median(values: Iterable[Optional[float]]) -> Optional[float]:
     vals = [v for v in values if v is not None]
     return round(statistics.median(vals), 4) if vals else None
@@ -94,6 +99,11 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
     busbw = [sp["busbw_gbps"] for sp in splits if isinstance(sp.get("busbw_gbps"), (int, float))]
     if busbw:  # nccl-tests' bus bandwidth of the rank's collectives (waiting included)
         summary["busbw_gbps"] = _median(busbw)
+    for key in WORK_KEYS:  # useful work (docs/useful-work.md), on the steps that knew it
+        rates = [w.get(key) for w in (s.get("work") or {} for s in ok)]
+        rates = [float(v) for v in rates if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if rates:
+            summary[key] = _median(rates)
     memory = [max(int(m.get(k, 0) or 0) for k in ("peak_bytes", "allocated_bytes", "rss_bytes"))
               for m in (s.get("memory") or {} for s in ok)]
     if any(memory):
