@@ -68,6 +68,7 @@ SLOWDOWN_BUDGET_PCT = 1.0
 REPO = Path(__file__).resolve().parent.parent
 
 pc = time.perf_counter_ns
+thread_ns = time.thread_time_ns
 
 
 class _CountAlerts(logging.Handler):
@@ -463,26 +464,28 @@ class _Arm:
         self.name = name
         self.prof: Optional[Profiler] = None if opts is None else Profiler(log_dir, overwrite=True, **opts)
         self.away = None if self.prof is None else self.prof.interval("eval")
-        self.per_step: List[float] = []  # ns per step of each block
+        self.per_step: List[float] = []  # ns per step of each block, wall clock
+        self.cpu_per_step: List[float] = []  # the same, the training thread's CPU time
 
 
 def _block_runner(arm: _Arm, work: Callable[[], None], phases: int) -> Callable[[int], int]:
-    """n steps of `work` (the first phase runs it, the others are empty), timed."""
+    """n steps of `work` (the first phase runs it, the others are empty), timed: returns
+    (wall ns, training-thread CPU ns)."""
     calls = [work] + [_nothing] * (phases - 1) if phases else [work]
     if arm.prof is None:
-        def bare(n: int) -> int:
-            t0 = pc()
+        def bare(n: int) -> tuple:
+            c0, t0 = thread_ns(), pc()
             for _ in range(n):
                 for call in calls:
                     call()
-            return pc() - t0
+            return pc() - t0, thread_ns() - c0
 
         return bare
     step, phase = arm.prof.step, arm.prof.phase
     pairs = list(zip(PHASES[:phases], calls))
 
-    def profiled(n: int) -> int:
-        t0 = pc()
+    def profiled(n: int) -> tuple:
+        c0, t0 = thread_ns(), pc()
         if pairs:
             for _ in range(n):
                 with step():
@@ -493,7 +496,7 @@ def _block_runner(arm: _Arm, work: Callable[[], None], phases: int) -> Callable[
             for _ in range(n):
                 with step():
                     work()
-        return pc() - t0
+        return pc() - t0, thread_ns() - c0
 
     return profiled
 
@@ -525,7 +528,7 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
             if arm.away is not None:
                 arm.away.__enter__()
         main_tid = threading.get_native_id()
-        before = _thread_cpu_ns()
+        before, wall0 = _thread_cpu_ns(), pc()
         order = list(range(len(arms)))
         for _ in range(blocks):
             rng.shuffle(order)
@@ -536,23 +539,28 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
                     arm.away.__exit__(None, None, None)
                 gc.disable()
                 try:
-                    ns = runners[i](block_steps)
+                    ns, cpu = runners[i](block_steps)
                 finally:
                     gc.enable()
                 if arm.away is not None:
                     arm.away.__enter__()
                 arm.per_step.append(ns / block_steps)
-        after = _thread_cpu_ns()
+                arm.cpu_per_step.append(cpu / block_steps)
+        after, wall = _thread_cpu_ns(), pc() - wall0
         others = sum(after[t] - before.get(t, 0) for t in after if t != main_tid)
         row: Dict[str, object] = {"workload": wname, "blocks": blocks, "block_steps": block_steps,
-                                  "bare_us": statistics.median(arms[0].per_step) / 1e3, "variants": []}
+                                  "bare_us": statistics.median(arms[0].per_step) / 1e3,
+                                  "bare_cpu_us": statistics.median(arms[0].cpu_per_step) / 1e3, "variants": []}
         for arm in arms[1:]:
-            diffs = [b - a for a, b in zip(arms[0].per_step, arm.per_step)]
-            q = statistics.quantiles(diffs, n=4)
-            row["variants"].append({"name": arm.name, "mean": mean_ci(diffs), "median": median_ci(diffs),
-                                    "iqr": (q[0], q[2])})
+            for label, base, mine in (("wall", arms[0].per_step, arm.per_step),
+                                      ("thread CPU", arms[0].cpu_per_step, arm.cpu_per_step)):
+                diffs = [b - a for a, b in zip(base, mine)]
+                q = statistics.quantiles(diffs, n=4)
+                row["variants"].append({"name": f"{arm.name}, {label}", "mean": mean_ci(diffs),
+                                        "median": median_ci(diffs), "iqr": (q[0], q[2])})
         profiled = blocks * block_steps * max(1, len(arms) - 1)
         row["other_threads_ns_per_step"] = others / profiled
+        row["other_threads_pct"] = 100 * others / wall  # of one core, while the profilers are open
         for arm in arms:
             if arm.prof is not None:
                 arm.away.__exit__(None, None, None)
@@ -599,17 +607,17 @@ def _mlp_step(d_in: int, hidden: int, d_out: int, batch: int) -> Callable[[], No
 def print_interleaved(rows: List[Dict[str, object]]) -> None:
     for row in rows:
         print(f"\n== {row['workload']}: {row['blocks']} interleaved, shuffled blocks of {row['block_steps']} "
-              f"steps; bare step {row['bare_us']:.1f} us (median block) ==")
-        print(f"{'overhead per step, us':24s} {'mean':>8s} {'95% CI (t)':>18s} {'median':>8s} "
+              f"steps; bare step {row['bare_us']:.1f} us wall, {row['bare_cpu_us']:.1f} us CPU (median block) ==")
+        print(f"{'overhead per step, us':29s} {'mean':>8s} {'95% CI (t)':>18s} {'median':>8s} "
               f"{'95% CI (bootstrap)':>20s} {'IQR':>18s}")
         for v in row["variants"]:
             m, lo, hi = (x / 1e3 for x in v["mean"])
             md, mlo, mhi = (x / 1e3 for x in v["median"])
             q1, q3 = (x / 1e3 for x in v["iqr"])
-            print(f"{v['name']:24s} {m:+8.2f} {lo:+8.2f}..{hi:+8.2f} {md:+8.2f} {mlo:+9.2f}..{mhi:+8.2f} "
+            print(f"{v['name']:29s} {m:+8.2f} {lo:+8.2f}..{hi:+8.2f} {md:+8.2f} {mlo:+9.2f}..{mhi:+8.2f} "
                   f"{q1:+8.2f}..{q3:+8.2f}")
-        print(f"other threads' CPU time (writer, watchdog, alerts) per profiled step: "
-              f"{row['other_threads_ns_per_step'] / 1e3:.2f} us; alerts in the logs: {row.get('alerts')}")
+        print(f"other threads' CPU time (writer, watchdog, alerts): {row['other_threads_ns_per_step'] / 1e3:.2f} us "
+              f"per profiled step, {row['other_threads_pct']:.2f}% of a core; alerts in the logs: {row.get('alerts')}")
 
 
 # --------------------------------------------------------------------------------------
