@@ -558,7 +558,7 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
                 q = statistics.quantiles(diffs, n=4)
                 row["variants"].append({"name": f"{arm.name}, {label}", "mean": mean_ci(diffs),
                                         "median": median_ci(diffs), "iqr": (q[0], q[2])})
-        profiled = blocks * block_steps * max(1, len(arms) - 1)
+        profiled = blocks * block_steps * max(1, sum(arm.prof is not None for arm in arms))
         row["other_threads_ns_per_step"] = others / profiled
         row["other_threads_pct"] = 100 * others / wall  # of one core, while the profilers are open
         for arm in arms:
@@ -917,6 +917,8 @@ def main() -> int:
     parser.add_argument("--block-seed", type=int, default=30, help="seed of the blocks' shuffled order")
     parser.add_argument("--blocks-only", action="store_true", help="only the interleaved overhead comparison")
     parser.add_argument("--no-blocks", action="store_true", help="skip the interleaved overhead comparison")
+    parser.add_argument("--aa", action="store_true", help="a second bare variant in the blocks (an A/A "
+                        "comparison: the noise floor of the difference)")
     args = parser.parse_args()
 
     trials = args.trials or (3 if args.quick else 9)
@@ -937,18 +939,19 @@ def main() -> int:
         if not args.no_blocks:
             blocks = args.blocks if not args.quick or args.blocks != 40 else 10
             bs = args.block_steps
+            variants = BLOCK_VARIANTS + ([("bare again (A/A)", None)] if args.aa else [])
             print(f"\n== overhead per step, default options against bare (issue 30: <= 5 us on the 0.5 ms "
                   f"step, <= 2 us empty) ==")
             rows = interleaved_overhead(tmp / "blocks", blocks, bs, args.block_seed, [
                 ("MLP 64->256->10, batch 64 (the 0.5 ms step), 5 phases", _mlp_step(64, 256, 10, 64), 5),
-            ], BLOCK_VARIANTS)
+            ], variants)
             rows += interleaved_overhead(tmp / "blocks-5ms", blocks, max(30, bs // 10), args.block_seed, [
                 ("MLP 256->1536->10, batch 128 (the ~5 ms step), 5 phases", _mlp_step(256, 1536, 10, 128), 5),
-            ], BLOCK_VARIANTS)
+            ], variants)
             rows += interleaved_overhead(tmp / "blocks-empty", blocks, 10 * bs, args.block_seed, [
                 ("empty step, 5 empty phases", _nothing, 5),
                 ("empty step, no phase", _nothing, 0),
-            ], BLOCK_VARIANTS)
+            ], variants)
             print_interleaved(rows)
             if args.blocks_only:
                 return 0
