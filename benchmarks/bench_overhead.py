@@ -44,11 +44,13 @@ import logging
 import math
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -66,6 +68,7 @@ SLOWDOWN_BUDGET_PCT = 1.0
 REPO = Path(__file__).resolve().parent.parent
 
 pc = time.perf_counter_ns
+thread_ns = time.thread_time_ns
 
 
 class _CountAlerts(logging.Handler):
@@ -410,6 +413,214 @@ def print_runq(rows: List[tuple]) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# issue 30: the overhead per step in interleaved, shuffled blocks, with a confidence interval
+# --------------------------------------------------------------------------------------
+
+#: Two-sided 97.5% quantiles of Student's t for n - 1 degrees of freedom (n blocks);
+#: beyond the table the normal quantile.
+_T975 = {4: 2.776, 9: 2.262, 14: 2.145, 19: 2.093, 29: 2.045, 39: 2.023, 59: 2.001, 79: 1.990}
+
+
+def _t975(df: int) -> float:
+    for k in sorted(_T975):
+        if df <= k:
+            return _T975[k]
+    return 1.96
+
+
+def mean_ci(diffs: List[float]) -> tuple:
+    """Mean of the paired differences and its 95% t interval."""
+    m = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return m, m, m
+    h = _t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return m, m - h, m + h
+
+
+def median_ci(diffs: List[float], resamples: int = 4000, seed: int = 1) -> tuple:
+    """Median of the paired differences and a 95% percentile-bootstrap interval."""
+    rng = random.Random(seed)
+    n = len(diffs)
+    meds = sorted(statistics.median(rng.choices(diffs, k=n)) for _ in range(resamples))
+    return statistics.median(diffs), meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
+
+
+def _thread_cpu_ns() -> Dict[int, int]:
+    """CPU time of every thread of this process, by thread id (schedstat: ns)."""
+    out: Dict[int, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+class _Arm:
+    """One variant of a workload, run in blocks of steps; `opts` None: bare (no steptrace)."""
+
+    def __init__(self, name: str, opts: Optional[Dict[str, object]], log_dir: Path) -> None:
+        self.name = name
+        self.prof: Optional[Profiler] = None if opts is None else Profiler(log_dir, overwrite=True, **opts)
+        self.away = None if self.prof is None else self.prof.interval("eval")
+        self.per_step: List[float] = []  # ns per step of each block, wall clock
+        self.cpu_per_step: List[float] = []  # the same, the training thread's CPU time
+
+
+def _block_runner(arm: _Arm, work: Callable[[], None], phases: int) -> Callable[[int], int]:
+    """n steps of `work` (the first phase runs it, the others are empty), timed: returns
+    (wall ns, training-thread CPU ns)."""
+    calls = [work] + [_nothing] * (phases - 1) if phases else [work]
+    if arm.prof is None:
+        def bare(n: int) -> tuple:
+            c0, t0 = thread_ns(), pc()
+            for _ in range(n):
+                for call in calls:
+                    call()
+            return pc() - t0, thread_ns() - c0
+
+        return bare
+    step, phase = arm.prof.step, arm.prof.phase
+    pairs = list(zip(PHASES[:phases], calls))
+
+    def profiled(n: int) -> tuple:
+        c0, t0 = thread_ns(), pc()
+        if pairs:
+            for _ in range(n):
+                with step():
+                    for name, call in pairs:
+                        with phase(name):
+                            call()
+        else:
+            for _ in range(n):
+                with step():
+                    work()
+        return pc() - t0, thread_ns() - c0
+
+    return profiled
+
+
+def _nothing() -> None:
+    pass
+
+
+#: The variants of the interleaved comparison: (name, Profiler options; None: bare).
+BLOCK_VARIANTS = [("bare", None), ("default options", {})]
+
+
+def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int,
+                         workloads: List[tuple], variants: List[tuple]) -> List[Dict[str, object]]:
+    """For each workload (name, step callable, phases): `blocks` rounds; in each round one
+    block of `block_steps` steps of every variant (bare first in the list), in a shuffled
+    order; the overhead per step is each variant's block time less the bare block's of the
+    same round, over block_steps. The profilers stay open across rounds (the steady state);
+    the time a profiler waits for the other variants' blocks is an "eval" interval, so the
+    detectors leave it out of the iterations. Also the CPU time of the process's other
+    threads (steptrace's writer, watchdog and alert threads) per profiled step."""
+    rng = random.Random(seed)
+    results = []
+    for wname, work, phases in workloads:
+        arms = [_Arm(vname, opts, log_dir / f"{wname}-{i}") for i, (vname, opts) in enumerate(variants)]
+        runners = [_block_runner(a, work, phases) for a in arms]
+        for arm, run in zip(arms, runners):  # warm-up: past the detectors' warmup and baseline
+            run(max(100, block_steps // 3))
+            if arm.away is not None:
+                arm.away.__enter__()
+        main_tid = threading.get_native_id()
+        before, wall0 = _thread_cpu_ns(), pc()
+        order = list(range(len(arms)))
+        for _ in range(blocks):
+            rng.shuffle(order)
+            for i in order:
+                arm = arms[i]
+                gc.collect()
+                if arm.away is not None:
+                    arm.away.__exit__(None, None, None)
+                gc.disable()
+                try:
+                    ns, cpu = runners[i](block_steps)
+                finally:
+                    gc.enable()
+                if arm.away is not None:
+                    arm.away.__enter__()
+                arm.per_step.append(ns / block_steps)
+                arm.cpu_per_step.append(cpu / block_steps)
+        after, wall = _thread_cpu_ns(), pc() - wall0
+        others = sum(after[t] - before.get(t, 0) for t in after if t != main_tid)
+        row: Dict[str, object] = {"workload": wname, "blocks": blocks, "block_steps": block_steps,
+                                  "bare_us": statistics.median(arms[0].per_step) / 1e3,
+                                  "bare_cpu_us": statistics.median(arms[0].cpu_per_step) / 1e3, "variants": []}
+        for arm in arms[1:]:
+            for label, base, mine in (("wall", arms[0].per_step, arm.per_step),
+                                      ("thread CPU", arms[0].cpu_per_step, arm.cpu_per_step)):
+                diffs = [b - a for a, b in zip(base, mine)]
+                q = statistics.quantiles(diffs, n=4)
+                row["variants"].append({"name": f"{arm.name}, {label}", "mean": mean_ci(diffs),
+                                        "median": median_ci(diffs), "iqr": (q[0], q[2])})
+        profiled = blocks * block_steps * max(1, sum(arm.prof is not None for arm in arms))
+        row["other_threads_ns_per_step"] = others / profiled
+        row["other_threads_pct"] = 100 * others / wall  # of one core, while the profilers are open
+        for arm in arms:
+            if arm.prof is not None:
+                arm.away.__exit__(None, None, None)
+                arm.prof.close()
+                row.setdefault("alerts", {})[arm.name] = _alert_count(arm.prof.log_path)
+        results.append(row)
+    return results
+
+
+def _alert_count(log_path: str) -> int:
+    import json
+
+    n = 0
+    with open(log_path, "rb") as f:
+        for line in f:
+            try:
+                n += json.loads(line).get("kind") == "alert"
+            except ValueError:
+                pass
+    return n
+
+
+def _mlp_step(d_in: int, hidden: int, d_out: int, batch: int) -> Callable[[], None]:
+    """One SGD step of an MLP d_in -> hidden -> d_out on a fixed batch (what the loop does)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
+    params = list(model.parameters())
+    loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(1234)
+    x, y = torch.randn(batch, d_in, generator=g), torch.randint(0, d_out, (batch,), generator=g)
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def step() -> None:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        clip(params, 1.0)
+        opt.step()
+        opt.zero_grad()
+
+    return step
+
+
+def print_interleaved(rows: List[Dict[str, object]]) -> None:
+    for row in rows:
+        print(f"\n== {row['workload']}: {row['blocks']} interleaved, shuffled blocks of {row['block_steps']} "
+              f"steps; bare step {row['bare_us']:.1f} us wall, {row['bare_cpu_us']:.1f} us CPU (median block) ==")
+        print(f"{'overhead per step, us':29s} {'mean':>8s} {'95% CI (t)':>18s} {'median':>8s} "
+              f"{'95% CI (bootstrap)':>20s} {'IQR':>18s}")
+        for v in row["variants"]:
+            m, lo, hi = (x / 1e3 for x in v["mean"])
+            md, mlo, mhi = (x / 1e3 for x in v["median"])
+            q1, q3 = (x / 1e3 for x in v["iqr"])
+            print(f"{v['name']:29s} {m:+8.2f} {lo:+8.2f}..{hi:+8.2f} {md:+8.2f} {mlo:+9.2f}..{mhi:+8.2f} "
+                  f"{q1:+8.2f}..{q3:+8.2f}")
+        print(f"other threads' CPU time (writer, watchdog, alerts): {row['other_threads_ns_per_step'] / 1e3:.2f} us "
+              f"per profiled step, {row['other_threads_pct']:.2f}% of a core; alerts in the logs: {row.get('alerts')}")
+
+
+# --------------------------------------------------------------------------------------
 # a real small CPU training loop, with and without steptrace
 # --------------------------------------------------------------------------------------
 
@@ -700,6 +911,14 @@ def main() -> int:
                         "(10 ms each; default 1000, --quick 200)")
     parser.add_argument("--runq-step-ms", type=float, default=0.5, help="step spacing of the run-queue isolation")
     parser.add_argument("--no-runq", action="store_true", help="skip the run-queue reading's isolation")
+    parser.add_argument("--blocks", type=int, default=40, help="interleaved, shuffled blocks per workload in "
+                        "the overhead comparison (issue 30; default 40, --quick 10)")
+    parser.add_argument("--block-steps", type=int, default=300, help="steps per block (empty steps: 10x)")
+    parser.add_argument("--block-seed", type=int, default=30, help="seed of the blocks' shuffled order")
+    parser.add_argument("--blocks-only", action="store_true", help="only the interleaved overhead comparison")
+    parser.add_argument("--no-blocks", action="store_true", help="skip the interleaved overhead comparison")
+    parser.add_argument("--aa", action="store_true", help="a second bare variant in the blocks (an A/A "
+                        "comparison: the noise floor of the difference)")
     args = parser.parse_args()
 
     trials = args.trials or (3 if args.quick else 9)
@@ -717,6 +936,25 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="steptrace-bench-py-"))
     try:
+        if not args.no_blocks:
+            blocks = args.blocks if not args.quick or args.blocks != 40 else 10
+            bs = args.block_steps
+            variants = BLOCK_VARIANTS + ([("bare again (A/A)", None)] if args.aa else [])
+            print(f"\n== overhead per step, default options against bare (issue 30: <= 5 us on the 0.5 ms "
+                  f"step, <= 2 us empty) ==")
+            rows = interleaved_overhead(tmp / "blocks", blocks, bs, args.block_seed, [
+                ("MLP 64->256->10, batch 64 (the 0.5 ms step), 5 phases", _mlp_step(64, 256, 10, 64), 5),
+            ], variants)
+            rows += interleaved_overhead(tmp / "blocks-5ms", blocks, max(30, bs // 10), args.block_seed, [
+                ("MLP 256->1536->10, batch 128 (the ~5 ms step), 5 phases", _mlp_step(256, 1536, 10, 128), 5),
+            ], variants)
+            rows += interleaved_overhead(tmp / "blocks-empty", blocks, 10 * bs, args.block_seed, [
+                ("empty step, 5 empty phases", _nothing, 5),
+                ("empty step, no phase", _nothing, 0),
+            ], variants)
+            print_interleaved(rows)
+            if args.blocks_only:
+                return 0
         full: Optional[float] = None  # ns per step with every CPU feature, from the micro-benchmarks
         if not args.no_micro:
             prof_phase = Profiler(tmp / "phase", overwrite=True)

@@ -41,11 +41,17 @@ void HeapSampler::sample(std::int64_t step, MemorySample& out) noexcept {
   // Its own host clock: the profiler's may be a test's fake, and the cost of a read is
   // compared with the step interval on one clock.
   const std::int64_t now_ns = clock_->now_ns();
-  if (last_call_ns_ > 0)
-    interval_ns_ = smooth(interval_ns_, static_cast<double>(now_ns - last_call_ns_));
+  if (last_call_ns_ > 0) {
+    // One long gap (an evaluation, a checkpoint) moves the average a little, not to it.
+    const auto gap = static_cast<double>(now_ns - last_call_ns_);
+    interval_ns_ = smooth(interval_ns_, interval_ns_ > 0 ? std::min(gap, 4 * interval_ns_) : gap);
+  }
   last_call_ns_ = now_ns;
   const bool dense = step < dense_until_step_ || burst_left_ > 0;
-  if (!dense && ++since_read_ < stride_) return;  // not this step: no heap figure in the record
+  if (!dense) {
+    if (++since_read_ < std::min(ramp_, stride_)) return;  // no heap figure in this record
+    ramp_ = std::min(2 * ramp_, kMaxStride);
+  }
   since_read_ = 0;
   const std::int64_t bytes = read();
   const std::int64_t done_ns = clock_->now_ns();
@@ -65,7 +71,10 @@ void HeapSampler::sample(std::int64_t step, MemorySample& out) noexcept {
     burst_peak_ = std::max(burst_peak_, value);
     // The burst's peak is the level to watch from now on: a one-off jump then costs one
     // burst, and a leak, which the detector has seen at every step of it, another later.
-    if (--burst_left_ == 0) baseline_ = std::max(baseline_, burst_peak_);
+    if (--burst_left_ == 0) {
+      baseline_ = std::max(baseline_, burst_peak_);
+      ramp_ = 1;  // a leak that goes on crosses the new level soon: look again early
+    }
     return;
   }
   if (baseline_ > 0 && value > suspect_ratio_ * baseline_) {

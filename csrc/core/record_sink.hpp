@@ -98,10 +98,11 @@ class StepRecordQueue {
   virtual StepRecord* begin_step_record() noexcept = 0;
   /// Hands the slot filled since begin_step_record to the writer.
   virtual void commit_step_record() noexcept = 0;
-  /// Copies `r` into the queue (or drops it, see begin_step_record).
+  /// Copies what the training thread filled in of `r` into the queue (copy_step_record),
+  /// or drops it (see begin_step_record).
   void push_step_record(const StepRecord& r) noexcept {
     if (StepRecord* slot = begin_step_record()) {
-      *slot = r;
+      copy_step_record(*slot, r);
       commit_step_record();
     }
   }
