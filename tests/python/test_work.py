@@ -208,3 +208,28 @@ def test_lightning_reports_tokens_flops_and_mfu(tmp_path, records_of):
         assert work["flops"] == pytest.approx(analytic, rel=0.10)
         assert_mfu_is_flops_over_time_over_peak(s, PEAK_TFLOPS)
     assert not math.isnan(steps[-1]["work"]["tokens_per_s"])
+
+
+def test_energy_per_token_and_tokens_per_kwh_where_nvml_measures_energy(tmp_path, monkeypatch, fake_nvml):
+    monkeypatch.setenv("STEPTRACE_NVML_LIBRARY", str(fake_nvml))  # the stand-in: a steady ~650 W
+    a = torch.randn(96, 96)
+    with steptrace.Profiler(tmp_path / "run", nvml_interval_ms=1) as prof:
+        for _ in range(40):
+            with prof.step():
+                for _ in range(20):
+                    a = torch.tanh(a @ a)  # a few ms of work, so that the sampler reads inside steps
+                prof.add_work(samples=4, tokens=1000)
+    records = records_of_path(tmp_path / "run" / "rank0.jsonl")
+    with_hw = [r for r in records if r["kind"] == "step" and "hw" in r]
+    assert with_hw, "the sampler read no step"
+    for r in with_hw:
+        assert r["work"]["j_per_token"] == pytest.approx(r["hw"]["energy_j"] / 1000, rel=5e-3, abs=1e-6)
+        assert r["work"]["j_per_sample"] == pytest.approx(r["hw"]["energy_j"] / 4, rel=5e-3, abs=2e-4)
+    end = records[-1]["work"]
+    energy = sum(r["hw"]["energy_j"] for r in with_hw)
+    assert end["energy_j"] == pytest.approx(energy, rel=1e-2)
+    assert end["tokens_per_kwh"] == pytest.approx(1000 * len(with_hw) / (energy / 3.6e6), rel=1e-2)
+
+
+def records_of_path(path):
+    return list(steptrace.read(path, validate=True))
