@@ -751,7 +751,8 @@ PYBIND11_MODULE(_core, m) {
                     std::pair<std::string, std::string>, py::object>(),
            py::arg("config"), py::arg("versions") = std::map<std::string, std::string>{},
            py::arg("external_profiler") = false, py::arg("live_bytes") = py::none(),
-           py::arg("comm") = std::pair<std::string, std::string>{}, py::arg("backends") = py::none(),
+           py::arg("comm") = std::pair<std::string, std::string>{},
+           py::arg("backends") = py::none(),
            "comm: (method, why untimed) of the collectives' timing, for run_start's "
            "backends.comm (both empty: no entry); `backends`: a capsule of backends from a "
            "module of the same build (steptrace._testing's fakes in the test build), taken once")
