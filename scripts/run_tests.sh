@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything, then runs every test: the C++ suite (GoogleTest via ctest, which
 # also builds an outside find_package consumer and the LibTorch example), the same C++
-# tests under ASan+UBSan and TSan (scripts/run_sanitizers.sh), and the Python suite
-# (pytest). Fails when any of them fails or when pytest collects no test.
+# tests under ASan+UBSan and TSan (scripts/run_sanitizers.sh), the release wheel
+# (scripts/build_wheel.sh, then scripts/check_wheel.sh installs it into a fresh venv and
+# profiles a loop with it), and the Python suite (pytest). Fails when any of them fails
+# or when pytest collects no test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -19,6 +21,10 @@ echo "[tests] C++: ctest"
 (cd build/dev && ctest --output-on-failure -j "$JOBS")
 echo "[tests] C++: sanitizers (ASan+UBSan, TSan)"
 bash scripts/run_sanitizers.sh
+
+echo "[tests] release wheel: build it, check it, install it into a fresh venv and profile a loop"
+bash scripts/build_wheel.sh
+bash scripts/check_wheel.sh
 
 echo "[tests] Python: pytest"
 set +e

@@ -17,7 +17,7 @@ log() { echo "[setup] $*"; }
 
 # ---- Debian packages ----
 apt_packages=(g++ cmake ninja-build git libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-              libbenchmark-dev chromium prometheus libcpp-httplib-dev prometheus-pushgateway pkg-config)
+              libbenchmark-dev chromium prometheus prometheus-pushgateway pkg-config)
 command -v "$PYTHON" >/dev/null || apt_packages+=(python3 python3-venv python3-dev)
 missing=()
 for p in "${apt_packages[@]}"; do

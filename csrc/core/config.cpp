@@ -156,10 +156,15 @@ void Config::validate() const {
                   "metrics_port={} is out of range; allowed: -1 (off), 0 (any free port), "
                   "1..65535",
                   metrics_port);
-  STEPTRACE_CHECK(metrics_pushgateway.empty() || metrics_pushgateway.rfind("http://", 0) == 0 ||
-                      metrics_pushgateway.rfind("https://", 0) == 0,
+  // The bundled cpp-httplib is built without TLS (no libssl in the wheel): an https://
+  // gateway is refused here rather than failing at close.
+  STEPTRACE_CHECK(metrics_pushgateway.rfind("https://", 0) != 0, ConfigError,
+                  "metrics_pushgateway={:?}: https:// is not supported (steptrace is built "
+                  "without TLS); use an http:// URL, e.g. a gateway or TLS proxy on the node",
+                  metrics_pushgateway);
+  STEPTRACE_CHECK(metrics_pushgateway.empty() || metrics_pushgateway.rfind("http://", 0) == 0,
                   ConfigError,
-                  "metrics_pushgateway={:?} is not an http:// or https:// URL (e.g. "
+                  "metrics_pushgateway={:?} is not an http:// URL (e.g. "
                   "\"http://pushgateway:9091\")",
                   metrics_pushgateway);
   for (const char c : job) {

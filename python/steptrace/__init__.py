@@ -14,12 +14,30 @@ from steptrace.errors import (
 )
 from steptrace.reader import read, validate_record
 
+
+
+def _source_version() -> str:
+    # The one place the version is set: project(steptrace VERSION x.y.z) in CMakeLists.txt.
+    # The wheel's metadata (pyproject.toml reads it there), _core.version(), run_start's
+    # versions.steptrace and steptraceConfigVersion.cmake all come from it
+    # (tests/python/test_version.py checks that they agree).
+    import re
+    from pathlib import Path
+
+    try:
+        text = (Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
+    except OSError:
+        return "0+unknown"
+    m = re.search(r"project\(steptrace VERSION ([0-9.]+)", text)
+    return m.group(1) if m else "0+unknown"
+
+
 try:
     from importlib.metadata import version as _version
 
     __version__ = _version("steptrace")
 except Exception:  # running from a source tree without an install
-    __version__ = "0.1.0"
+    __version__ = _source_version()
 SCHEMA = "steptrace/1"
 
 _LAZY = {"Profiler": "steptrace.profiler", "load": "steptrace.analysis", "Run": "steptrace.analysis",

@@ -548,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read and analyse steptrace step logs.",
         epilog="Exit status: 0 ok, 1 compare found a regression, 2 error.",
     )
+    from steptrace import __version__
+
+    parser.add_argument("--version", action="version", version=f"steptrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)

@@ -56,6 +56,17 @@ TEST(Config, RejectsBadValuesNamingThem) {
   expect_rejected([](Config& c) { c.phases = {"forward", ""}; }, "empty");
   expect_rejected([](Config& c) { c.phases = {"forward", "forward"}; }, "twice");
   expect_rejected([](Config& c) { c.phases = {"data"}; }, "reserved");
+  expect_rejected([](Config& c) { c.metrics_pushgateway = "pushgateway:9091"; }, "http://");
+}
+
+// The bundled cpp-httplib has no TLS (the wheel links no libssl): https:// is refused up
+// front, with the reason, instead of a failed push at close.
+TEST(Config, HttpsPushgatewayIsRefusedWithoutTls) {
+  expect_rejected([](Config& c) { c.metrics_pushgateway = "https://pushgateway:9091"; },
+                  "without TLS");
+  Config c = valid();
+  c.metrics_pushgateway = "http://pushgateway:9091";
+  EXPECT_NO_THROW(c.validate());
 }
 
 TEST(Config, DeviceActivityOptionsAreChecked) {
