@@ -6,10 +6,14 @@
 
 namespace steptrace::detail {
 
+std::int64_t wall_iteration_ns(const StepRecord& r) noexcept {
+  return r.data_ns + r.between.other_ns + r.host_ns - r.between.inside_step_ns;
+}
+
 WorkRates work_rates(const StepRecord& r) noexcept {
   WorkRates w;
   const WorkCount& c = r.work;
-  const std::int64_t ns = iteration_ns(r);
+  const std::int64_t ns = wall_iteration_ns(r);
   if (ns <= 0) return w;
   const double s = static_cast<double>(ns) * 1e-9;
   if (c.samples >= 0) w.samples_per_s = c.samples / s;
@@ -59,7 +63,7 @@ PeakChoice choose_peak(double peak_tflops_option, std::string_view dtype,
 void WorkTotals::add(const StepRecord& r) noexcept {
   const WorkCount& c = r.work;
   if (!c.any()) return;
-  const std::int64_t ns = iteration_ns(r);
+  const std::int64_t ns = wall_iteration_ns(r);
   if (ns <= 0) return;
   if (c.samples >= 0) {
     samples += c.samples;

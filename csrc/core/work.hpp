@@ -11,9 +11,17 @@
 
 namespace steptrace::detail {
 
-/// What a step's work comes to per second of its training iteration (iteration_ns: the
-/// loader's wait, the other host work before it and the step; evaluation and checkpoint
-/// intervals left out). NaN where the figure it needs is unknown.
+/// The wall-clock time of a step's training iteration on the host: the loader's wait, the
+/// other host work before it and the step's host time, less the intervals inside it
+/// (evaluation and checkpoint intervals between steps are not part of it). On the CUDA
+/// clock the host runs ahead and waits for the device somewhere in the loop (at the
+/// latest when max_inflight_steps are pending), so over steps this is the device's pace;
+/// step_ns there is the device's time of the step alone, and adding it to the host's gap
+/// would count the same time twice.
+std::int64_t wall_iteration_ns(const StepRecord& r) noexcept;
+
+/// What a step's work comes to per second of its wall_iteration_ns. NaN where the figure
+/// it needs is unknown.
 struct WorkRates {
   static constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
   double samples_per_s = kUnknown;

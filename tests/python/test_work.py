@@ -38,7 +38,8 @@ def gpt_analytic_flops(model: GPT, batch: int, seq: int) -> float:
 
 
 def iteration_s(step: dict) -> float:
-    return (step["data_ms"] + step.get("other_ms", 0) + step["step_ms"] - step.get("interval_in_step_ms", 0)) / 1e3
+    """The wall-clock iteration the rates are per second of (docs/useful-work.md)."""
+    return (step["data_ms"] + step.get("other_ms", 0) + step["host_ms"] - step.get("interval_in_step_ms", 0)) / 1e3
 
 
 def assert_mfu_is_flops_over_time_over_peak(step: dict, peak_tflops: float) -> None:
