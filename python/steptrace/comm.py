@@ -376,14 +376,16 @@ class CollectiveTiming:
             self.polled += 1
         item = self._poller.add(token, work, host_blocked, size)
         captured = getattr(self._hook_calls, "items", None)
-        if captured is not None:
+        if captured is not None and host_blocked:  # NCCL-like work ends on the device, later
             captured.append(item)
 
     def run_hook(self, hook: Callable[..., Any], state: Any, bucket: Any) -> Any:
         """The program's comm hook, behind the dispatcher. Its collectives are timed where
-        they go through torch.distributed; where one is still outstanding when the hook
-        returns, DDP gets a future that completes after that collective has ended, so that
-        it ends in the step that launched it."""
+        they go through torch.distributed; where one whose future is its completion (gloo)
+        is still outstanding when the hook returns, DDP gets a future that completes after
+        that collective has ended, so that it ends in the step that launched it. (A
+        collective whose future completed at launch (NCCL) is left to the poller: DDP does
+        not wait for its work on the host.)"""
         import torch
 
         calls = self._hook_calls
