@@ -112,7 +112,8 @@ DDP_SCRIPT = """
     import json, os
     from steptrace import flight_recorder
     snap = flight_recorder.snapshot()  # the recorder that steptrace run turned on
-    print("FR", os.environ.get("TORCH_FR_BUFFER_SIZE"), json.dumps(flight_recorder.compact(snap)), flush=True)
+    # one write() per line: the two ranks share the pipe, and print()'s pieces interleave
+    os.write(1, f"FR {os.environ.get('TORCH_FR_BUFFER_SIZE')} {json.dumps(flight_recorder.compact(snap))}\\n".encode())
     dist.destroy_process_group()
 """
 
