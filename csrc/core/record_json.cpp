@@ -76,19 +76,26 @@ void append_comm(fmt::memory_buffer& out, const StepRecord& r, const PhaseNames&
   out.push_back('}');
 }
 
+// `"key":value` after `sep` (then sep becomes ","), for a known figure of work: a count or
+// rate is never negative, and an unknown one (NaN, < 0) is left out.
+void append_work_field(fmt::memory_buffer& out, const char*& sep, const char* key, double v,
+                       const char* spec) {
+  if (!std::isfinite(v) || v < 0) return;
+  auto it = std::back_inserter(out);
+  fmt::format_to(it, "{}\"{}\":", sep, key);
+  fmt::format_to(it, fmt::runtime(spec), v);
+  sep = ",";
+}
+
 // The step's useful work and what it comes to per second (work.hpp); unknown figures are
 // left out.
 void append_work(fmt::memory_buffer& out, const StepRecord& r) {
-  auto it = std::back_inserter(out);
   const WorkCount& c = r.work;
   const WorkRates w = work_rates(r);
   out.append(std::string_view(",\"work\":{"));
   const char* sep = "";
   auto field = [&](const char* key, double v, const char* spec) {
-    if (!std::isfinite(v) || v < 0) return;
-    fmt::format_to(it, "{}\"{}\":", sep, key);
-    fmt::format_to(it, fmt::runtime(spec), v);
-    sep = ",";
+    append_work_field(out, sep, key, v, spec);
   };
   field("samples", c.samples, "{:.15g}");
   field("tokens", c.tokens, "{:.15g}");
@@ -361,10 +368,7 @@ void append_run_work_json(fmt::memory_buffer& out, const RunEnd& end, const Work
   out.append(std::string_view("\"work\":{"));
   const char* sep = "";
   auto field = [&](const char* key, double v, const char* spec) {
-    if (!std::isfinite(v)) return;
-    fmt::format_to(it, "{}\"{}\":", sep, key);
-    fmt::format_to(it, fmt::runtime(spec), v);
-    sep = ",";
+    append_work_field(out, sep, key, v, spec);
   };
   auto per_s = [](double v, std::int64_t ns) {
     return ns > 0 ? v / (static_cast<double>(ns) * 1e-9) : WorkRates::kUnknown;
