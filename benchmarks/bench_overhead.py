@@ -570,6 +570,118 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
     return results
 
 
+def _paired_arms(prof: Profiler, work: Callable[[], None], phases: int) -> List[tuple]:
+    """(name, one timed step) for each arm of the paired comparison; the first is bare."""
+    calls = [work] + [_nothing] * (phases - 1) if phases else [work]
+    named = list(zip(PHASES[:phases], calls)) if phases else [("step", work)]
+    step, phase = prof.step, prof.phase
+    perf_counter, record_function = time.perf_counter, torch.profiler.record_function
+    kept: List[Dict[str, float]] = []
+
+    def bare() -> tuple:
+        c0, t0 = thread_ns(), pc()
+        for call in calls:
+            call()
+        return pc() - t0, thread_ns() - c0
+
+    def steptrace_step() -> tuple:
+        c0, t0 = thread_ns(), pc()
+        if phases:
+            with step():
+                for name, call in named:
+                    with phase(name):
+                        call()
+        else:
+            with step():
+                work()
+        return pc() - t0, thread_ns() - c0
+
+    def hand_timers() -> tuple:  # perf_counter pairs into a dict per step, kept in a list
+        c0, t0 = thread_ns(), pc()
+        step_start = perf_counter()
+        d: Dict[str, float] = {}
+        for name, call in named:
+            s = perf_counter()
+            call()
+            d[name] = perf_counter() - s
+        d["step"] = perf_counter() - step_start
+        kept.append(d)
+        if len(kept) >= 4096:
+            kept.clear()
+        return pc() - t0, thread_ns() - c0
+
+    def record_functions() -> tuple:  # torch.profiler.record_function, no profiler active
+        c0, t0 = thread_ns(), pc()
+        with record_function("step"):
+            for name, call in named:
+                with record_function(name):
+                    call()
+        return pc() - t0, thread_ns() - c0
+
+    return [("bare", bare), ("steptrace, default options", steptrace_step),
+            ("hand-written perf_counter timers", hand_timers),
+            ("torch record_function, no profiler", record_functions)]
+
+
+def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple],
+                    aa: bool, opts: Optional[Dict[str, object]] = None) -> List[Dict[str, object]]:
+    """For each workload (name, step callable, phases): `rounds` rounds of adjacent steps,
+    one of each arm (bare; steptrace with its phases, default options; hand-written
+    perf_counter timers; torch's record_function with no profiler active; with `aa` a second
+    bare step), in a random order within each round, every step timed on its own; each arm's
+    overhead is the mean of its differences from the round's bare step. Adjacent steps share
+    the machine's state (frequency, caches, neighbours), so the slow drifts that widen the
+    block comparison cancel. What it cannot see: cache misses an instrumented step leaves
+    for the step after it are spread over the arms (the order is random), so part of such
+    an indirect cost is hidden; the block comparison has none of that bias. One profiler
+    stays open throughout, so the other arms' steps are time between its steps."""
+    rng = random.Random(seed)
+    results = []
+    for wname, work, phases in workloads:
+        prof = Profiler(log_dir / wname.split(" ")[0], overwrite=True, **(opts or {}))
+        arms = _paired_arms(prof, work, phases)
+        if aa:
+            arms.append(("bare again (A/A)", arms[0][1]))
+        for _ in range(300):  # past the detectors' warmup and baseline, and the heap's dense reads
+            for _, run in arms:
+                run()
+        wall: List[List[float]] = [[] for _ in arms]
+        cpu: List[List[float]] = [[] for _ in arms]
+        order = list(range(len(arms)))
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(rounds):
+                rng.shuffle(order)
+                for i in order:
+                    w, c = arms[i][1]()
+                    wall[i].append(w)
+                    cpu[i].append(c)
+        finally:
+            gc.enable()
+        prof.close()
+        row: Dict[str, object] = {"workload": wname, "rounds": rounds, "bare_us": statistics.median(wall[0]) / 1e3,
+                                  "variants": [], "alerts": _alert_count(prof.log_path)}
+        for i in range(1, len(arms)):
+            for label, series in (("wall", wall), ("thread CPU", cpu)):
+                d = [b - a for a, b in zip(series[0], series[i])]
+                row["variants"].append({"name": f"{arms[i][0]}, {label}", "mean": mean_ci(d),
+                                        "median": statistics.median(d)})
+        results.append(row)
+    return results
+
+
+def print_paired(rows: List[Dict[str, object]]) -> None:
+    for row in rows:
+        print(f"\n== {row['workload']}: {row['rounds']} rounds of adjacent steps, one per arm, random order; "
+              f"bare step {row['bare_us']:.1f} us wall (median) ==")
+        print(f"{'overhead per step against bare, us':48s} {'mean':>8s} {'95% CI (t)':>18s} {'median':>8s}")
+        for v in row["variants"]:
+            m, lo, hi = (x / 1e3 for x in v["mean"])
+            print(f"{v['name']:48s} {m:+8.2f} {lo:+8.2f}..{hi:+8.2f} {v['median'] / 1e3:+8.2f}")
+        print(f"alerts in the log: {row['alerts']}")
+
+
 def _alert_count(log_path: str) -> int:
     import json
 
@@ -915,6 +1027,8 @@ def main() -> int:
                         "the overhead comparison (issue 30; default 40, --quick 10)")
     parser.add_argument("--block-steps", type=int, default=300, help="steps per block (empty steps: 10x)")
     parser.add_argument("--block-seed", type=int, default=30, help="seed of the blocks' shuffled order")
+    parser.add_argument("--pairs", type=int, default=10000, help="rounds of adjacent steps (bare, steptrace, "
+                        "hand-written timers, record_function) after the blocks (the 5 ms step: a tenth; 0: none)")
     parser.add_argument("--blocks-only", action="store_true", help="only the interleaved overhead comparison")
     parser.add_argument("--no-blocks", action="store_true", help="skip the interleaved overhead comparison")
     parser.add_argument("--aa", action="store_true", help="a second bare variant in the blocks (an A/A "
@@ -942,17 +1056,23 @@ def main() -> int:
             variants = BLOCK_VARIANTS + ([("bare again (A/A)", None)] if args.aa else [])
             print(f"\n== overhead per step, default options against bare (issue 30: <= 5 us on the 0.5 ms "
                   f"step, <= 2 us empty) ==")
-            rows = interleaved_overhead(tmp / "blocks", blocks, bs, args.block_seed, [
+            rows = [] if blocks == 0 else interleaved_overhead(tmp / "blocks", blocks, bs, args.block_seed, [
                 ("MLP 64->256->10, batch 64 (the 0.5 ms step), 5 phases", _mlp_step(64, 256, 10, 64), 5),
             ], variants)
-            rows += interleaved_overhead(tmp / "blocks-5ms", blocks, max(30, bs // 10), args.block_seed, [
+            rows += [] if blocks == 0 else interleaved_overhead(tmp / "blocks-5ms", blocks, max(30, bs // 10), args.block_seed, [
                 ("MLP 256->1536->10, batch 128 (the ~5 ms step), 5 phases", _mlp_step(256, 1536, 10, 128), 5),
             ], variants)
-            rows += interleaved_overhead(tmp / "blocks-empty", blocks, 10 * bs, args.block_seed, [
+            rows += [] if blocks == 0 else interleaved_overhead(tmp / "blocks-empty", blocks, 10 * bs, args.block_seed, [
                 ("empty step, 5 empty phases", _nothing, 5),
                 ("empty step, no phase", _nothing, 0),
             ], variants)
             print_interleaved(rows)
+            if args.pairs:
+                print_paired(paired_overhead(tmp / "pairs", args.pairs, args.block_seed, [
+                    ("MLP 64->256->10, batch 64 (the 0.5 ms step), 5 phases", _mlp_step(64, 256, 10, 64), 5),
+                ], args.aa) + paired_overhead(tmp / "pairs-5ms", max(200, args.pairs // 10), args.block_seed, [
+                    ("MLP 256->1536->10, batch 128 (the ~5 ms step), 5 phases", _mlp_step(256, 1536, 10, 128), 5),
+                ], args.aa))
             if args.blocks_only:
                 return 0
         full: Optional[float] = None  # ns per step with every CPU feature, from the micro-benchmarks
