@@ -44,7 +44,9 @@ double median_of(std::vector<double> v) {
 // ---- step_regression / stall ----
 
 namespace {
-constexpr int kMaxRegressionSteps = 10;
+// A run of this many slow steps is long enough whatever its time (a sub-millisecond loop
+// would otherwise need thousands); slow steps held out of the window are bounded by it too.
+constexpr int kMaxRegressionSteps = 1000;
 constexpr double kMadToSigma = 1.4826;  // MAD -> standard deviation, normal distribution
 
 double quantile_of(std::vector<double>& v, double q) {  // reorders v
@@ -63,7 +65,8 @@ SlowStepDetector::SlowStepDetector(const Config& config, const PhaseNames& names
       data_(static_cast<std::size_t>(config.window)),
       other_(static_cast<std::size_t>(config.window)) {
   scratch_.reserve(static_cast<std::size_t>(config.window));
-  held_.reserve(static_cast<std::size_t>(config.window));
+  held_.reserve(static_cast<std::size_t>(
+      std::max({config.window, config.regression_min_steps, kMaxRegressionSteps})));
 }
 
 SlowStepDetector::Grew SlowStepDetector::grew_most(const StepRecord& r, double data_ms,
@@ -104,11 +107,11 @@ SlowStepDetector::Noise SlowStepDetector::window_noise() {
   return n;
 }
 
-int SlowStepDetector::regression_steps(double median_ms) const {
-  const int cap = std::max(config_.regression_min_steps, kMaxRegressionSteps);
-  const double by_time = median_ms > 0 ? std::ceil(config_.regression_min_ms / median_ms) : cap;
-  return static_cast<int>(std::clamp(by_time, static_cast<double>(config_.regression_min_steps),
-                                     static_cast<double>(cap)));
+// A run of slow steps is long enough for an alert once it has regression_min_steps steps
+// and regression_min_ms of their own (wall) time, or kMaxRegressionSteps steps.
+bool SlowStepDetector::long_enough(int steps, double ms) const {
+  if (steps < config_.regression_min_steps) return false;
+  return ms >= config_.regression_min_ms || steps >= kMaxRegressionSteps;
 }
 
 AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double iteration_ms,
@@ -158,7 +161,9 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
                {"phase_ms", grew.ms},
                {"phase_median_ms", grew.median_ms},
                {"window_steps", iteration_.size()},
-               {"slow_steps_needed", stall ? 1 : regression_steps(median)},
+               {"slow_steps_needed", stall ? 1 : slow_streak_},
+               {"slow_ms", stall ? iteration_ms : slow_streak_ms_},
+               {"slow_ms_needed", stall ? 0.0 : config_.regression_min_ms},
                {"slow_since_step", stall && level_ == 0 ? r.step : streak_start_},
                {"comm_blocked_ms",
                 r.comm.count > 0 ? nlohmann::ordered_json(blocked_ms) : nlohmann::ordered_json()}};
@@ -213,22 +218,28 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     // It alerts where the step would have (a stall, or a regression's run of slow steps).
     if (slow && host_wait_in_iteration(r).total_ms >= kContentionShare * excess) {
       ++contention_streak_;
-      const bool alert = stall || contention_streak_ >= regression_steps(median);
+      contention_streak_ms_ += iteration_ms;
+      const bool alert = stall || long_enough(contention_streak_, contention_streak_ms_);
       slow = stall = false;
       contended = true;
       contention(r, iteration_ms, median, alert, out);
     } else {
       contention_streak_ = 0;
+      contention_streak_ms_ = 0;
       if (contention_active_ && r.step - contention_last_ > config_.window) {
         out.push_back(contention_end(r.step));
       }
     }
     if (slow) {
-      if (slow_streak_++ == 0) streak_start_ = r.step;
+      if (slow_streak_++ == 0) {
+        streak_start_ = r.step;
+        slow_streak_ms_ = 0;
+      }
+      slow_streak_ms_ += iteration_ms;
     } else {
       slow_streak_ = 0;
     }
-    const int level = stall ? 2 : slow && slow_streak_ >= regression_steps(median) ? 1 : 0;
+    const int level = stall ? 2 : slow && long_enough(slow_streak_, slow_streak_ms_) ? 1 : 0;
     if (level > level_) {  // a new episode, or a regression that became a stall
       out.push_back(slow_alert(r, level, iteration_ms, median, grew, noise));
       if (level_ == 0) {
@@ -248,12 +259,16 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   }
 
   // The window: slow steps (contended ones too) are held outside it while their streak may
-  // become an episode and while the episode is open (at most a window of them: a lasting
-  // slowdown becomes the new normal), so a slow stretch does not raise its own baseline or
-  // noise; they join it when the streak or the episode ends, so the window still samples
-  // every step.
+  // become an episode (up to kMaxRegressionSteps) and while the episode is open (up to a
+  // window of them: a lasting slowdown becomes the new normal), so a slow stretch does not
+  // raise its own baseline or noise; they join it when the streak or the episode ends, so
+  // the window still samples every step. The parts' windows (data, other, phases) skip the
+  // held steps, so a slow phase stays slow against its own median while the streak runs.
   const bool hold = slow || contended;
-  if (hold && held_.size() < static_cast<std::size_t>(config_.window)) {
+  const auto hold_limit = static_cast<std::size_t>(
+      level_ > 0 ? config_.window : std::max(config_.window, kMaxRegressionSteps));
+  const bool held = hold && held_.size() < hold_limit;
+  if (held) {
     held_.push_back(iteration_ms);
   } else {
     iteration_.push(iteration_ms);
@@ -262,6 +277,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     for (double v : held_) iteration_.push(v);
     held_.clear();
   }
+  if (held) return;
   data_.push(data_ms);
   other_.push(other_ms);
   // Every phase seen so far gets a value each step (0 when it did not run).

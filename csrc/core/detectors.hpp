@@ -75,7 +75,7 @@ class SlowStepDetector {
     double runq_ms = 0;
   };
   static HostWait host_wait_in_iteration(const StepRecord& r);
-  int regression_steps(double median_ms) const;
+  bool long_enough(int steps, double ms) const;
   AlertEvent slow_alert(const StepRecord& r, int level, double iteration_ms, double median,
                         const Grew& grew, const Noise& noise) const;
   AlertEvent episode_end(std::int64_t step, const char* why) const;
@@ -93,13 +93,15 @@ class SlowStepDetector {
   std::int64_t episode_start_ = 0;
   std::int64_t episode_slow_steps_ = 0;
   std::int64_t last_step_ = 0;
-  int slow_streak_ = 0;  // consecutive slow steps
+  int slow_streak_ = 0;        // consecutive slow steps
+  double slow_streak_ms_ = 0;  // their iteration time
   std::int64_t streak_start_ = 0;
   bool contention_active_ = false;  // a host_contention episode is open
   std::int64_t contention_start_ = 0;
   std::int64_t contention_last_ = 0;
   std::int64_t contention_steps_ = 0;
-  int contention_streak_ = 0;  // consecutive slow steps that waited for a CPU
+  int contention_streak_ = 0;        // consecutive slow steps that waited for a CPU
+  double contention_streak_ms_ = 0;  // their iteration time
 };
 
 /// memory_growth: after warmup, memory (torch allocated bytes, else the C heap's in-use

@@ -460,8 +460,8 @@ TEST(Profiler, RegressionAlertFollowsItsStepAndIsCounted) {
     f.clock->advance(backward_ms * kMs);
   };
   for (int i = 0; i < 30; ++i) run_step(10);
-  // 10 ms steps: a regression lasts regression_min_ms (200 ms), capped at 10 steps
-  for (int i = 0; i < 10; ++i) run_step(30);  // steps 30..39: 3x
+  // a regression's slow steps last regression_min_ms (1,000 ms) in all: 34 of 30 ms
+  for (int i = 0; i < 40; ++i) run_step(30);  // steps 30..69: 3x
   run_step(10);
   const auto records = f.close_and_read();
   std::size_t alert_at = 0;
@@ -471,22 +471,22 @@ TEST(Profiler, RegressionAlertFollowsItsStepAndIsCounted) {
   ASSERT_GT(alert_at, 0u);
   const auto& alert = records[alert_at];
   EXPECT_EQ(alert["type"], "step_regression");
-  EXPECT_EQ(alert["step"], 39);
+  EXPECT_EQ(alert["step"], 63);
   EXPECT_EQ(alert["phase"], "backward");
   EXPECT_EQ(records[alert_at - 1]["kind"], "step");  // written right after its step
-  EXPECT_EQ(records[alert_at - 1]["step"], 39);
+  EXPECT_EQ(records[alert_at - 1]["step"], 63);
   // stamped with its step's end, on the run's clock: never after run_end
-  const auto& step39 = records[alert_at - 1];
+  const auto& step63 = records[alert_at - 1];
   EXPECT_EQ(alert["unix_ns"].get<std::int64_t>(),
-            step39["start_unix_ns"].get<std::int64_t>() + 30 * kMs);
+            step63["start_unix_ns"].get<std::int64_t>() + 30 * kMs);
   EXPECT_LE(alert["unix_ns"].get<std::int64_t>(),
             records.back()["end_unix_ns"].get<std::int64_t>());
   const auto resolved = of_kind(records, "resolved");
   ASSERT_EQ(resolved.size(), 1u);
   EXPECT_EQ(resolved[0]["first_step"], 30);
-  EXPECT_EQ(resolved[0]["repeats"], 9);
+  EXPECT_EQ(resolved[0]["repeats"], 39);
   EXPECT_EQ(records.back()["alerts"]["step_regression"], 1);
-  EXPECT_EQ(records.back()["alert_repeats"]["step_regression"], 9);
+  EXPECT_EQ(records.back()["alert_repeats"]["step_regression"], 39);
   EXPECT_EQ(callbacks.load(), 1);
 }
 

@@ -94,20 +94,21 @@ def test_clean_run_raises_no_alert(tmp_path):
 
 
 def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
-    slow = range(200, 220)
+    slow = range(200, 240)
     with steptrace.Profiler(tmp_path) as prof:
-        # 8x slower data for 20 steps: 35 ms more per step, well above the noise of a
+        # 8x slower data for 40 steps: 35 ms more per step, well above the noise of a
         # sleep-paced loop on a loaded host, and below the stall floor (50 ms more)
         run(prof, Loader(300, lambda i: 0.040 if i in slow else 0.005))
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     alert = regressions[0]
-    assert 200 <= alert["step"] <= 212  # 10 slow steps in a row on a ~6 ms loop
+    # slow steps of 40+ ms in a row for regression_min_ms (1 s): at most 25
+    assert 200 <= alert["step"] <= 225 and alert["details"]["slow_ms"] >= 1000
     assert alert["phase"] == "data"
     assert alert["value"] > 1.5 * alert["baseline"]
     assert "DataLoader workers" in alert["message"]
     resolved = [r for r in alerts_in(tmp_path, "resolved") if r["type"] == "step_regression"]
-    assert len(resolved) == 1 and 219 <= resolved[0]["step"] <= 225
+    assert len(resolved) == 1 and 239 <= resolved[0]["step"] <= 245
 
 
 def test_slower_backward_is_named(tmp_path):
@@ -116,15 +117,15 @@ def test_slower_backward_is_named(tmp_path):
     net[2].register_full_backward_hook(lambda *args: time.sleep(state["delay"]))
 
     def loader_delay(i):
-        state["delay"] = 0.034 if 100 <= i < 120 else 0.004  # backward 8x slower: +30 ms
+        state["delay"] = 0.034 if 100 <= i < 135 else 0.004  # backward 8x slower: +30 ms
         return 0.001
 
     with steptrace.Profiler(tmp_path) as prof:
-        run(prof, Loader(150, loader_delay), net=net)
+        run(prof, Loader(170, loader_delay), net=net)
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     assert regressions[0]["phase"] == "backward"
-    assert 100 <= regressions[0]["step"] <= 112
+    assert 100 <= regressions[0]["step"] <= 128  # a second of ~40 ms steps: at most 26
 
 
 def test_six_times_slower_step_is_a_stall(tmp_path):
@@ -333,4 +334,5 @@ def test_with_constant_flops_per_step_an_mfu_drop_is_a_step_regression():
     assert mfu[149] == pytest.approx(20.0) and mfu[150] == pytest.approx(10.0)
     alerts = [a for a in steptrace.detect(recs) if a["kind"] == "alert"]
     assert [a["type"] for a in alerts] == ["step_regression"]
-    assert 150 <= alerts[0]["step"] <= 160 and alerts[0]["phase"] in ("forward", "backward")
+    # 20 ms steps in a row for regression_min_ms (1 s): the 50th
+    assert alerts[0]["step"] == 199 and alerts[0]["phase"] in ("forward", "backward")

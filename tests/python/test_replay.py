@@ -53,29 +53,34 @@ def test_a_one_second_step_in_a_180_ms_loop_is_a_stall_with_its_thresholds():
 
 
 def test_a_slow_loader_is_one_regression_naming_data_with_its_repeats():
-    data = lambda i: 10.0 if 200 <= i < 215 else 0.0  # +10 ms on a 5 ms loop: 3x for 15 steps
-    out = steptrace.detect(steps([5.0] * 300, data=data))
+    data = lambda i: 10.0 if 200 <= i < 280 else 0.0  # +10 ms on a 5 ms loop: 3x for 80 steps
+    out = steptrace.detect(steps([5.0] * 400, data=data))
     (a,) = alerts(out)
     assert a["type"] == "step_regression" and a["phase"] == "data"
-    assert a["step"] == 209  # K = ceil(200 ms / 5 ms) capped at 10 slow steps in a row
-    assert a["details"]["slow_steps_needed"] == 10 and a["details"]["slow_since_step"] == 200
+    assert a["step"] == 266  # slow steps of 15 ms in a row for regression_min_ms (1 s): 67
+    assert a["details"]["slow_steps_needed"] == 67 and a["details"]["slow_since_step"] == 200
+    assert a["details"]["slow_ms"] == pytest.approx(1005.0) and a["details"]["slow_ms_needed"] == 1000.0
     (r,) = alerts(out, "resolved")
-    assert (r["step"], r["first_step"], r["repeats"]) == (215, 200, 14)
+    assert (r["step"], r["first_step"], r["repeats"]) == (280, 200, 79)
 
 
 def test_tuning_the_floor_on_a_recorded_run():
-    data = lambda i: 3.0 if 200 <= i < 215 else 0.0  # +3 ms on 5 ms: 1.6x, above the 2 ms floor
-    recs = steps([5.0] * 300, data=data)
+    data = lambda i: 3.0 if 200 <= i < 340 else 0.0  # +3 ms on 5 ms: 1.6x, above the 2 ms floor
+    recs = steps([5.0] * 450, data=data)  # 140 slow steps of 8 ms: 1.12 s
     assert [a["type"] for a in alerts(steptrace.detect(recs))] == ["step_regression"]
     assert steptrace.detect(recs, min_excess_ms=5.0) == []  # a floor above the excess
-    assert steptrace.detect(recs, regression_min_steps=20) == []  # 20 slow steps in a row
+    assert steptrace.detect(recs, regression_min_ms=2000.0) == []  # 2 s of slow steps in a row
+    # the old rule (200 ms, at most 10 steps) would have called 25 such steps a regression
+    short = steps([5.0] * 300, data=lambda i: 3.0 if 200 <= i < 225 else 0.0)
+    assert steptrace.detect(short) == []
+    assert [a["type"] for a in alerts(steptrace.detect(short, regression_min_ms=150.0))] == ["step_regression"]
 
 
 def test_an_episode_still_open_at_the_end_is_resolved_with_its_count():
-    out = steptrace.detect(steps([5.0] * 100 + [15.0] * 20))
-    assert [a["step"] for a in alerts(out)] == [109]
+    out = steptrace.detect(steps([5.0] * 100 + [15.0] * 80))
+    assert [a["step"] for a in alerts(out)] == [166]
     (r,) = alerts(out, "resolved")
-    assert (r["step"], r["first_step"], r["repeats"]) == (119, 100, 19)
+    assert (r["step"], r["first_step"], r["repeats"]) == (179, 100, 79)
     assert "run ended" in r["message"]
 
 
@@ -130,11 +135,11 @@ def test_a_compute_loop_sharing_its_core_with_a_hog_raises_nothing():
 
 
 def test_steps_slowed_by_hypervisor_steal_replay_as_host_contention():
-    # a 12 ms loop whose steps take 20 ms for 20 steps, 5 ms of each stolen by the VM's host:
+    # a 12 ms loop whose steps take 20 ms for 60 steps, 5 ms of each stolen by the VM's host:
     # the live verdict (host_contention) comes back from the records' host figures alone
-    recs = steps([12.0] * 60 + [20.0] * 20 + [12.0] * 20)
+    recs = steps([12.0] * 60 + [20.0] * 60 + [12.0] * 20)
     for r in recs:
-        stolen = 5.0 if 60 <= r["step"] < 80 else 0.0
+        stolen = 5.0 if 60 <= r["step"] < 120 else 0.0
         r["host"] = {"runq_ms": 0.0, "runq_span_ms": r["step_ms"], "on_cpu_ms": r["step_ms"] - stolen,
                      "steal_ms": stolen}
     out = alerts(steptrace.detect(recs))
