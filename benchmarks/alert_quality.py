@@ -49,10 +49,12 @@ the real-shaped loops about 4.5 (2 cores, load average about 3).
 multiples of the median iteration (and backward) time the run itself measured over the
 steps before the fault, so they stay in proportion under the hog:
 
-* slow loader: the loader sleeps 2x the median iteration for 15 steps (a 3x iteration)
-  -> ``step_regression`` naming ``data``;
-* slow backward: a full backward hook sleeps the median backward time for 12 steps (a 2x
-  backward) -> ``step_regression`` naming ``backward``;
+* slow loader: the loader sleeps 2x the median iteration for 100 steps (a 3x iteration,
+  about 1.5 s of slow steps) -> ``step_regression`` naming ``data``;
+* slow backward: a full backward hook sleeps the median backward time for 150 steps (a 2x
+  backward, about 1.2 s of slow steps) -> ``step_regression`` naming ``backward``. A
+  regression's slow steps must last ``regression_min_ms`` (1 s) in all, so the slowdowns
+  last longer than that;
 * a 20x step: forward sleeps 19x the median iteration at one step -> ``stall`` naming
   ``forward``;
 * a leak: from step 200 on, forward keeps a 0.5 MB float32 activation per step ->
@@ -219,9 +221,9 @@ class Fault:
 
 
 FAULTS = (
-    Fault("slow loader", "loader sleeps 2x median iteration, steps 200-214", "loader", 15,
+    Fault("slow loader", "loader sleeps 2x median iteration, steps 200-299", "loader", 100,
           lambda b: 2 * b.iteration_s, "step_regression", "data"),
-    Fault("slow backward", "backward hook sleeps median backward, steps 200-211", "backward", 12,
+    Fault("slow backward", "backward hook sleeps median backward, steps 200-349", "backward", 150,
           lambda b: b.backward_s, "step_regression", "backward"),
     Fault("20x step", "forward sleeps 19x median iteration at step 200", "forward", 1,
           lambda b: 19 * b.iteration_s, "stall", "forward"),

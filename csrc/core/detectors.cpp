@@ -234,10 +234,21 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
       if (slow_streak_++ == 0) {
         streak_start_ = r.step;
         slow_streak_ms_ = 0;
+        streak_gaps_ = 0;
       }
       slow_streak_ms_ += iteration_ms;
+      streak_gap_ = 0;
+    } else if (slow_streak_ > 0 && level_ == 0 && ++streak_gap_ <= kStreakGap &&
+               ++streak_gaps_ * kSlowPerGap <= slow_streak_) {
+      // A step within the noise does not end a long slow stretch that may yet be a
+      // regression: a second of slow steps near the floor has a few. At most one per
+      // kSlowPerGap slow steps and kStreakGap in a row, so scattered noisy steps (a
+      // preempted step now and then) never chain into a stretch. It adds nothing to the
+      // stretch's time; an open episode still resolves at the first one.
     } else {
       slow_streak_ = 0;
+      streak_gap_ = 0;
+      streak_gaps_ = 0;
     }
     const int level = stall ? 2 : slow && long_enough(slow_streak_, slow_streak_ms_) ? 1 : 0;
     if (level > level_) {  // a new episode, or a regression that became a stall
@@ -273,7 +284,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   } else {
     iteration_.push(iteration_ms);
   }
-  if (!hold) {
+  if (!hold && slow_streak_ == 0) {
     for (double v : held_) iteration_.push(v);
     held_.clear();
   }

@@ -93,8 +93,12 @@ class SlowStepDetector {
   std::int64_t episode_start_ = 0;
   std::int64_t episode_slow_steps_ = 0;
   std::int64_t last_step_ = 0;
-  int slow_streak_ = 0;        // consecutive slow steps
-  double slow_streak_ms_ = 0;  // their iteration time
+  int slow_streak_ = 0;                   // slow steps of the streak (gaps left out)
+  double slow_streak_ms_ = 0;             // their iteration time
+  int streak_gap_ = 0;                    // steps within the noise since the streak's last slow one
+  static constexpr int kStreakGap = 2;    // a streak survives this many in a row
+  int streak_gaps_ = 0;                   // all of them in the streak
+  static constexpr int kSlowPerGap = 10;  // and one per this many slow steps
   std::int64_t streak_start_ = 0;
   bool contention_active_ = false;  // a host_contention episode is open
   std::int64_t contention_start_ = 0;

@@ -273,6 +273,34 @@ TEST(SlowStepDetector, AQuarterSecondHostSlowdownIsNotARegressionASecondOfItIs) 
   EXPECT_GE(events[0].details["slow_ms"].get<double>(), 1000.0);
 }
 
+// A regression near the floor has a step within the noise now and then; over a second of
+// slow steps that does not start the stretch again (the slow-backward fault of
+// benchmarks/alert_quality.py: 2x backward, the iteration 1.55x, a step in 15 back to normal).
+TEST(SlowStepDetector, AStepWithinTheNoiseNowAndThenDoesNotEndALongSlowStretch) {
+  Timeline t;
+  t.config.regression_min_ms = Config{}.regression_min_ms;
+  SlowStepDetector d(t.config, t.names);
+  Events events;
+  for (int i = 0; i < 100; ++i) d.observe(t.step(i, 1, 5, 4), events);
+  int i = 100;
+  double slow_ms = 0;
+  for (; slow_ms < 990; ++i) {
+    const bool normal = (i - 100) % 15 == 14;
+    d.observe(t.step(i, 1, 5, normal ? 4 : 9.5), events);  // 15.5 ms vs 10 ms
+    if (!normal) slow_ms += 15.5;
+  }
+  EXPECT_TRUE(events.empty());
+  d.observe(t.step(i, 1, 5, 9.5), events);  // a second of slow steps
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, "step_regression");
+  EXPECT_EQ(events[0].phase, "backward");
+  EXPECT_EQ(events[0].details["slow_since_step"], 100);
+  // two normal steps in a row do end it
+  d.observe(t.step(++i, 1, 5, 4), events);  // resolves the episode
+  for (int k = 0; k < 40; ++k) d.observe(t.step(++i, 1, 5, k % 12 < 10 ? 9.5 : 4), events);
+  EXPECT_EQ(events.size(), 2u);  // the resolved one; no new episode from 0.5 s of slow steps
+}
+
 // A slow phase stays slow against its own median for the whole streak (72 steps here, more
 // than half the phase's window): the phases' windows skip the held steps (backward 2x, 40% of the
 // step: 1.4x, under the iteration's own ratio).
