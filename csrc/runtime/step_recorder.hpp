@@ -54,7 +54,7 @@ class StepRecorder {
     HeapSampler* heap = nullptr;
     RecordPipeline* writer = nullptr;
     AlertLog* alerts = nullptr;
-    const Watchdog* watchdog = nullptr;  // its steal total
+    Watchdog* watchdog = nullptr;  // its steal total (refreshed on a possibly slow step)
     ClockMapping start;
   };
 
