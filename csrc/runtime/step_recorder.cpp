@@ -261,7 +261,7 @@ std::int64_t StepRecorder::attribution_level() noexcept {
     const std::int64_t live = source->live_bytes();
     if (live >= 0) return live;
   }
-  if (parts_.heap) return HeapSampler::read();
+  if (parts_.heap) return parts_.heap->read_now();
   return 0;  // no live figure: every phase retains nothing
 }
 
