@@ -11,6 +11,8 @@ namespace steptrace::detail {
 
 void StepRecorder::bind(const Parts& parts) {
   parts_ = parts;
+  slow_ratio_ = parts_.config->regression_threshold;
+  slow_excess_ns_ = parts_.config->min_excess_ms * 1e6;
   source_samples_.resize(parts_.memory_sources->size());
   source_sampled_ns_.assign(parts_.memory_sources->size(), INT64_MIN / 2);
 }
@@ -101,9 +103,8 @@ void StepRecorder::end_step(bool failed) {
   const double excess_ns = static_cast<double>(iteration - iteration_ewma_ns_);
   const bool may_be_slow =
       iteration_ewma_ns_ > 0 &&
-      static_cast<double>(iteration) >
-          parts_.config->regression_threshold * static_cast<double>(iteration_ewma_ns_) &&
-      excess_ns >= parts_.config->min_excess_ms * 1e6;
+      static_cast<double>(iteration) > slow_ratio_ * static_cast<double>(iteration_ewma_ns_) &&
+      excess_ns >= slow_excess_ns_;
   const bool long_iteration =
       may_be_slow || (iteration_ewma_ns_ > 0 && iteration > 2 * iteration_ewma_ns_);
   // one long iteration moves the average a little, a lasting slowdown becomes its level
