@@ -22,8 +22,9 @@ bool HeapSampler::available() noexcept {
 #endif
 }
 
-HeapSampler::HeapSampler(const Config& config)
-    : clock_(make_host_clock()),
+HeapSampler::HeapSampler(const Config& config, std::unique_ptr<Clock> clock, Reading reading)
+    : clock_(clock ? std::move(clock) : make_host_clock()),
+      reading_(std::move(reading)),
       baseline_from_step_(config.warmup_steps),
       dense_until_step_(static_cast<std::int64_t>(config.warmup_steps) + config.min_history),
       suspect_ratio_(1.0 + config.memory_growth_pct / 200.0) {}
@@ -53,7 +54,7 @@ void HeapSampler::sample(std::int64_t step, MemorySample& out) noexcept {
     ramp_ = std::min(2 * ramp_, kMaxStride);
   }
   since_read_ = 0;
-  const std::int64_t bytes = read();
+  const std::int64_t bytes = read_now();
   const std::int64_t done_ns = clock_->now_ns();
   if (bytes < 0) return;
   out.heap_bytes = bytes;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "steptrace/backend.hpp"
@@ -26,13 +27,21 @@ namespace steptrace::detail {
 
 class HeapSampler {
  public:
+  /// A reading of the heap's in-use bytes, -1 where there is none.
+  using Reading = std::function<std::int64_t()>;
+
   /// False where the C library has no mallinfo2.
   static bool available() noexcept;
-  explicit HeapSampler(const Config& config);
+  /// `clock` and `reading` replace the host clock and mallinfo2 (read()) in tests: the
+  /// schedule is a function of the step interval and a reading's cost on that clock.
+  explicit HeapSampler(const Config& config, std::unique_ptr<Clock> clock = nullptr,
+                       Reading reading = nullptr);
 
   /// At the end of step `step`: fills out.heap_bytes when it reads this step.
   void sample(std::int64_t step, MemorySample& out) noexcept;
-  /// In-use bytes now (phase attribution).
+  /// In-use bytes now, from the sampler's reading (phase attribution).
+  std::int64_t read_now() noexcept { return reading_ ? reading_() : read(); }
+  /// In-use bytes now, from mallinfo2; -1 without it.
   static std::int64_t read() noexcept;
 
   int stride() const noexcept { return stride_; }
@@ -43,6 +52,7 @@ class HeapSampler {
   static constexpr int kMaxStride = 1 << 20;
 
   std::unique_ptr<Clock> clock_;
+  Reading reading_;                  // empty: read()
   std::int64_t baseline_from_step_;  // warmup_steps
   std::int64_t dense_until_step_;    // warmup + baseline steps
   double suspect_ratio_;             // 1 + half the tolerance

@@ -11,6 +11,8 @@ namespace steptrace::detail {
 
 void StepRecorder::bind(const Parts& parts) {
   parts_ = parts;
+  slow_ratio_ = parts_.config->regression_threshold;
+  slow_excess_ns_ = parts_.config->min_excess_ms * 1e6;
   source_samples_.resize(parts_.memory_sources->size());
   source_sampled_ns_.assign(parts_.memory_sources->size(), INT64_MIN / 2);
 }
@@ -96,7 +98,15 @@ void StepRecorder::end_step(bool failed) {
   // that a slow step always has the figure that tells contention from the model.
   const std::int64_t iteration =
       last_step_end_ns_ == kUnset ? current_.step_ns : now - last_step_end_ns_;
-  const bool long_iteration = iteration_ewma_ns_ > 0 && iteration > 2 * iteration_ewma_ns_;
+  // An iteration the slow-step rule may call slow (over regression_threshold x the recent
+  // level and min_excess_ms above it).
+  const double excess_ns = static_cast<double>(iteration - iteration_ewma_ns_);
+  const bool may_be_slow =
+      iteration_ewma_ns_ > 0 &&
+      static_cast<double>(iteration) > slow_ratio_ * static_cast<double>(iteration_ewma_ns_) &&
+      excess_ns >= slow_excess_ns_;
+  const bool long_iteration =
+      may_be_slow || (iteration_ewma_ns_ > 0 && iteration > 2 * iteration_ewma_ns_);
   // one long iteration moves the average a little, a lasting slowdown becomes its level
   iteration_ewma_ns_ =
       iteration_ewma_ns_ == 0
@@ -105,17 +115,29 @@ void StepRecorder::end_step(bool failed) {
                 (std::min(iteration, 4 * iteration_ewma_ns_) - iteration_ewma_ns_) / 16;
   if (now - runq_read_ns_ >= kRunQueueInterval || long_iteration) {
     const SchedStat sched = run_queue_.read();
-    const std::int64_t steal = parts_.watchdog->steal_total_ns();
-    if (sched.wait_ns >= 0 && runq_read_ns_ != kUnset) {
+    const bool spanned = sched.wait_ns >= 0 && runq_read_ns_ != kUnset;
+    std::int64_t off_cpu = 0;  // neither on a CPU nor waiting for one: all steal can be
+    if (spanned) {
       current_.runq_ns = std::max<std::int64_t>(0, sched.wait_ns - runq_sched_.wait_ns);
       current_.runq_span_ns = now - runq_read_ns_;
       current_.on_cpu_ns = std::max<std::int64_t>(0, sched.on_cpu_ns - runq_sched_.on_cpu_ns);
-      // what the host took can only be time this thread was off a CPU
-      if (parts_.watchdog->samples_steal()) {
-        const std::int64_t off_cpu = std::max<std::int64_t>(
-            0, current_.runq_span_ns - current_.on_cpu_ns - current_.runq_ns);
-        current_.steal_ns = std::min(off_cpu, std::max<std::int64_t>(0, steal - runq_steal_ns_));
-      }
+      off_cpu =
+          std::max<std::int64_t>(0, current_.runq_span_ns - current_.on_cpu_ns - current_.runq_ns);
+    }
+    // The watchdog reads steal only every 100 ms while it does not move (StealCadence), so
+    // a possibly slow step reads it here, at ~12 us next to its >= 2 ms excess: the first
+    // stolen step after a quiet spell must not go without its figure. Only where a
+    // quarter of the excess was off a CPU: steal is at most that time (stolen time is
+    // left out of the thread's CPU time), and a slow step with less is not the host's
+    // (host_contention needs half the excess); an iteration that ran other work on the
+    // CPU (an evaluation, logging) reads nothing.
+    if (may_be_slow && (!spanned || static_cast<double>(off_cpu) >= 0.25 * excess_ns)) {
+      parts_.watchdog->refresh_steal();
+    }
+    const std::int64_t steal = parts_.watchdog->steal_total_ns();
+    // what the host took can only be time this thread was off a CPU
+    if (spanned && parts_.watchdog->samples_steal()) {
+      current_.steal_ns = std::min(off_cpu, std::max<std::int64_t>(0, steal - runq_steal_ns_));
     }
     runq_sched_ = sched;
     runq_steal_ns_ = steal;
@@ -240,7 +262,7 @@ std::int64_t StepRecorder::attribution_level() noexcept {
     const std::int64_t live = source->live_bytes();
     if (live >= 0) return live;
   }
-  if (parts_.heap) return HeapSampler::read();
+  if (parts_.heap) return parts_.heap->read_now();
   return 0;  // no live figure: every phase retains nothing
 }
 

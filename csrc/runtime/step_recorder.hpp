@@ -54,7 +54,7 @@ class StepRecorder {
     HeapSampler* heap = nullptr;
     RecordPipeline* writer = nullptr;
     AlertLog* alerts = nullptr;
-    const Watchdog* watchdog = nullptr;  // its steal total
+    Watchdog* watchdog = nullptr;  // its steal total (refreshed on a possibly slow step)
     ClockMapping start;
   };
 
@@ -285,6 +285,10 @@ class StepRecorder {
   SchedStat runq_sched_;
   std::int64_t runq_steal_ns_ = 0;
   std::int64_t iteration_ewma_ns_ = 0;  // recent iterations (the gap and the step), smoothed
+  // The slow-step rule's ratio and floor (regression_threshold, min_excess_ms), kept beside
+  // the average: the step end then touches no line of the Config.
+  double slow_ratio_ = 0;
+  double slow_excess_ns_ = 0;
   bool data_ignored_ = false;  // begin_data came inside a step: its end_data is ignored too
   std::atomic<std::int64_t> data_inside_step_{0};  // read by close() on any thread
   bool in_step_ = false;

@@ -54,24 +54,44 @@ void Watchdog::abandon() noexcept {
   if (thread_.joinable()) new std::thread(std::move(thread_));  // NOLINT: leaked
 }
 
+void Watchdog::refresh_steal() noexcept {
+  if (!steal_) return;
+  std::lock_guard<std::mutex> guard(steal_mu_);
+  steal_total_ns_.store(steal_->sample(), std::memory_order_relaxed);
+}
+
 void Watchdog::loop() {
   const Config& config = *context_.config;
   const InflightState& inflight = *context_.inflight;
   HangDetector hang(config);
   IntervalHangDetector interval_hang(config);
   std::unique_lock<std::mutex> lock(mu_);
-  // Steal is sampled every 10 ms (its ticks are 10 ms at USER_HZ 100), hangs every 100.
-  const auto period = std::chrono::milliseconds(steal_ ? 10 : 100);
-  const int wakes_per_check = steal_ ? 10 : 1;
-  for (int wake = 0, last = 0; !last; ++wake) {
-    cv_.wait_for(lock, period, [&] { return stop_; });
+  // Hangs are checked every 100 ms; steal is read at StealCadence's pace (every 10 ms while
+  // it moves, its ticks being 10 ms at USER_HZ 100; every 100 ms while it does not).
+  constexpr int kCheckMs = 100;
+  StealCadence cadence;
+  std::int64_t seen_steal_ns = steal_total_ns();
+  for (int last = 0, since_check_ms = 0; !last;) {
+    const int period_ms = steal_ ? cadence.period_ms() : kCheckMs;
+    cv_.wait_for(lock, std::chrono::milliseconds(period_ms), [&] { return stop_; });
     last = stop_ ? 1 : 0;  // one more check at close: a hang resolved just before it
     lock.unlock();
-    if (steal_) steal_total_ns_.store(steal_->sample(), std::memory_order_relaxed);
-    if (!last && wake % wakes_per_check != 0) {
+    if (steal_) {
+      std::int64_t total = 0;
+      {
+        std::lock_guard<std::mutex> guard(steal_mu_);
+        total = steal_->sample();
+        steal_total_ns_.store(total, std::memory_order_relaxed);
+      }
+      cadence.on_read(total != seen_steal_ns, period_ms);  // a refresh's movement counts too
+      seen_steal_ns = total;
+    }
+    since_check_ms += period_ms;
+    if (!last && since_check_ms < kCheckMs) {
       lock.lock();
       continue;
     }
+    since_check_ms = 0;
     HangDetector::Poll poll;
     poll.step = inflight.step.load(std::memory_order_acquire);
     poll.start_ns = inflight.start_ns.load(std::memory_order_relaxed);

@@ -73,12 +73,16 @@ class Watchdog {
   std::int64_t steal_total_ns() const noexcept {
     return steal_total_ns_.load(std::memory_order_relaxed);
   }
+  // Training thread, at the end of an iteration that may be a slow step: reads steal now
+  // (the watchdog's figure may be up to StealCadence::kQuietMs old). Nothing without steal.
+  void refresh_steal() noexcept;
 
  private:
   void loop();
 
   Context context_;
   std::unique_ptr<StealReader> steal_;           // null: no steal to sample (bare metal)
+  std::mutex steal_mu_;                          // one reader at a time: watchdog, training
   std::atomic<std::int64_t> steal_total_ns_{0};  // the latest StealReader::sample
   std::mutex mu_;
   std::condition_variable cv_;

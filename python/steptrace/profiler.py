@@ -727,9 +727,11 @@ class Profiler:
         (:func:`steptrace.work.batch_work`: its shape only). (The iterator is a C type: no
         Python frame per item beyond that count.)"""
         if self._count_work:
-            from steptrace.work import batch_counter  # noqa: PLC0415
+            from steptrace.work import batch_counter, data_fast_path  # noqa: PLC0415
 
-            return self._core.data(iterable, batch_counter(self._core))
+            # A tensor batch (or a tuple / list led by one) is counted in C; on_item
+            # counts the others (mappings, custom batches) as batch_work does.
+            return self._core.data(iterable, batch_counter(self._core), *data_fast_path())
         return self._core.data(iterable)
 
     # ---- time outside training work ----

@@ -86,6 +86,18 @@ def batch_work(batch: Any) -> tuple[int, int]:
     return -1, -1
 
 
+def data_fast_path() -> tuple[Any, tuple[Any, ...]]:
+    """``(torch.Tensor, integer dtypes)`` for the C loader iterator (``_core.Profiler.data``),
+    which counts a tensor batch, or an exact tuple or list led by one, as :func:`batch_work`
+    would without calling it; ``(None, ())`` before torch is imported (then every batch goes
+    to :func:`batch_counter`)."""
+    types = _torch_types()
+    if types is None:
+        return None, ()
+    tensor, ints = types
+    return tensor, tuple(ints)
+
+
 def batch_counter(core: Any) -> Callable[[Any], None]:
     """``on_item`` for ``prof.data()``: adds each batch's samples and tokens to the step
     the batch is for (the next one begun)."""

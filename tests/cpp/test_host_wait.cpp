@@ -83,5 +83,24 @@ TEST(StealReader, NothingToSampleWithoutASteal) {
   EXPECT_FALSE(StealReader(path + ".missing").available());
 }
 
+TEST(StealCadence, ReadsEvery100msUntilStealMovesThen10msForAQuietSecond) {
+  StealCadence c;
+  EXPECT_EQ(c.period_ms(), 100);  // nothing stolen yet: a tenth of the wake-ups
+  for (int i = 0; i < 50; ++i) c.on_read(false, c.period_ms());
+  EXPECT_EQ(c.period_ms(), 100);
+  c.on_read(true, c.period_ms());  // steal moved: at the steal column's tick
+  EXPECT_EQ(c.period_ms(), 10);
+  for (int ms = 10; ms < 1000; ms += 10) {
+    c.on_read(false, c.period_ms());
+    ASSERT_EQ(c.period_ms(), 10) << "after " << ms << " quiet ms";
+  }
+  c.on_read(true, c.period_ms());  // moved again within the second: the second restarts
+  for (int ms = 10; ms < 1000; ms += 10) c.on_read(false, c.period_ms());
+  EXPECT_EQ(c.period_ms(), 10);
+  c.on_read(false, c.period_ms());  // a whole quiet second: back to 100 ms
+  EXPECT_EQ(c.period_ms(), 100);
+  EXPECT_FALSE(c.active());
+}
+
 }  // namespace
 }  // namespace steptrace::detail

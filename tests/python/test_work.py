@@ -142,6 +142,56 @@ def test_add_work_refuses_a_bad_figure_and_records_nothing(tmp_path, records_of,
     assert "work" not in steps[0]  # checked before anything was added
 
 
+def test_loader_counts_tensor_batches_in_c_as_batch_work_does(tmp_path, records_of):
+    """prof.data()'s C iterator counts a tensor, or an exact tuple or list led by one,
+    itself (issue 30: batch_work's Python frames cost ~6 us a batch with cold caches); the
+    other batches reach on_item. Either way the step's work is batch_work's."""
+    from collections import namedtuple
+
+    from steptrace.work import batch_counter, data_fast_path
+
+    ids = torch.randint(0, 50, (4, 16))
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[:, 12:] = 0
+    pair = namedtuple("pair", "x y")
+    in_c = [
+        torch.randn(8, 3),  # samples only
+        ids,  # token ids (batch, sequence)
+        ids.to(torch.int32), ids.to(torch.uint8),
+        torch.zeros(5, 2, dtype=torch.bool),  # not an integer dtype: no tokens
+        torch.zeros(3, 4, 2, dtype=torch.long),  # 3-d: no tokens
+        torch.zeros(7),  # 1-d
+        torch.nn.Parameter(torch.randn(6, 2)),  # a subclass of Tensor
+        (ids, ids), [torch.randn(2, 3), torch.zeros(2)],  # inputs first
+        (), [],  # empty: nothing
+        torch.tensor(3.0), (torch.tensor(1),),  # 0-d: no batch dimension
+    ]
+    to_python = [
+        {"input_ids": ids, "attention_mask": mask},  # a mapping
+        ({"input_ids": ids},),  # a tuple led by a mapping
+        pair(ids, ids),  # a tuple subclass: batch_work reads no work from it
+        "text", 3, None,  # not tensors
+    ]
+    seen = []
+    with steptrace.Profiler(tmp_path / "run") as prof:
+        count = batch_counter(prof._core)
+
+        def on_item(item):
+            seen.append(item)
+            count(item)
+
+        for _ in prof._core.data(in_c + to_python, on_item, *data_fast_path()):
+            with prof.step():
+                pass
+    assert [id(x) for x in seen] == [id(x) for x in to_python]
+    steps = [r for r in records_of(tmp_path / "run" / "rank0.jsonl") if r["kind"] == "step"]
+    assert len(steps) == len(in_c) + len(to_python)
+    for batch, step in zip(in_c + to_python, steps):
+        samples, tokens = batch_work(batch)
+        work = step.get("work", {})
+        assert (work.get("samples", -1), work.get("tokens", -1)) == (samples, tokens), batch
+
+
 def test_count_work_off_counts_nothing(tmp_path, records_of):
     with steptrace.Profiler(tmp_path / "run", count_work=False) as prof:
         with pytest.raises(steptrace.ConfigError, match="count_work=False"):
