@@ -102,8 +102,9 @@ def test_slow_loader_is_a_regression_naming_data_that_resolves(tmp_path):
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     alert = regressions[0]
-    # slow steps of 40+ ms in a row for regression_min_ms (1 s): at most 25
-    assert 200 <= alert["step"] <= 225 and alert["details"]["slow_ms"] >= 1000
+    # slow steps of 40+ ms in a row for regression_min_ms (1 s): 25 at most, and a step
+    # within the noise now and then (on a loaded host) adds one each
+    assert 200 <= alert["step"] <= 232 and alert["details"]["slow_ms"] >= 1000
     assert alert["phase"] == "data"
     assert alert["value"] > 1.5 * alert["baseline"]
     assert "DataLoader workers" in alert["message"]
@@ -125,7 +126,7 @@ def test_slower_backward_is_named(tmp_path):
     regressions = [a for a in alerts_in(tmp_path) if a["type"] == "step_regression"]
     assert len(regressions) == 1, regressions
     assert regressions[0]["phase"] == "backward"
-    assert 100 <= regressions[0]["step"] <= 128  # a second of ~40 ms steps: at most 26
+    assert 100 <= regressions[0]["step"] <= 133  # a second of ~40 ms steps: 26 (+ noisy ones)
 
 
 def test_six_times_slower_step_is_a_stall(tmp_path):
