@@ -54,10 +54,12 @@ void Watchdog::abandon() noexcept {
   if (thread_.joinable()) new std::thread(std::move(thread_));  // NOLINT: leaked
 }
 
-void Watchdog::refresh_steal() noexcept {
-  if (!steal_) return;
+std::int64_t Watchdog::refresh_steal() noexcept {
+  if (!steal_) return 0;
   std::lock_guard<std::mutex> guard(steal_mu_);
-  steal_total_ns_.store(steal_->sample(), std::memory_order_relaxed);
+  const std::int64_t total = steal_->sample();
+  steal_total_ns_.store(total, std::memory_order_relaxed);
+  return total;
 }
 
 void Watchdog::loop() {
@@ -77,12 +79,7 @@ void Watchdog::loop() {
     last = stop_ ? 1 : 0;  // one more check at close: a hang resolved just before it
     lock.unlock();
     if (steal_) {
-      std::int64_t total = 0;
-      {
-        std::lock_guard<std::mutex> guard(steal_mu_);
-        total = steal_->sample();
-        steal_total_ns_.store(total, std::memory_order_relaxed);
-      }
+      const std::int64_t total = refresh_steal();
       cadence.on_read(total != seen_steal_ns, period_ms);  // a refresh's movement counts too
       seen_steal_ns = total;
     }

@@ -74,8 +74,9 @@ class Watchdog {
     return steal_total_ns_.load(std::memory_order_relaxed);
   }
   // Training thread, at the end of an iteration that may be a slow step: reads steal now
-  // (the watchdog's figure may be up to StealCadence::kQuietMs old). Nothing without steal.
-  void refresh_steal() noexcept;
+  // (the watchdog's figure may be up to StealCadence::kQuietMs old), and the watchdog's own
+  // reads. The new total; 0 without steal.
+  std::int64_t refresh_steal() noexcept;
 
  private:
   void loop();
