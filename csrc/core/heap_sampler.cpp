@@ -23,10 +23,10 @@ bool HeapSampler::available() noexcept {
 }
 
 HeapSampler::HeapSampler(const Config& config, std::unique_ptr<Clock> clock, Reading reading)
-    : clock_(clock ? std::move(clock) : make_host_clock()),
+    : dense_until_step_(static_cast<std::int64_t>(config.warmup_steps) + config.min_history),
+      clock_(clock ? std::move(clock) : make_host_clock()),
       reading_(std::move(reading)),
       baseline_from_step_(config.warmup_steps),
-      dense_until_step_(static_cast<std::int64_t>(config.warmup_steps) + config.min_history),
       suspect_ratio_(1.0 + config.memory_growth_pct / 200.0) {}
 
 std::int64_t HeapSampler::read() noexcept {
@@ -38,24 +38,24 @@ std::int64_t HeapSampler::read() noexcept {
 #endif
 }
 
-void HeapSampler::sample(std::int64_t step, MemorySample& out) noexcept {
+void HeapSampler::read_into(std::int64_t step, MemorySample& out) noexcept {
   // Its own host clock: the profiler's may be a test's fake, and the cost of a read is
-  // compared with the step interval on one clock.
+  // compared with the step interval on one clock. Read only around a reading: the steps
+  // between two readings give the interval.
   const std::int64_t now_ns = clock_->now_ns();
-  if (last_call_ns_ > 0) {
+  if (last_read_step_ >= 0 && step > last_read_step_) {
+    const auto per_step =
+        static_cast<double>(now_ns - last_done_ns_) / static_cast<double>(step - last_read_step_);
     // One long gap (an evaluation, a checkpoint) moves the average a little, not to it.
-    const auto gap = static_cast<double>(now_ns - last_call_ns_);
-    interval_ns_ = smooth(interval_ns_, interval_ns_ > 0 ? std::min(gap, 4 * interval_ns_) : gap);
+    interval_ns_ =
+        smooth(interval_ns_, interval_ns_ > 0 ? std::min(per_step, 4 * interval_ns_) : per_step);
   }
-  last_call_ns_ = now_ns;
-  const bool dense = step < dense_until_step_ || burst_left_ > 0;
-  if (!dense) {
-    if (++since_read_ < std::min(ramp_, stride_)) return;  // no heap figure in this record
-    ramp_ = std::min(2 * ramp_, kMaxStride);
-  }
+  if (step >= dense_until_step_ && burst_left_ == 0) ramp_ = std::min(2 * ramp_, kMaxStride);
   since_read_ = 0;
   const std::int64_t bytes = read_now();
   const std::int64_t done_ns = clock_->now_ns();
+  last_read_step_ = step;
+  last_done_ns_ = done_ns;
   if (bytes < 0) return;
   out.heap_bytes = bytes;
   const auto value = static_cast<double>(bytes);
@@ -64,6 +64,7 @@ void HeapSampler::sample(std::int64_t step, MemorySample& out) noexcept {
     const double k = std::ceil(cost_ns_ / (kBudget * interval_ns_));
     stride_ = static_cast<int>(std::clamp(k, 1.0, static_cast<double>(kMaxStride)));
   }
+  gap_ = std::min(ramp_, stride_);
   if (step < dense_until_step_) {
     if (step >= baseline_from_step_) baseline_ = std::max(baseline_, value);
     return;
@@ -75,6 +76,7 @@ void HeapSampler::sample(std::int64_t step, MemorySample& out) noexcept {
     if (--burst_left_ == 0) {
       baseline_ = std::max(baseline_, burst_peak_);
       ramp_ = 1;  // a leak that goes on crosses the new level soon: look again early
+      gap_ = 1;
     }
     return;
   }

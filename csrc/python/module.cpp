@@ -536,7 +536,41 @@ struct RawDataIterator {
   PyTypeObject* tensor_type;
   std::array<PyObject*, kMaxIntDtypes> int_dtypes;
   std::size_t int_dtype_count;
+  // The getters of tensor_type's `shape` and `dtype` (null: none found), valid while its
+  // attributes keep this version tag: see tensor_attr.
+  const PyGetSetDef* shape_getter;
+  const PyGetSetDef* dtype_getter;
+  unsigned int tensor_version;
 };
+
+// The C getter behind `type.<name>`, or null where it is not a plain getset descriptor.
+const PyGetSetDef* getset_of(PyTypeObject* type, PyObject* name) {
+  PyObject* d = PyObject_GetAttr(reinterpret_cast<PyObject*>(type), name);
+  if (d == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  const PyGetSetDef* get = Py_IS_TYPE(d, &PyGetSetDescr_Type)
+                               ? reinterpret_cast<PyGetSetDescrObject*>(d)->d_getset
+                               : nullptr;
+  Py_DECREF(d);  // the type holds it (in its own or a base's dict)
+  return get != nullptr && get->get != nullptr ? get : nullptr;
+}
+
+// item.<name> for an exact tensor_type: its getter, called straight. That is what the
+// attribute lookup would find (a getset descriptor is a data descriptor: it wins over the
+// instance dict), without the lookup, whose cold cost was ~0.5 us a read (issue 30); the
+// version tag changes when the type's attributes do. Any other object: the lookup.
+PyObject* tensor_attr(const RawDataIterator& it, PyObject* item, const PyGetSetDef* getter,
+                      PyObject* name) {
+  PyTypeObject* t = it.tensor_type;
+  if (getter != nullptr && Py_TYPE(item) == t &&
+      PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
+      t->tp_version_tag == it.tensor_version) {
+    return getter->get(item, getter->closure);
+  }
+  return PyObject_GetAttr(item, name);
+}
 
 int data_iterator_traverse(PyObject* self, visitproc visit, void* arg) {
   auto* it = reinterpret_cast<RawDataIterator*>(self);
@@ -574,7 +608,7 @@ bool tensor_batch_work(const RawDataIterator& it, PyObject* item, double* sample
   }
   if (!PyObject_TypeCheck(batch, it.tensor_type)) return false;
   Py_INCREF(batch);  // a list's item: the attribute reads below may run Python code
-  PyObject* shape = PyObject_GetAttr(batch, g_str_shape);
+  PyObject* shape = tensor_attr(it, batch, it.shape_getter, g_str_shape);
   bool ok = false;
   if (shape != nullptr && PyTuple_Check(shape)) {  // torch.Size is a tuple
     const Py_ssize_t dims = PyTuple_GET_SIZE(shape);
@@ -586,8 +620,9 @@ bool tensor_batch_work(const RawDataIterator& it, PyObject* item, double* sample
       if (ok) *samples = static_cast<double>(rows);
       if (ok && dims == 2) {
         const long long cols = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, 1));
-        PyObject* dtype =
-            cols == -1 && PyErr_Occurred() ? nullptr : PyObject_GetAttr(batch, g_str_dtype);
+        PyObject* dtype = cols == -1 && PyErr_Occurred()
+                              ? nullptr
+                              : tensor_attr(it, batch, it.dtype_getter, g_str_dtype);
         ok = dtype != nullptr;
         // dtypes are singletons: identity is batch_work's set membership
         for (std::size_t i = 0; ok && i < it.int_dtype_count; ++i) {
@@ -709,9 +744,23 @@ py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable, 
   }
   it->tensor_type = nullptr;
   it->int_dtype_count = 0;
+  it->shape_getter = nullptr;
+  it->dtype_getter = nullptr;
+  it->tensor_version = 0;
   if (!tensor_type.is_none()) {
     it->tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.ptr());
     Py_INCREF(tensor_type.ptr());
+    // the lookups assign the type its version tag, where it can have one
+    if (it->tensor_type->tp_getattro == PyObject_GenericGetAttr) {
+      it->shape_getter = getset_of(it->tensor_type, g_str_shape);
+      it->dtype_getter = getset_of(it->tensor_type, g_str_dtype);
+      if (PyType_HasFeature(it->tensor_type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        it->tensor_version = it->tensor_type->tp_version_tag;
+      } else {
+        it->shape_getter = nullptr;
+        it->dtype_getter = nullptr;
+      }
+    }
     for (const py::handle dtype : int_dtypes) {
       it->int_dtypes[it->int_dtype_count++] = dtype.inc_ref().ptr();
     }

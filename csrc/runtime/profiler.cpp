@@ -79,6 +79,7 @@ class ProfilerImpl final : public SignalClosable {
       : config_(std::move(config)), pid_(getpid()), fork_generation_(fork_generation()) {
     config_.validate();
     resolve(config_);
+    host_clock_ = !backends.clock;
     clock_ = backends.clock ? std::move(backends.clock) : make_host_clock();
     stream_source_ = std::move(backends.stream_source);
     device_ = make_device_timing(config_, backends, &device_unavailable_);
@@ -118,7 +119,7 @@ class ProfilerImpl final : public SignalClosable {
     recorder_.bind({&config_, &names_, clock_.get(), stream_source_.get(), device_.get(),
                     activity_.get(), sampler_.get(), telemetry_.get(), detection_.get(),
                     &memory_sources_, heap_ ? &*heap_ : nullptr, writer_.get(), &alerts_,
-                    &watchdog_, start_});
+                    &watchdog_, start_, host_clock_});
     recorder_.set_peak_flops(peak_.flops_per_s);
     if (config_.detect) {
       watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
@@ -518,6 +519,7 @@ class ProfilerImpl final : public SignalClosable {
 
   Config config_;
   std::unique_ptr<Clock> clock_;
+  bool host_clock_ = false;  // clock_ is make_host_clock()'s
   std::vector<std::unique_ptr<MemorySource>> memory_sources_;
   std::optional<HeapSampler> heap_;  // the C heap, when sample_heap
   PhaseNames names_;

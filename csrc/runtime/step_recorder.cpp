@@ -11,6 +11,7 @@ namespace steptrace::detail {
 
 void StepRecorder::bind(const Parts& parts) {
   parts_ = parts;
+  book_.clock = parts.host_clock ? nullptr : parts.clock;
   slow_ratio_ = parts_.config->regression_threshold;
   slow_excess_ns_ = parts_.config->min_excess_ms * 1e6;
   source_samples_.resize(parts_.memory_sources->size());
@@ -28,28 +29,37 @@ void StepRecorder::begin_step() {
       parts_.device->clear_stream();
     }
   }
-  on_device_ = parts_.device && parts_.device->usable();
-  const std::int64_t now = parts_.clock->now_ns();
+  book_.on_device = parts_.device && parts_.device->usable();
+  const std::int64_t now = now_ns();
   current_.step = step_index_++;
   current_.start_unix_ns = unix_ns_at(now);
   if (open_interval_ >= 0) end_open_interval(now);  // a step ends the interval before it
   // The gap since the previous step: the loader's waits (data only when the loader is
   // wrapped), the intervals ended in it, and the rest (other host work).
   current_.data_ns = data_wrapped_ ? data_accum_ns_ : 0;
-  current_.between = pending_;
-  pending_ = BetweenSteps{};
+  if (pending_.listed == 0 && pending_.unlisted == 0) {
+    // Nothing ended since the last step (the usual case): reset the sums, and leave the
+    // list's entries, which nothing reads past `listed`, untouched (two cold lines fewer).
+    current_.between.interval_ns = {};
+    current_.between.inside_step_ns = 0;
+    current_.between.listed = 0;
+    current_.between.unlisted = 0;
+  } else {
+    current_.between = pending_;
+    pending_ = BetweenSteps{};
+  }
   const std::int64_t gap = last_step_end_ns_ == kUnset ? 0 : now - last_step_end_ns_;
   current_.between.other_ns = std::max<std::int64_t>(
       0, gap - current_.data_ns - current_.between.eval_ns() - current_.between.checkpoint_ns());
-  current_.phase_count = 0;
-  current_.memory = MemorySample{};
+  book_.phase_count = 0;
   current_.failed = false;
   current_.phase_memory = parts_.detection && parts_.detection->wants_phase_memory();
+  book_.phase_memory = current_.phase_memory;
   if (current_.phase_memory) current_.memory_at_start = attribution_level();
   ended_phases_ = 0;
   step_start_ns_ = now;
-  in_step_ = true;
-  if (on_device_) parts_.device->begin_step();
+  book_.in_step = true;
+  if (book_.on_device) parts_.device->begin_step();
   current_.activity_begin_ns = -1;  // no kernels for this step
   if (parts_.activity && !activity_yielding_.load(std::memory_order_relaxed)) {
     current_.activity_begin_ns = parts_.activity->now_ns();
@@ -69,27 +79,25 @@ void StepRecorder::begin_step() {
 }
 
 void StepRecorder::end_step(bool failed) {
-  STEPTRACE_CHECK(in_step_, UsageError, "end of a step without its start (no step is running)");
-  const std::int64_t now = parts_.clock->now_ns();
-  for (std::uint16_t i = 0; i < current_.phase_count; ++i) {  // phases left open end here
-    const std::uint16_t id = current_.phase_ids[i];
-    if (phase_start_ns_[id] != kUnset) close_phase(id, now);
-    slot_of_[id] = -1;
+  STEPTRACE_CHECK(book_.in_step, UsageError,
+                  "end of a step without its start (no step is running)");
+  const std::int64_t now = now_ns();
+  const std::uint8_t phases = book_.phase_count;
+  for (std::uint8_t i = 0; i < phases; ++i) {
+    if (book_.start_ns[i] != kUnset) close_phase(i, now);  // phases left open end here
+    book_.slot_of[book_.id_of[i]] = -1;
+    current_.phase_ids[i] = book_.id_of[i];
+    current_.phase_ns[i] = book_.elapsed_ns[i];
+    current_.host_phase_ns[i] = book_.elapsed_ns[i];
   }
+  current_.phase_count = phases;
   current_.step_ns = now - step_start_ns_;
   current_.host_ns = current_.step_ns;
   current_.comm = collectives_.take();
   current_.failed = failed;
   current_.rss_fresh = false;
-  for (std::size_t i = 0; i < parts_.memory_sources->size(); ++i) {
-    if (now - source_sampled_ns_[i] >= (*parts_.memory_sources)[i]->min_interval_ns()) {
-      source_samples_[i] = MemorySample{};
-      (*parts_.memory_sources)[i]->sample(source_samples_[i]);
-      source_sampled_ns_[i] = now;
-      current_.rss_fresh = current_.rss_fresh || source_samples_[i].rss_bytes >= 0;
-    }
-    merge(current_.memory, source_samples_[i]);
-  }
+  if (now >= next_source_read_ns_) read_memory_sources(now);
+  current_.memory = sources_sample_;  // the last figures of each, held between readings
   if (parts_.heap) parts_.heap->sample(current_.step, current_.memory);
   current_.runq_ns = -1;
   current_.on_cpu_ns = -1;
@@ -164,7 +172,7 @@ void StepRecorder::end_step(bool failed) {
     current_.work.add(-1, -1, parts_.config->flops_per_step, WorkSource::kOption);
   }
   current_.work.peak_flops_per_s = peak_flops_per_s_.load(std::memory_order_relaxed);
-  if (on_device_) {
+  if (book_.on_device) {
     parts_.device->end_step(current_, *parts_.writer);  // written once its events have completed
     report_device_failure();
   } else {
@@ -176,8 +184,8 @@ void StepRecorder::end_step(bool failed) {
   last_step_end_ns_ = now;
   data_accum_ns_ = 0;
   data_wrapped_ = false;
-  in_step_ = false;
-  active_depth_ = 0;
+  book_.in_step = false;
+  book_.active_depth = 0;
   inflight_.phase.store(-1, std::memory_order_relaxed);
   inflight_.last_done_ns.store(current_.host_ns, std::memory_order_relaxed);
   inflight_.last_done_step.store(current_.step, std::memory_order_relaxed);
@@ -185,7 +193,7 @@ void StepRecorder::end_step(bool failed) {
 }
 
 void StepRecorder::begin_interval(IntervalKind kind) {
-  const std::int64_t now = parts_.clock->now_ns();
+  const std::int64_t now = now_ns();
   STEPTRACE_CHECK(open_interval_ != static_cast<int>(kind), UsageError,
                   "interval {:?} begun while it is already open; intervals do not nest",
                   interval_name(kind));
@@ -197,12 +205,32 @@ void StepRecorder::begin_interval(IntervalKind kind) {
   }
   open_interval_ = static_cast<int>(kind);
   interval_start_ns_ = now;
-  interval_in_step_ = in_step_;
+  interval_in_step_ = book_.in_step;
   // for the watchdog (interval_hang): everything else before the kind, which publishes
   inflight_.interval_start_ns.store(now, std::memory_order_relaxed);
   inflight_.interval_step.store(step_index_, std::memory_order_relaxed);
   inflight_.interval_seq.fetch_add(1, std::memory_order_relaxed);
   inflight_.interval.store(open_interval_, std::memory_order_release);
+}
+
+// Reads the memory sources whose interval has passed (RSS: 10 ms), and schedules the
+// next read for the earliest of them: the steps in between check one time.
+void StepRecorder::read_memory_sources(std::int64_t now) noexcept {
+  auto& sources = *parts_.memory_sources;
+  std::int64_t next = INT64_MAX;
+  sources_sample_ = MemorySample{};
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const std::int64_t interval = sources[i]->min_interval_ns();
+    if (now - source_sampled_ns_[i] >= interval) {
+      source_samples_[i] = MemorySample{};
+      sources[i]->sample(source_samples_[i]);
+      source_sampled_ns_[i] = now;
+      current_.rss_fresh = current_.rss_fresh || source_samples_[i].rss_bytes >= 0;
+    }
+    next = std::min(next, source_sampled_ns_[i] + interval);
+    merge(sources_sample_, source_samples_[i]);
+  }
+  next_source_read_ns_ = next;
 }
 
 // Ends the open interval at `now`: into the step in progress when it began inside it,
@@ -215,7 +243,7 @@ void StepRecorder::end_open_interval(std::int64_t now) noexcept {
     data_suspended_ = false;
     data_begin_ns_ = now;
   }
-  const bool inside = interval_in_step_ && in_step_;
+  const bool inside = interval_in_step_ && book_.in_step;
   BetweenSteps& into = inside ? current_.between : pending_;
   const std::int64_t duration = now - interval_start_ns_;
   auto& longest = inflight_.longest_interval_ns[static_cast<std::size_t>(kind)];
@@ -249,7 +277,7 @@ void StepRecorder::report_device_failure() {
       "the host clock",
       a.step, parts_.device->failure());
   a.details = {{"reason", parts_.device->failure()}};
-  a.unix_ns = unix_ns_at(parts_.clock->now_ns());
+  a.unix_ns = unix_ns_at(now_ns());
   raise_alert(*parts_.writer, *parts_.alerts, a, parts_.config->rank);
 }
 

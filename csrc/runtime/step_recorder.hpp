@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../backends/host/monotonic_clock.hpp"
 #include "../core/check.hpp"
 #include "../core/collective_timer.hpp"
 #include "../core/device_timing.hpp"
@@ -56,11 +57,12 @@ class StepRecorder {
     AlertLog* alerts = nullptr;
     Watchdog* watchdog = nullptr;  // its steal total (refreshed on a possibly slow step)
     ClockMapping start;
+    bool host_clock = false;  // `clock` is the host's monotonic clock: read it inline
   };
 
   StepRecorder() {
-    phase_start_ns_.fill(kUnset);
-    slot_of_.fill(-1);
+    book_.slot_of.fill(-1);
+    book_.start_ns.fill(kUnset);
     value_slot_.fill(-1);
   }
   StepRecorder(const StepRecorder&) = delete;
@@ -71,7 +73,7 @@ class StepRecorder {
 
   // UsageError where a step cannot begin now (checked before the step is entered).
   void check_can_begin() const {
-    STEPTRACE_CHECK(!in_step_, UsageError,
+    STEPTRACE_CHECK(!book_.in_step, UsageError,
                     "step begun while step {} is still running; end it before the next begins",
                     current_.step);
     STEPTRACE_CHECK(data_begin_ns_ == kUnset && !data_suspended_, UsageError,
@@ -80,38 +82,41 @@ class StepRecorder {
   void begin_step();
   void end_step(bool failed);
 
+  // A phase boundary touches the phase book's lines, the clock and the watchdog's line,
+  // nothing else: after a training step every line is a cache miss (issue 30).
   void begin_phase(PhaseId id) {
-    check_phase_id(id);
-    STEPTRACE_CHECK(in_step_, UsageError,
+    check_known_phase(id);
+    STEPTRACE_CHECK(book_.in_step, UsageError,
                     "phase {:?} started outside a step; start phases inside a step",
                     parts_.names->name(id));
-    STEPTRACE_CHECK(phase_start_ns_[id] == kUnset, UsageError,
+    int slot = book_.slot_of[id];
+    STEPTRACE_CHECK(slot < 0 || book_.start_ns[slot] == kUnset, UsageError,
                     "phase {:?} started while it is already running; a phase cannot be "
                     "nested in itself",
                     parts_.names->name(id));
-    const std::int64_t now = parts_.clock->now_ns();
-    if (slot_of_[id] < 0) {
-      const std::uint16_t slot = current_.phase_count++;
-      slot_of_[id] = static_cast<std::int8_t>(slot);
-      current_.phase_ids[slot] = id;
-      current_.phase_ns[slot] = 0;
-      current_.host_phase_ns[slot] = 0;
+    const std::int64_t now = now_ns();
+    if (slot < 0) {
+      slot = book_.phase_count++;
+      book_.slot_of[id] = static_cast<std::int8_t>(slot);
+      book_.id_of[slot] = id;
+      book_.elapsed_ns[slot] = 0;
     }
-    active_[active_depth_++] = id;
+    book_.active[book_.active_depth++] = static_cast<std::uint8_t>(slot);
     inflight_.phase.store(id, std::memory_order_relaxed);
-    phase_start_ns_[id] = now;
-    if (on_device_) parts_.device->begin_phase(static_cast<std::uint16_t>(slot_of_[id]));
+    book_.start_ns[slot] = now;
+    if (book_.on_device) parts_.device->begin_phase(static_cast<std::uint16_t>(slot));
   }
 
   void end_phase(PhaseId id) {
-    check_phase_id(id);
-    STEPTRACE_CHECK(in_step_ && phase_start_ns_[id] != kUnset, UsageError,
+    check_known_phase(id);
+    const int slot = book_.slot_of[id];
+    STEPTRACE_CHECK(book_.in_step && slot >= 0 && book_.start_ns[slot] != kUnset, UsageError,
                     "end of phase {:?} without its start", parts_.names->name(id));
-    close_phase(id, parts_.clock->now_ns());
+    close_phase(slot, now_ns());
   }
 
   void begin_data() {
-    if (in_step_) {
+    if (book_.in_step) {
       // The loader advanced inside a step (e.g. a nested next()): that wait is part of the
       // step, not data. Counted in run_end, never thrown into the training loop.
       data_inside_step_.fetch_add(1, std::memory_order_relaxed);
@@ -124,7 +129,7 @@ class StepRecorder {
     }
     STEPTRACE_CHECK(data_begin_ns_ == kUnset, UsageError,
                     "begin_data called twice without end_data");
-    data_begin_ns_ = parts_.clock->now_ns();
+    data_begin_ns_ = now_ns();
   }
 
   void end_data() {
@@ -138,7 +143,7 @@ class StepRecorder {
       return;
     }
     STEPTRACE_CHECK(data_begin_ns_ != kUnset, UsageError, "end_data without begin_data");
-    data_accum_ns_ += parts_.clock->now_ns() - data_begin_ns_;
+    data_accum_ns_ += now_ns() - data_begin_ns_;
     data_begin_ns_ = kUnset;
     data_wrapped_ = true;
   }
@@ -146,7 +151,7 @@ class StepRecorder {
   void begin_interval(IntervalKind kind);
   void end_interval(IntervalKind kind) {
     if (open_interval_ != static_cast<int>(kind)) return;
-    end_open_interval(parts_.clock->now_ns());
+    end_open_interval(now_ns());
   }
 
   std::optional<IntervalKind> open_interval() const noexcept {
@@ -158,7 +163,7 @@ class StepRecorder {
 
   // At close: the interval still open ends now.
   void end_open_interval_now() noexcept {
-    if (open_interval_ >= 0) end_open_interval(parts_.clock->now_ns());
+    if (open_interval_ >= 0) end_open_interval(now_ns());
   }
 
   void set_step_value(StepValueId id, double value) {
@@ -191,8 +196,8 @@ class StepRecorder {
   void check_phase_id(PhaseId id) const {
     STEPTRACE_CHECK(id < parts_.names->size(), UsageError, "phase id {} was never interned", id);
   }
-  bool in_step() const noexcept { return in_step_; }
-  bool in_phase() const noexcept { return active_depth_ > 0; }
+  bool in_step() const noexcept { return book_.in_step; }
+  bool in_phase() const noexcept { return book_.active_depth > 0; }
   std::int64_t step_index() const noexcept { return step_index_; }
   // Intervals ended since the last step (run_end's trailing ones).
   const BetweenSteps& pending() const noexcept { return pending_; }
@@ -218,28 +223,39 @@ class StepRecorder {
   // Ends the open interval at `now`: into the step in progress when it began inside it,
   // else into the next step's account of the gap (pending_).
   void end_open_interval(std::int64_t now) noexcept;
-  void close_phase(PhaseId id, std::int64_t now) noexcept {
-    const std::int64_t elapsed = now - phase_start_ns_[id];
-    const int slot = slot_of_[id];
-    current_.phase_ns[slot] += elapsed;
-    current_.host_phase_ns[slot] += elapsed;
-    phase_start_ns_[id] = kUnset;
-    if (on_device_) parts_.device->end_phase(static_cast<std::uint16_t>(slot));
-    if (current_.phase_memory) {
+  void read_memory_sources(std::int64_t now) noexcept;
+  // check_phase_id on the training thread: interned names only grow, so a count cached in
+  // the phase book spares the names' lines at every boundary.
+  void check_known_phase(PhaseId id) {
+    if (id < book_.known_phases) return;
+    check_phase_id(id);
+    book_.known_phases = static_cast<std::uint16_t>(parts_.names->size());
+  }
+  std::int64_t now_ns() const noexcept {
+    return book_.clock != nullptr ? book_.clock->now_ns() : monotonic_now_ns();
+  }
+  void close_phase(int slot, std::int64_t now) noexcept {
+    book_.elapsed_ns[slot] += now - book_.start_ns[slot];
+    book_.start_ns[slot] = kUnset;
+    if (book_.on_device) parts_.device->end_phase(static_cast<std::uint16_t>(slot));
+    if (book_.phase_memory) {
       // A phase that runs again ends later: keep its last level and place.
       current_.phase_memory_end[slot] = attribution_level();
       current_.phase_end_order[slot] = static_cast<std::uint8_t>(ended_phases_++);
     }
     // Phases usually end innermost first; the explicit API may end them in any order.
-    for (std::size_t i = active_depth_; i-- > 0;) {
-      if (active_[i] == id) {
-        for (std::size_t j = i; j + 1 < active_depth_; ++j) active_[j] = active_[j + 1];
-        --active_depth_;
+    for (std::size_t i = book_.active_depth; i-- > 0;) {
+      if (book_.active[i] == slot) {
+        for (std::size_t j = i; j + 1 < book_.active_depth; ++j) {
+          book_.active[j] = book_.active[j + 1];
+        }
+        --book_.active_depth;
         break;
       }
     }
-    inflight_.phase.store(active_depth_ > 0 ? active_[active_depth_ - 1] : -1,
-                          std::memory_order_relaxed);
+    inflight_.phase.store(
+        book_.active_depth > 0 ? book_.id_of[book_.active[book_.active_depth - 1]] : -1,
+        std::memory_order_relaxed);
   }
 
   // The level phase attribution follows (only for a few steps after a memory_growth
@@ -258,15 +274,33 @@ class StepRecorder {
     take(into.device_total_bytes, from.device_total_bytes);
   }
 
+  // What a phase boundary reads and writes, first and together: lines 1-2 and the first
+  // line of each by-slot array for up to 8 phases a step.
+  struct alignas(64) PhaseBook {
+    Clock* clock = nullptr;  // null: the host's monotonic clock (monotonic_now_ns)
+    bool in_step = false;
+    bool on_device = false;     // the step in progress records device events
+    bool phase_memory = false;  // current_.phase_memory
+    std::uint8_t phase_count = 0;
+    std::uint8_t active_depth = 0;
+    std::uint16_t known_phases = 0;                   // ids below it were interned
+    std::array<std::int8_t, kMaxPhases> slot_of{};    // by phase id; -1: not in this step
+    std::array<std::uint8_t, kMaxPhases> active{};    // slots of the running phases, innermost last
+    std::array<PhaseId, kMaxPhases> id_of{};          // by slot
+    std::array<std::int64_t, kMaxPhases> start_ns{};  // by slot; kUnset: not running
+    std::array<std::int64_t, kMaxPhases> elapsed_ns{};  // by slot: this step's time in it
+  };
+  PhaseBook book_;
+
   Parts parts_;  // set by bind()
 
   std::vector<MemorySample> source_samples_;     // each source's last figures
   std::vector<std::int64_t> source_sampled_ns_;  // and when they were taken
+  std::int64_t next_source_read_ns_ = 0;         // the earliest of the sources' next reads
+  MemorySample sources_sample_;                  // all sources' last figures, merged
   StepRecord current_;
   MemorySample external_memory_;
-  std::array<std::int64_t, kMaxPhases> phase_start_ns_{};  // kUnset: not running
-  std::array<std::int8_t, kMaxPhases> slot_of_{};          // -1: not in current_
-  std::array<std::int8_t, kMaxStepValues> value_slot_{};   // -1: not set for current_
+  std::array<std::int8_t, kMaxStepValues> value_slot_{};  // -1: not set for current_
   std::int64_t step_index_ = 0;
   std::atomic<double> peak_flops_per_s_{0.0};
   std::int64_t step_start_ns_ = 0;
@@ -291,15 +325,11 @@ class StepRecorder {
   double slow_excess_ns_ = 0;
   bool data_ignored_ = false;  // begin_data came inside a step: its end_data is ignored too
   std::atomic<std::int64_t> data_inside_step_{0};  // read by close() on any thread
-  bool in_step_ = false;
-  std::size_t ended_phases_ = 0;              // phases ended in this step, for phase_end_order
-  std::array<PhaseId, kMaxPhases> active_{};  // running phases, innermost last
-  std::size_t active_depth_ = 0;
+  std::size_t ended_phases_ = 0;                   // phases ended in this step, for phase_end_order
 
   InflightState inflight_;       // for the watchdog and the Prometheus scrape
   CollectiveTimer collectives_;  // any thread: collectives timed from the host
 
-  bool on_device_ = false;  // the step in progress records device events
   bool device_failure_reported_ = false;
   std::atomic<bool> activity_yielding_{false};  // another profiler has the activity records
 };

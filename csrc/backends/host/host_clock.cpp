@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "monotonic_clock.hpp"
 #include "steptrace/backend.hpp"
 
 namespace steptrace {
@@ -12,11 +13,7 @@ namespace {
 
 class HostClock final : public Clock {
  public:
-  std::int64_t now_ns() noexcept override {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
-    return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-  }
+  std::int64_t now_ns() noexcept override { return monotonic_now_ns(); }
 };
 
 // Keeps /proc/self/statm open and re-reads it with pread: one cheap system call per step

@@ -25,6 +25,7 @@
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/telemetry.hpp"
 
+#include "../host/monotonic_clock.hpp"
 #include "nvml_testing.hpp"
 
 namespace steptrace {
@@ -157,12 +158,6 @@ struct Api {
     return s != nullptr ? fmt::format("{} ({})", s, r) : fmt::format("NVML error {}", r);
   }
 };
-
-std::int64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
 
 bool load(Api& api, std::string* why) {
   const char* override_path = std::getenv("STEPTRACE_NVML_LIBRARY");
@@ -438,7 +433,7 @@ class NvmlTelemetry final : public TelemetrySource {
 
   const char* name() const noexcept override { return "nvml"; }
   std::int64_t now_ns() noexcept override {
-    return clock_ != nullptr ? clock_->now_ns() : monotonic_ns();
+    return clock_ != nullptr ? clock_->now_ns() : monotonic_now_ns();
   }
   double power_limit_w() const noexcept override { return power_limit_w_; }
   std::string device() const override { return device_; }
