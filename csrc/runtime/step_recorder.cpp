@@ -11,6 +11,8 @@ namespace steptrace::detail {
 
 void StepRecorder::bind(const Parts& parts) {
   parts_ = parts;
+  has_backends_ = parts.device || parts.activity || parts.sampler || parts.telemetry;
+  flops_per_step_ = parts.config->flops_per_step;
   book_.clock = parts.host_clock ? nullptr : parts.clock;
   slow_ratio_ = parts_.config->regression_threshold;
   slow_excess_ns_ = parts_.config->min_excess_ms * 1e6;
@@ -18,18 +20,12 @@ void StepRecorder::bind(const Parts& parts) {
   source_sampled_ns_.assign(parts_.memory_sources->size(), INT64_MIN / 2);
 }
 
+// begin_step and end_step keep to what every step needs; what a CPU-only run never does
+// (the device, the activity, counter and telemetry backends), and what runs every 10 ms
+// (memory sources, the run queue), is out of line: the code a step runs stays a few
+// contiguous lines, and it runs when the caches are cold (issue 30).
 void StepRecorder::begin_step() {
-  if (parts_.device) {
-    parts_.device->poll(*parts_.writer);
-    report_device_failure();
-    DeviceStream stream;
-    if (parts_.stream_source && parts_.stream_source->current(&stream)) {
-      parts_.device->set_stream(stream);
-    } else if (parts_.stream_source) {
-      parts_.device->clear_stream();
-    }
-  }
-  book_.on_device = parts_.device && parts_.device->usable();
+  if (STEPTRACE_UNLIKELY(has_backends_)) prepare_backends_step();
   const std::int64_t now = now_ns();
   current_.step = step_index_++;
   current_.start_unix_ns = unix_ns_at(now);
@@ -55,12 +51,34 @@ void StepRecorder::begin_step() {
   current_.failed = false;
   current_.phase_memory = parts_.detection && parts_.detection->wants_phase_memory();
   book_.phase_memory = current_.phase_memory;
-  if (current_.phase_memory) current_.memory_at_start = attribution_level();
+  if (STEPTRACE_UNLIKELY(current_.phase_memory)) current_.memory_at_start = attribution_level();
   ended_phases_ = 0;
   step_start_ns_ = now;
   book_.in_step = true;
-  if (book_.on_device) parts_.device->begin_step();
   current_.activity_begin_ns = -1;  // no kernels for this step
+  current_.telemetry_begin_ns = -1;
+  if (STEPTRACE_UNLIKELY(has_backends_)) begin_backends_step();
+  inflight_.start_ns.store(now, std::memory_order_relaxed);
+  inflight_.excluded_ns.store(0, std::memory_order_relaxed);
+  inflight_.step.store(current_.step, std::memory_order_release);
+}
+
+void StepRecorder::prepare_backends_step() {
+  if (parts_.device) {
+    parts_.device->poll(*parts_.writer);
+    report_device_failure();
+    DeviceStream stream;
+    if (parts_.stream_source && parts_.stream_source->current(&stream)) {
+      parts_.device->set_stream(stream);
+    } else if (parts_.stream_source) {
+      parts_.device->clear_stream();
+    }
+  }
+  book_.on_device = parts_.device && parts_.device->usable();
+}
+
+void StepRecorder::begin_backends_step() noexcept {
+  if (book_.on_device) parts_.device->begin_step();
   if (parts_.activity && !activity_yielding_.load(std::memory_order_relaxed)) {
     current_.activity_begin_ns = parts_.activity->now_ns();
     parts_.activity->begin_step(current_.step);
@@ -72,10 +90,7 @@ void StepRecorder::begin_step() {
     current_.counters_sampled = sampled;
     current_.sampler_begin_ns = sampled ? parts_.sampler->now_ns() : -1;
   }
-  current_.telemetry_begin_ns = parts_.telemetry ? parts_.telemetry->now_ns() : -1;
-  inflight_.start_ns.store(now, std::memory_order_relaxed);
-  inflight_.excluded_ns.store(0, std::memory_order_relaxed);
-  inflight_.step.store(current_.step, std::memory_order_release);
+  if (parts_.telemetry) current_.telemetry_begin_ns = parts_.telemetry->now_ns();
 }
 
 void StepRecorder::end_step(bool failed) {
@@ -96,7 +111,7 @@ void StepRecorder::end_step(bool failed) {
   current_.comm = collectives_.take();
   current_.failed = failed;
   current_.rss_fresh = false;
-  if (now >= next_source_read_ns_) read_memory_sources(now);
+  if (STEPTRACE_UNLIKELY(now >= next_source_read_ns_)) read_memory_sources(now);
   current_.memory = sources_sample_;  // the last figures of each, held between readings
   if (parts_.heap) parts_.heap->sample(current_.step, current_.memory);
   current_.runq_ns = -1;
@@ -121,56 +136,16 @@ void StepRecorder::end_step(bool failed) {
           ? iteration
           : iteration_ewma_ns_ +
                 (std::min(iteration, 4 * iteration_ewma_ns_) - iteration_ewma_ns_) / 16;
-  if (now - runq_read_ns_ >= kRunQueueInterval || long_iteration) {
-    const SchedStat sched = run_queue_.read();
-    const bool spanned = sched.wait_ns >= 0 && runq_read_ns_ != kUnset;
-    std::int64_t off_cpu = 0;  // neither on a CPU nor waiting for one: all steal can be
-    if (spanned) {
-      current_.runq_ns = std::max<std::int64_t>(0, sched.wait_ns - runq_sched_.wait_ns);
-      current_.runq_span_ns = now - runq_read_ns_;
-      current_.on_cpu_ns = std::max<std::int64_t>(0, sched.on_cpu_ns - runq_sched_.on_cpu_ns);
-      off_cpu =
-          std::max<std::int64_t>(0, current_.runq_span_ns - current_.on_cpu_ns - current_.runq_ns);
-    }
-    // The watchdog reads steal only every 100 ms while it does not move (StealCadence), so
-    // a possibly slow step reads it here, at ~12 us next to its >= 2 ms excess: the first
-    // stolen step after a quiet spell must not go without its figure. Only where a
-    // quarter of the excess was off a CPU: steal is at most that time (stolen time is
-    // left out of the thread's CPU time), and a slow step with less is not the host's
-    // (host_contention needs half the excess); an iteration that ran other work on the
-    // CPU (an evaluation, logging) reads nothing.
-    if (may_be_slow && (!spanned || static_cast<double>(off_cpu) >= 0.25 * excess_ns)) {
-      parts_.watchdog->refresh_steal();
-    }
-    const std::int64_t steal = parts_.watchdog->steal_total_ns();
-    // what the host took can only be time this thread was off a CPU
-    if (spanned && parts_.watchdog->samples_steal()) {
-      current_.steal_ns = std::min(off_cpu, std::max<std::int64_t>(0, steal - runq_steal_ns_));
-    }
-    runq_sched_ = sched;
-    runq_steal_ns_ = steal;
-    runq_read_ns_ = now;
+  if (STEPTRACE_UNLIKELY(now - runq_read_ns_ >= kRunQueueInterval || long_iteration)) {
+    read_run_queue(now, may_be_slow, excess_ns);
   }
-  merge(current_.memory, external_memory_);
-  external_memory_ = MemorySample{};
-  if (parts_.telemetry) {  // device-wide memory at the sampler's latest reading: no driver call;
-    MemorySample device;   // fresher than the Python hook's (at most once a second)
-    if (parts_.telemetry->device_memory(&device.device_used_bytes, &device.device_total_bytes)) {
-      merge(current_.memory, device);
-    }
+  if (STEPTRACE_UNLIKELY(external_memory_set_)) {
+    merge(current_.memory, external_memory_);
+    external_memory_ = MemorySample{};
+    external_memory_set_ = false;
   }
-  if (current_.activity_begin_ns >= 0) {
-    parts_.activity->end_step(current_.step);
-    current_.activity_end_ns = parts_.activity->now_ns();
-  }
-  if (parts_.sampler) {
-    parts_.sampler->end_step(current_.step);
-    if (current_.counters_sampled) current_.sampler_end_ns = parts_.sampler->now_ns();
-  }
-  if (parts_.telemetry) current_.telemetry_end_ns = parts_.telemetry->now_ns();
-  if (parts_.config->flops_per_step > 0) {
-    current_.work.add(-1, -1, parts_.config->flops_per_step, WorkSource::kOption);
-  }
+  if (STEPTRACE_UNLIKELY(has_backends_)) end_backends_step();
+  if (flops_per_step_ > 0) current_.work.add(-1, -1, flops_per_step_, WorkSource::kOption);
   current_.work.peak_flops_per_s = peak_flops_per_s_.load(std::memory_order_relaxed);
   if (book_.on_device) {
     parts_.device->end_step(current_, *parts_.writer);  // written once its events have completed
@@ -190,6 +165,57 @@ void StepRecorder::end_step(bool failed) {
   inflight_.last_done_ns.store(current_.host_ns, std::memory_order_relaxed);
   inflight_.last_done_step.store(current_.step, std::memory_order_relaxed);
   inflight_.step.store(-1, std::memory_order_release);
+}
+
+// The thread's run-queue wait and CPU time since the last reading (and steal, where the
+// host reports it); see end_step for when.
+void StepRecorder::read_run_queue(std::int64_t now, bool may_be_slow, double excess_ns) noexcept {
+  const SchedStat sched = run_queue_.read();
+  const bool spanned = sched.wait_ns >= 0 && runq_read_ns_ != kUnset;
+  std::int64_t off_cpu = 0;  // neither on a CPU nor waiting for one: all steal can be
+  if (spanned) {
+    current_.runq_ns = std::max<std::int64_t>(0, sched.wait_ns - runq_sched_.wait_ns);
+    current_.runq_span_ns = now - runq_read_ns_;
+    current_.on_cpu_ns = std::max<std::int64_t>(0, sched.on_cpu_ns - runq_sched_.on_cpu_ns);
+    off_cpu =
+        std::max<std::int64_t>(0, current_.runq_span_ns - current_.on_cpu_ns - current_.runq_ns);
+  }
+  // The watchdog reads steal only every 100 ms while it does not move (StealCadence), so
+  // a possibly slow step reads it here, at ~12 us next to its >= 2 ms excess: the first
+  // stolen step after a quiet spell must not go without its figure. Only where a
+  // quarter of the excess was off a CPU: steal is at most that time (stolen time is
+  // left out of the thread's CPU time), and a slow step with less is not the host's
+  // (host_contention needs half the excess); an iteration that ran other work on the
+  // CPU (an evaluation, logging) reads nothing.
+  if (may_be_slow && (!spanned || static_cast<double>(off_cpu) >= 0.25 * excess_ns)) {
+    parts_.watchdog->refresh_steal();
+  }
+  const std::int64_t steal = parts_.watchdog->steal_total_ns();
+  // what the host took can only be time this thread was off a CPU
+  if (spanned && parts_.watchdog->samples_steal()) {
+    current_.steal_ns = std::min(off_cpu, std::max<std::int64_t>(0, steal - runq_steal_ns_));
+  }
+  runq_sched_ = sched;
+  runq_steal_ns_ = steal;
+  runq_read_ns_ = now;
+}
+
+void StepRecorder::end_backends_step() noexcept {
+  if (parts_.telemetry) {  // device-wide memory at the sampler's latest reading: no driver call;
+    MemorySample device;   // fresher than the Python hook's (at most once a second)
+    if (parts_.telemetry->device_memory(&device.device_used_bytes, &device.device_total_bytes)) {
+      merge(current_.memory, device);
+    }
+  }
+  if (current_.activity_begin_ns >= 0) {
+    parts_.activity->end_step(current_.step);
+    current_.activity_end_ns = parts_.activity->now_ns();
+  }
+  if (parts_.sampler) {
+    parts_.sampler->end_step(current_.step);
+    if (current_.counters_sampled) current_.sampler_end_ns = parts_.sampler->now_ns();
+  }
+  if (parts_.telemetry) current_.telemetry_end_ns = parts_.telemetry->now_ns();
 }
 
 void StepRecorder::begin_interval(IntervalKind kind) {

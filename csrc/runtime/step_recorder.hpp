@@ -159,7 +159,10 @@ class StepRecorder {
     return static_cast<IntervalKind>(open_interval_);
   }
 
-  void set_step_memory(const MemorySample& s) { merge(external_memory_, s); }
+  void set_step_memory(const MemorySample& s) {
+    merge(external_memory_, s);
+    external_memory_set_ = true;
+  }
 
   // At close: the interval still open ends now.
   void end_open_interval_now() noexcept {
@@ -223,7 +226,13 @@ class StepRecorder {
   // Ends the open interval at `now`: into the step in progress when it began inside it,
   // else into the next step's account of the gap (pending_).
   void end_open_interval(std::int64_t now) noexcept;
-  void read_memory_sources(std::int64_t now) noexcept;
+  // Out of the step's straight line (see begin_step): every 10 ms, or never on the CPU.
+  [[gnu::cold, gnu::noinline]] void read_memory_sources(std::int64_t now) noexcept;
+  [[gnu::cold, gnu::noinline]] void read_run_queue(std::int64_t now, bool may_be_slow,
+                                                   double excess_ns) noexcept;
+  [[gnu::noinline]] void prepare_backends_step();
+  [[gnu::noinline]] void begin_backends_step() noexcept;
+  [[gnu::noinline]] void end_backends_step() noexcept;
   // check_phase_id on the training thread: interned names only grow, so a count cached in
   // the phase book spares the names' lines at every boundary.
   void check_known_phase(PhaseId id) {
@@ -299,7 +308,10 @@ class StepRecorder {
   std::int64_t next_source_read_ns_ = 0;         // the earliest of the sources' next reads
   MemorySample sources_sample_;                  // all sources' last figures, merged
   StepRecord current_;
-  MemorySample external_memory_;
+  MemorySample external_memory_;  // set_step_memory's, for the step in progress
+  bool external_memory_set_ = false;
+  bool has_backends_ = false;  // any of device, activity, sampler, telemetry
+  double flops_per_step_ = 0;  // Config::flops_per_step
   std::array<std::int8_t, kMaxStepValues> value_slot_{};  // -1: not set for current_
   std::int64_t step_index_ = 0;
   std::atomic<double> peak_flops_per_s_{0.0};
