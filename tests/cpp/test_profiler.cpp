@@ -438,6 +438,24 @@ TEST(Profiler, MemoryIsSampledEveryStep) {
   EXPECT_EQ(steps[3]["memory"]["peak_bytes"], 777);
 }
 
+TEST(Profiler, AMemorySourceIsReadOnceItsIntervalHasPassedAndHeldInBetween) {
+  TempDir tmp;
+  Fixture f(tmp);
+  f.memory->interval_ns = 10 * kMs;  // as the RSS source
+  for (int i = 0; i < 10; ++i) {
+    f.memory->rss_bytes = 1000 * (i + 1);
+    auto s = f.prof->step();
+    f.clock->advance(3 * kMs);
+  }
+  const auto steps = of_kind(f.close_and_read(), "step");
+  ASSERT_EQ(steps.size(), 10U);
+  EXPECT_EQ(f.memory->samples, 3);  // at the ends of steps 0, 4 and 8: 12 ms apart
+  const std::vector<int> held = {1000, 1000, 1000, 1000, 5000, 5000, 5000, 5000, 9000, 9000};
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i]["memory"]["rss_bytes"], held[i]) << i;
+  }
+}
+
 TEST(Profiler, FlushMakesStepsVisibleWhileRunning) {
   TempDir tmp;
   Fixture f(tmp);

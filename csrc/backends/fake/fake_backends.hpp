@@ -34,8 +34,10 @@ class FakeMemorySource final : public MemorySource {
     out.rss_bytes = rss_bytes;
   }
   std::int64_t live_bytes() noexcept override { return allocated_bytes; }
+  std::int64_t min_interval_ns() const noexcept override { return interval_ns; }
   std::int64_t allocated_bytes = 0;
   std::int64_t rss_bytes = 0;
+  std::int64_t interval_ns = 0;  // 0: read at every step
   int samples = 0;
 };
 
