@@ -192,6 +192,21 @@ def test_loader_counts_tensor_batches_in_c_as_batch_work_does(tmp_path, records_
         assert (work.get("samples", -1), work.get("tokens", -1)) == (samples, tokens), batch
 
 
+def test_loader_sees_a_shape_patched_on_torch_tensor_after_it_was_wrapped(tmp_path, records_of, monkeypatch):
+    """The C iterator calls torch's `shape` and `dtype` getters straight for an exact
+    torch.Tensor (issue 30); a change to the type's attributes after that (here a patched
+    `shape`) must reach the count, as the attribute lookup would."""
+    batches = [torch.randn(8, 3), torch.randn(8, 3)]
+    with steptrace.Profiler(tmp_path / "run") as prof:
+        for i, _ in enumerate(prof.data(batches)):
+            with prof.step():
+                if i == 0:  # the first batch was counted; the second is read after this
+                    monkeypatch.setattr(torch.Tensor, "shape", property(lambda self: torch.Size([5, 3])))
+    monkeypatch.undo()
+    steps = [r for r in records_of(tmp_path / "run" / "rank0.jsonl") if r["kind"] == "step"]
+    assert [s["work"]["samples"] for s in steps] == [8, 5]
+
+
 def test_count_work_off_counts_nothing(tmp_path, records_of):
     with steptrace.Profiler(tmp_path / "run", count_work=False) as prof:
         with pytest.raises(steptrace.ConfigError, match="count_work=False"):
