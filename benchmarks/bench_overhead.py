@@ -833,12 +833,18 @@ def in_loop_cost(loop: Loop, log_dir: Path, runs: int) -> Dict[str, object]:
     clip = torch.nn.utils.clip_grad_norm_
     steps = len(loop.batches)
 
-    def one(hot: bool, opts: Dict[str, object]) -> List[float]:
+    def one(hot: bool, opts: Optional[Dict[str, object]], hand: bool = False) -> List[float]:
+        """One run. `opts`: steptrace's calls with these options; None: the same loop
+        without steptrace, the brackets alone (the floor: each stretch's cold bracket and
+        the bare next()) or, with `hand`, hand-written perf_counter timers in the calls'
+        places. Every stretch takes the same branch in every row, so it cancels."""
         loop._reset()
-        prof = Profiler(log_dir, overwrite=True, **opts)
-        step, phase = prof.step, prof.phase
+        prof = None if opts is None else Profiler(log_dir, overwrite=True, **opts)
         acc = [0] * 7
-        it = prof.data(loop.batches)
+        times = [0.0] * 6
+        it = iter(loop.batches) if prof is None else prof.data(loop.batches)
+        if prof is not None:
+            step, phase = prof.step, prof.phase
         while True:
             t = pc()
             try:
@@ -847,104 +853,77 @@ def in_loop_cost(loop: Loop, log_dir: Path, runs: int) -> Dict[str, object]:
                 break
             t1 = pc()
             acc[0] += t1 - t
-            s = step()
-            s.__enter__()
-            p = phase("forward")
-            p.__enter__()
+            if prof is not None:
+                s = step()
+                s.__enter__()
+                p = phase("forward")
+                p.__enter__()
+            elif hand:
+                s0 = perf_counter()
+                f0 = perf_counter()
             acc[1] += pc() - t1
             if not hot:
                 out = model(x)
             t = pc()
-            p.__exit__(None, None, None)
-            p = phase("loss")
-            p.__enter__()
+            if prof is not None:
+                p.__exit__(None, None, None)
+                p = phase("loss")
+                p.__enter__()
+            elif hand:
+                f1 = perf_counter()
+                times[0] += f1 - f0
+                l0 = perf_counter()
             acc[2] += pc() - t
             if not hot:
                 loss = loss_fn(out, y)
             t = pc()
-            p.__exit__(None, None, None)
-            p = phase("backward")
-            p.__enter__()
+            if prof is not None:
+                p.__exit__(None, None, None)
+                p = phase("backward")
+                p.__enter__()
+            elif hand:
+                l1 = perf_counter()
+                times[1] += l1 - l0
+                b0 = perf_counter()
             acc[3] += pc() - t
             if not hot:
                 loss.backward()
             t = pc()
-            p.__exit__(None, None, None)
-            p = phase("clip")
-            p.__enter__()
+            if prof is not None:
+                p.__exit__(None, None, None)
+                p = phase("clip")
+                p.__enter__()
+            elif hand:
+                b1 = perf_counter()
+                times[2] += b1 - b0
+                c0 = perf_counter()
             acc[4] += pc() - t
             if not hot:
                 clip(params, 1.0)
             t = pc()
-            p.__exit__(None, None, None)
-            p = phase("optimizer")
-            p.__enter__()
+            if prof is not None:
+                p.__exit__(None, None, None)
+                p = phase("optimizer")
+                p.__enter__()
+            elif hand:
+                c1 = perf_counter()
+                times[3] += c1 - c0
+                o0 = perf_counter()
             acc[5] += pc() - t
             if not hot:
                 opt.step()
                 opt.zero_grad()
             t = pc()
-            p.__exit__(None, None, None)
-            s.__exit__(None, None, None)
-            acc[6] += pc() - t
-        prof.close()
-        return [a / steps for a in acc]
-
-    def floor(hand: bool) -> List[float]:
-        """The same loop without steptrace: the brackets alone (each stretch's cold
-        bracket and the bare next()), or hand-written perf_counter timers in their place."""
-        loop._reset()
-        acc = [0] * 7
-        times = [0.0] * 6
-        it = iter(loop.batches)
-        while True:
-            t = pc()
-            try:
-                x, y = next(it)
-            except StopIteration:
-                break
-            t1 = pc()
-            acc[0] += t1 - t
-            if hand:
-                s0 = perf_counter()
-                f0 = perf_counter()
-            acc[1] += pc() - t1
-            out = model(x)
-            t = pc()
-            if hand:
-                f1 = perf_counter()
-                times[0] += f1 - f0
-                l0 = perf_counter()
-            acc[2] += pc() - t
-            loss = loss_fn(out, y)
-            t = pc()
-            if hand:
-                l1 = perf_counter()
-                times[1] += l1 - l0
-                b0 = perf_counter()
-            acc[3] += pc() - t
-            loss.backward()
-            t = pc()
-            if hand:
-                b1 = perf_counter()
-                times[2] += b1 - b0
-                c0 = perf_counter()
-            acc[4] += pc() - t
-            clip(params, 1.0)
-            t = pc()
-            if hand:
-                c1 = perf_counter()
-                times[3] += c1 - c0
-                o0 = perf_counter()
-            acc[5] += pc() - t
-            opt.step()
-            opt.zero_grad()
-            t = pc()
-            if hand:
+            if prof is not None:
+                p.__exit__(None, None, None)
+                s.__exit__(None, None, None)
+            elif hand:
                 o1 = perf_counter()
                 times[4] += o1 - o0
                 times[5] += o1 - s0
             acc[6] += pc() - t
+        if prof is not None:
+            prof.close()
         return [a / steps for a in acc]
 
     def clocks() -> float:
@@ -962,8 +941,7 @@ def in_loop_cost(loop: Loop, log_dir: Path, runs: int) -> Dict[str, object]:
     samples: Dict[str, List[List[float]]] = {label: [] for label, _, _ in variants}
     for i in range(runs):
         for label, hot, opts in variants[i % len(variants) :] + variants[: i % len(variants)]:
-            got = floor(label == IN_LOOP_HAND) if opts is None else one(hot, opts)
-            samples[label].append([v - bracket for v in got])
+            samples[label].append([v - bracket for v in one(hot, opts, hand=label == IN_LOOP_HAND)])
     rows = []
     for label, _, _ in variants:
         seg = [statistics.median(r[k] for r in samples[label]) for k in range(7)]
