@@ -623,18 +623,24 @@ def _paired_arms(prof: Profiler, work: Callable[[], None], phases: int) -> List[
             ("torch record_function, no profiler", record_functions)]
 
 
+STEPTRACE_ARM = 1  # its index in _paired_arms
+
+
 def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple],
                     aa: bool, opts: Optional[Dict[str, object]] = None) -> List[Dict[str, object]]:
     """For each workload (name, step callable, phases): `rounds` rounds of adjacent steps,
     one of each arm (bare; steptrace with its phases, default options; hand-written
     perf_counter timers; torch's record_function with no profiler active; with `aa` a second
-    bare step), in a random order within each round, every step timed on its own; each arm's
-    overhead is the mean of its differences from the round's bare step. Adjacent steps share
+    bare step), in a random order within each round but steptrace's last (see below), every
+    step timed on its own; each arm's overhead is the mean of its differences from the
+    round's bare step. Adjacent steps share
     the machine's state (frequency, caches, neighbours), so the slow drifts that widen the
     block comparison cancel. What it cannot see: cache misses an instrumented step leaves
     for the step after it are spread over the arms (the order is random), so part of such
     an indirect cost is hidden; the block comparison has none of that bias. One profiler
-    stays open throughout, so the other arms' steps are time between its steps."""
+    stays open throughout, so the other arms' steps are time between its steps: its steps
+    are ~5x further apart than in a loop of its own, and anything it does every 10 ms falls
+    on ~5x more of them."""
     rng = random.Random(seed)
     results = []
     for wname, work, phases in workloads:
@@ -647,13 +653,18 @@ def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple
                 run()
         wall: List[List[float]] = [[] for _ in arms]
         cpu: List[List[float]] = [[] for _ in arms]
-        order = list(range(len(arms)))
+        # steptrace's step ends every round, after the others in a random order: the time
+        # between its steps is then the same every round, as in a training loop. In a random
+        # place its iterations ran from 0.5 to 4.5 ms, and about half of them were "much
+        # longer than the recent ones", which read their own run queue at the step's end (a
+        # cold /proc read), what a regular loop does not do (issue 30).
+        others = [i for i in range(len(arms)) if i != STEPTRACE_ARM]
         gc.collect()
         gc.disable()
         try:
             for _ in range(rounds):
-                rng.shuffle(order)
-                for i in order:
+                rng.shuffle(others)
+                for i in others + [STEPTRACE_ARM]:
                     w, c = arms[i][1]()
                     wall[i].append(w)
                     cpu[i].append(c)

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <ctime>
 
 namespace steptrace::detail {
@@ -30,6 +31,18 @@ RunQueueReader::~RunQueueReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+bool RunQueueReader::watch(long tid, clockid_t cpu_clock) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%ld/schedstat", tid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+  failed_ = false;
+  cpu_clock_ = cpu_clock;
+  return true;
+}
+
 SchedStat RunQueueReader::read() noexcept {
   if (failed_) return {};
   if (fd_ < 0) {
@@ -49,7 +62,7 @@ SchedStat RunQueueReader::read() noexcept {
   // schedstat's on-CPU field is the runtime as of the last tick or switch (up to a tick
   // old for a thread that keeps running); the thread's CPU clock brings it up to date.
   timespec cpu{};
-  if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
+  if (::clock_gettime(cpu_clock_, &cpu) == 0) {
     s.on_cpu_ns = static_cast<std::int64_t>(cpu.tv_sec) * 1'000'000'000 + cpu.tv_nsec;
   }
   return s;

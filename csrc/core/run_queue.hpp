@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 
 namespace steptrace::detail {
 
@@ -19,10 +20,14 @@ struct SchedStat {
 
 /// Reads /proc/thread-self/schedstat (and the thread's CPU clock, the same runtime brought up
 /// to date). The file is opened on the first read by the thread
-/// that reads (it names that thread) and re-read with pread. Training thread only.
+/// that reads (it names that thread) and re-read with pread; or, after watch(), another
+/// thread's (/proc/self/task/<tid>/schedstat and that thread's CPU clock).
 class RunQueueReader {
  public:
   RunQueueReader() = default;
+  /// From now on reads thread `tid` of this process, whose CPU clock is `cpu_clock`
+  /// (pthread_getcpuclockid, taken on that thread). False where its file cannot be opened.
+  bool watch(long tid, clockid_t cpu_clock) noexcept;
   ~RunQueueReader();
   RunQueueReader(const RunQueueReader&) = delete;
   RunQueueReader& operator=(const RunQueueReader&) = delete;
@@ -34,6 +39,7 @@ class RunQueueReader {
  private:
   int fd_ = -1;
   bool failed_ = false;
+  clockid_t cpu_clock_ = CLOCK_THREAD_CPUTIME_ID;  // the read thread's CPU clock
 };
 
 /// Parses a schedstat line; wait_ns -1 when malformed.

@@ -108,6 +108,20 @@ struct WorkCount {
 
 /// One interval outside training work (Profiler::begin_interval), listed in the record of
 /// the step it ended before (or inside).
+/// Takes the figures `from` knows (>= 0) into `into`; the others stay.
+inline void merge_memory_sample(MemorySample& into, const MemorySample& from) noexcept {
+  auto take = [](std::int64_t& a, std::int64_t b) {
+    if (b >= 0) a = b;
+  };
+  take(into.allocated_bytes, from.allocated_bytes);
+  take(into.reserved_bytes, from.reserved_bytes);
+  take(into.peak_bytes, from.peak_bytes);
+  take(into.rss_bytes, from.rss_bytes);
+  take(into.heap_bytes, from.heap_bytes);
+  take(into.device_used_bytes, from.device_used_bytes);
+  take(into.device_total_bytes, from.device_total_bytes);
+}
+
 struct IntervalEntry {
   IntervalKind kind = IntervalKind::kOther;
   bool inside_step = false;  // it ran inside the step, not between steps

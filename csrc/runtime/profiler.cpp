@@ -88,6 +88,16 @@ class ProfilerImpl final : public SignalClosable {
     }
     if (config_.sample_heap && HeapSampler::available()) heap_.emplace(config_);
     memory_sources_ = std::move(backends.memory_sources);
+    // With the watchdog (detect) on the host clock, it reads the sources that allow it;
+    // a test's fake clock keeps every reading on the steps' own clock.
+    const bool host_readings = config_.detect && host_clock_;
+    for (const auto& source : memory_sources_) {
+      if (host_readings && source->any_thread() && source->min_interval_ns() > 0) {
+        host_readings_.add_source(source.get());
+      } else {
+        recorder_sources_.push_back(source.get());
+      }
+    }
     setup_device_activity(backends, info.external_profiler_active);
     setup_telemetry(backends);
     peak_ = choose_peak(config_.peak_tflops, config_.mfu_dtype, device_name());
@@ -118,12 +128,14 @@ class ProfilerImpl final : public SignalClosable {
     }
     recorder_.bind({&config_, &names_, clock_.get(), stream_source_.get(), device_.get(),
                     activity_.get(), sampler_.get(), telemetry_.get(), detection_.get(),
-                    &memory_sources_, heap_ ? &*heap_ : nullptr, writer_.get(), &alerts_,
-                    &watchdog_, start_, host_clock_});
+                    &recorder_sources_, config_.detect && host_clock_ ? &host_readings_ : nullptr,
+                    heap_ ? &*heap_ : nullptr, writer_.get(), &alerts_, &watchdog_, start_,
+                    host_clock_});
     recorder_.set_peak_flops(peak_.flops_per_s);
     if (config_.detect) {
       watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
-                       writer_.get(), clock_.get(), start_, &recorder_.collectives()});
+                       writer_.get(), clock_.get(), start_, &recorder_.collectives(),
+                       host_clock_ ? &host_readings_ : nullptr});
     }
     owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     register_for_signal(this);
@@ -519,8 +531,10 @@ class ProfilerImpl final : public SignalClosable {
 
   Config config_;
   std::unique_ptr<Clock> clock_;
-  bool host_clock_ = false;  // clock_ is make_host_clock()'s
-  std::vector<std::unique_ptr<MemorySource>> memory_sources_;
+  bool host_clock_ = false;                                    // clock_ is make_host_clock()'s
+  std::vector<std::unique_ptr<MemorySource>> memory_sources_;  // all (run_start lists them)
+  std::vector<MemorySource*> recorder_sources_;                // read at a step's end
+  HostReadings host_readings_;       // the watchdog's: the others, and the steps' run queue
   std::optional<HeapSampler> heap_;  // the C heap, when sample_heap
   PhaseNames names_;
   std::string log_path_;

@@ -1,5 +1,8 @@
 #include "step_recorder.hpp"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "../core/alert.hpp"
@@ -26,6 +29,11 @@ void StepRecorder::bind(const Parts& parts) {
 // contiguous lines, and it runs when the caches are cold (issue 30).
 void StepRecorder::begin_step() {
   if (STEPTRACE_UNLIKELY(has_backends_)) prepare_backends_step();
+  if (STEPTRACE_UNLIKELY(
+          parts_.host_readings != nullptr &&
+          (!stepping_thread_set_ || !pthread_equal(stepping_thread_, pthread_self())))) {
+    watch_this_thread();
+  }
   const std::int64_t now = now_ns();
   current_.step = step_index_++;
   current_.start_unix_ns = unix_ns_at(now);
@@ -111,14 +119,11 @@ void StepRecorder::end_step(bool failed) {
   current_.comm = collectives_.take();
   current_.failed = failed;
   current_.rss_fresh = false;
-  if (STEPTRACE_UNLIKELY(now >= next_source_read_ns_)) read_memory_sources(now);
-  current_.memory = sources_sample_;  // the last figures of each, held between readings
-  if (parts_.heap) parts_.heap->sample(current_.step, current_.memory);
   current_.runq_ns = -1;
   current_.on_cpu_ns = -1;
   current_.steal_ns = -1;
-  // Read at most every 10 ms, and at every iteration much longer than the recent ones, so
-  // that a slow step always has the figure that tells contention from the model.
+  // The run queue is read every 10 ms, and at every iteration much longer than the recent
+  // ones, so that a slow step always has the figure that tells contention from the model.
   const std::int64_t iteration =
       last_step_end_ns_ == kUnset ? current_.step_ns : now - last_step_end_ns_;
   // An iteration the slow-step rule may call slow (over regression_threshold x the recent
@@ -136,11 +141,20 @@ void StepRecorder::end_step(bool failed) {
           ? iteration
           : iteration_ewma_ns_ +
                 (std::min(iteration, 4 * iteration_ewma_ns_) - iteration_ewma_ns_) / 16;
-  if (STEPTRACE_UNLIKELY(now - runq_read_ns_ >= kRunQueueInterval || long_iteration)) {
+  if (STEPTRACE_UNLIKELY(now >= next_source_read_ns_)) read_memory_sources(now);
+  if (parts_.host_readings != nullptr) {
+    // The watchdog's 10 ms readings; a long iteration reads its own run queue below, up
+    // to its end (a reading of the watchdog's from before then is left, older than it).
+    take_host_readings(/*run_queue=*/!long_iteration);
+  }
+  if (STEPTRACE_UNLIKELY(long_iteration || (parts_.host_readings == nullptr &&
+                                            now - runq_read_ns_ >= kRunQueueInterval))) {
     read_run_queue(now, may_be_slow, excess_ns);
   }
+  current_.memory = sources_sample_;  // the last figures of each, held between readings
+  if (parts_.heap) parts_.heap->sample(current_.step, current_.memory);
   if (STEPTRACE_UNLIKELY(external_memory_set_)) {
-    merge(current_.memory, external_memory_);
+    merge_memory_sample(current_.memory, external_memory_);
     external_memory_ = MemorySample{};
     external_memory_set_ = false;
   }
@@ -170,7 +184,33 @@ void StepRecorder::end_step(bool failed) {
 // The thread's run-queue wait and CPU time since the last reading (and steal, where the
 // host reports it); see end_step for when.
 void StepRecorder::read_run_queue(std::int64_t now, bool may_be_slow, double excess_ns) noexcept {
-  const SchedStat sched = run_queue_.read();
+  use_run_queue_reading(now, run_queue_.read(), may_be_slow, excess_ns);
+}
+
+void StepRecorder::take_host_memory() noexcept {
+  if (!parts_.host_readings->take_memory(&host_memory_seen_, &host_memory_)) return;
+  current_.rss_fresh = current_.rss_fresh || host_memory_.rss_bytes >= 0;
+  merge_sources();
+}
+
+void StepRecorder::take_host_run_queue() noexcept {
+  std::int64_t at = 0;
+  SchedStat sched;
+  if (parts_.host_readings->take_run_queue(&host_runq_seen_, &at, &sched) && at > runq_read_ns_) {
+    use_run_queue_reading(at, sched, /*may_be_slow=*/false, 0);
+  }
+}
+
+void StepRecorder::watch_this_thread() noexcept {
+  stepping_thread_ = pthread_self();
+  stepping_thread_set_ = true;
+  clockid_t cpu_clock = CLOCK_THREAD_CPUTIME_ID;
+  if (pthread_getcpuclockid(stepping_thread_, &cpu_clock) != 0) return;
+  parts_.host_readings->watch_thread(static_cast<long>(::syscall(SYS_gettid)), cpu_clock);
+}
+
+void StepRecorder::use_run_queue_reading(std::int64_t now, const SchedStat& sched, bool may_be_slow,
+                                         double excess_ns) noexcept {
   const bool spanned = sched.wait_ns >= 0 && runq_read_ns_ != kUnset;
   std::int64_t off_cpu = 0;  // neither on a CPU nor waiting for one: all steal can be
   if (spanned) {
@@ -204,7 +244,7 @@ void StepRecorder::end_backends_step() noexcept {
   if (parts_.telemetry) {  // device-wide memory at the sampler's latest reading: no driver call;
     MemorySample device;   // fresher than the Python hook's (at most once a second)
     if (parts_.telemetry->device_memory(&device.device_used_bytes, &device.device_total_bytes)) {
-      merge(current_.memory, device);
+      merge_memory_sample(current_.memory, device);
     }
   }
   if (current_.activity_begin_ns >= 0) {
@@ -242,9 +282,8 @@ void StepRecorder::begin_interval(IntervalKind kind) {
 // Reads the memory sources whose interval has passed (RSS: 10 ms), and schedules the
 // next read for the earliest of them: the steps in between check one time.
 void StepRecorder::read_memory_sources(std::int64_t now) noexcept {
-  auto& sources = *parts_.memory_sources;
+  const auto& sources = *parts_.memory_sources;
   std::int64_t next = INT64_MAX;
-  sources_sample_ = MemorySample{};
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const std::int64_t interval = sources[i]->min_interval_ns();
     if (now - source_sampled_ns_[i] >= interval) {
@@ -254,9 +293,14 @@ void StepRecorder::read_memory_sources(std::int64_t now) noexcept {
       current_.rss_fresh = current_.rss_fresh || source_samples_[i].rss_bytes >= 0;
     }
     next = std::min(next, source_sampled_ns_[i] + interval);
-    merge(sources_sample_, source_samples_[i]);
   }
   next_source_read_ns_ = next;
+  merge_sources();
+}
+
+void StepRecorder::merge_sources() noexcept {
+  sources_sample_ = host_memory_;  // the training thread's sources first in the merge
+  for (const MemorySample& s : source_samples_) merge_memory_sample(sources_sample_, s);
 }
 
 // Ends the open interval at `now`: into the step in progress when it began inside it,
@@ -312,7 +356,7 @@ void StepRecorder::report_device_failure() {
 // RSS would not do: the heap rarely gives memory back, so RSS rises where the
 // high-water mark is crossed, not where a leak is.
 std::int64_t StepRecorder::attribution_level() noexcept {
-  for (auto& source : *parts_.memory_sources) {
+  for (MemorySource* source : *parts_.memory_sources) {
     const std::int64_t live = source->live_bytes();
     if (live >= 0) return live;
   }

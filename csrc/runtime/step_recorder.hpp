@@ -6,6 +6,7 @@
 // profiler's entry points as it did before the split.
 #pragma once
 
+#include <pthread.h>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "../core/heap_sampler.hpp"
 #include "../core/run_queue.hpp"
 #include "../core/step_record.hpp"
+#include "host_readings.hpp"
 #include "run_environment.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
@@ -51,7 +53,8 @@ class StepRecorder {
     CounterSampler* sampler = nullptr;
     TelemetrySource* telemetry = nullptr;
     DetectionStage* detection = nullptr;
-    std::vector<std::unique_ptr<MemorySource>>* memory_sources = nullptr;
+    const std::vector<MemorySource*>* memory_sources = nullptr;  // read here, at a step's end
+    HostReadings* host_readings = nullptr;  // the watchdog's readings; null: all read here
     HeapSampler* heap = nullptr;
     RecordPipeline* writer = nullptr;
     AlertLog* alerts = nullptr;
@@ -160,7 +163,7 @@ class StepRecorder {
   }
 
   void set_step_memory(const MemorySample& s) {
-    merge(external_memory_, s);
+    merge_memory_sample(external_memory_, s);
     external_memory_set_ = true;
   }
 
@@ -230,6 +233,25 @@ class StepRecorder {
   [[gnu::cold, gnu::noinline]] void read_memory_sources(std::int64_t now) noexcept;
   [[gnu::cold, gnu::noinline]] void read_run_queue(std::int64_t now, bool may_be_slow,
                                                    double excess_ns) noexcept;
+  // A run-queue reading taken at `at` (here or by the watchdog) into the step's figures.
+  void use_run_queue_reading(std::int64_t at, const SchedStat& sched, bool may_be_slow,
+                             double excess_ns) noexcept;
+  // The watchdog's readings at a step's end (HostReadings): one line checked, read only
+  // when a new one was published (every 10 ms).
+  void take_host_readings(bool run_queue) noexcept {
+    HostReadings& host = *parts_.host_readings;
+    if (STEPTRACE_UNLIKELY(host.has_memory_since(host_memory_seen_))) take_host_memory();
+    if (STEPTRACE_UNLIKELY(run_queue && host.has_run_queue_since(host_runq_seen_))) {
+      take_host_run_queue();
+    }
+  }
+  [[gnu::cold, gnu::noinline]] void take_host_memory() noexcept;
+  [[gnu::cold, gnu::noinline]] void take_host_run_queue() noexcept;
+  // The watchdog reads the run queue of the thread that runs the steps: told at the first
+  // step, and again when the steps move to another thread.
+  [[gnu::cold, gnu::noinline]] void watch_this_thread() noexcept;
+  // sources_sample_ from each source's last figures and the watchdog's.
+  void merge_sources() noexcept;
   [[gnu::noinline]] void prepare_backends_step();
   [[gnu::noinline]] void begin_backends_step() noexcept;
   [[gnu::noinline]] void end_backends_step() noexcept;
@@ -270,18 +292,6 @@ class StepRecorder {
   // The level phase attribution follows (only for a few steps after a memory_growth
   // alert); see the definition.
   std::int64_t attribution_level() noexcept;
-  static void merge(MemorySample& into, const MemorySample& from) noexcept {
-    auto take = [](std::int64_t& a, std::int64_t b) {
-      if (b >= 0) a = b;
-    };
-    take(into.allocated_bytes, from.allocated_bytes);
-    take(into.reserved_bytes, from.reserved_bytes);
-    take(into.peak_bytes, from.peak_bytes);
-    take(into.rss_bytes, from.rss_bytes);
-    take(into.heap_bytes, from.heap_bytes);
-    take(into.device_used_bytes, from.device_used_bytes);
-    take(into.device_total_bytes, from.device_total_bytes);
-  }
 
   // What a phase boundary reads and writes, first and together: lines 1-2 and the first
   // line of each by-slot array for up to 8 phases a step.
@@ -307,6 +317,11 @@ class StepRecorder {
   std::vector<std::int64_t> source_sampled_ns_;  // and when they were taken
   std::int64_t next_source_read_ns_ = 0;         // the earliest of the sources' next reads
   MemorySample sources_sample_;                  // all sources' last figures, merged
+  MemorySample host_memory_;                     // the watchdog's sources' (HostReadings)
+  std::uint64_t host_memory_seen_ = 0;           // the HostReadings publications taken
+  std::uint64_t host_runq_seen_ = 0;
+  pthread_t stepping_thread_{};  // the thread host_readings reads the run queue of
+  bool stepping_thread_set_ = false;
   StepRecord current_;
   MemorySample external_memory_;  // set_step_memory's, for the step in progress
   bool external_memory_set_ = false;

@@ -1,5 +1,6 @@
 #include "watchdog.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,6 +34,9 @@ void add_flight_recorder(AlertEvent& event, const std::string& answer) {
 
 void Watchdog::start(const Context& context) {
   context_ = context;
+  // The first readings before the first step (its memory figures), on this thread: the
+  // watchdog's polls follow (the thread's start orders them after this one).
+  if (context_.host != nullptr) context_.host->poll(context_.clock->now_ns());
   auto steal = std::make_unique<StealReader>();
   if (steal->available()) steal_ = std::move(steal);
   thread_ = std::thread([this] { loop(); });
@@ -69,19 +73,27 @@ void Watchdog::loop() {
   IntervalHangDetector interval_hang(config);
   std::unique_lock<std::mutex> lock(mu_);
   // Hangs are checked every 100 ms; steal is read at StealCadence's pace (every 10 ms while
-  // it moves, its ticks being 10 ms at USER_HZ 100; every 100 ms while it does not).
+  // it moves, its ticks being 10 ms at USER_HZ 100; every 100 ms while it does not); the
+  // host readings (RSS, the steps' run queue) are taken every 10 ms.
   constexpr int kCheckMs = 100;
+  constexpr int kHostMs = 10;
   StealCadence cadence;
   std::int64_t seen_steal_ns = steal_total_ns();
-  for (int last = 0, since_check_ms = 0; !last;) {
-    const int period_ms = steal_ ? cadence.period_ms() : kCheckMs;
+  for (int last = 0, since_check_ms = 0, since_steal_ms = 0; !last;) {
+    const int steal_period_ms = steal_ ? cadence.period_ms() : kCheckMs;
+    const int period_ms =
+        context_.host != nullptr ? std::min(kHostMs, steal_period_ms) : steal_period_ms;
     cv_.wait_for(lock, std::chrono::milliseconds(period_ms), [&] { return stop_; });
     last = stop_ ? 1 : 0;  // one more check at close: a hang resolved just before it
     lock.unlock();
-    if (steal_) {
+    if (context_.host != nullptr) context_.host->poll(context_.clock->now_ns());
+    since_steal_ms += period_ms;
+    if (steal_ && since_steal_ms >= steal_period_ms) {
       const std::int64_t total = refresh_steal();
-      cadence.on_read(total != seen_steal_ns, period_ms);  // a refresh's movement counts too
+      // a refresh's movement counts too
+      cadence.on_read(total != seen_steal_ns, since_steal_ms);
       seen_steal_ns = total;
+      since_steal_ms = 0;
     }
     since_check_ms += period_ms;
     if (!last && since_check_ms < kCheckMs) {

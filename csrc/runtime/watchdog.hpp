@@ -12,6 +12,7 @@
 
 #include "../core/collective_timer.hpp"
 #include "../core/host_steal.hpp"
+#include "host_readings.hpp"
 #include "run_environment.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
@@ -54,6 +55,7 @@ class Watchdog {
     Clock* clock = nullptr;
     ClockMapping start;
     const CollectiveTimer* collectives = nullptr;  // a hung step waiting in one says so
+    HostReadings* host = nullptr;                  // polled when due (every 10 ms); null: none
   };
 
   Watchdog() = default;

@@ -35,8 +35,10 @@ struct MemorySample {
   std::int64_t device_total_bytes = -1;  // device memory size
 };
 
-/// A source of memory statistics, sampled once at the end of every step on the training
-/// thread. Fills the fields it knows and leaves the others alone. Must be noexcept.
+/// A source of memory statistics, sampled at the end of a step on the training thread (at
+/// most every min_interval_ns), or on steptrace's watchdog thread where any_thread() says it
+/// may be (then the steps take its latest figures). Fills the fields it knows and leaves the
+/// others alone. Must be noexcept.
 class STEPTRACE_API MemorySource {
  public:
   virtual ~MemorySource() = default;
@@ -45,6 +47,11 @@ class STEPTRACE_API MemorySource {
   virtual void sample(MemorySample& out) noexcept = 0;
   /// Sample at most this often (steps in between repeat the last figures); 0: every step.
   virtual std::int64_t min_interval_ns() const noexcept { return 0; }
+  /// sample() may run on another thread than the training thread (it reads process-wide
+  /// figures and keeps no state the training thread touches). With a nonzero
+  /// min_interval_ns, the watchdog thread then reads it, and the training thread does no
+  /// I/O for it (issue 30: a cold /proc read is ~3.5 us).
+  virtual bool any_thread() const noexcept { return false; }
   /// Allocated bytes now, without side effects (sample() may reset a per-step peak), for
   /// attributing memory growth to phases; -1 when this source has no such figure.
   virtual std::int64_t live_bytes() noexcept { return -1; }

@@ -3,15 +3,19 @@
 // sched-stats.rst for schedstat; proc(5) for /proc/stat: "cpuN user nice system idle iowait
 // irq softirq steal guest guest_nice", in USER_HZ ticks).
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "core/host_steal.hpp"
 #include "core/run_queue.hpp"
+#include "runtime/host_readings.hpp"
 
 namespace steptrace::detail {
 namespace {
@@ -100,6 +104,72 @@ TEST(StealCadence, ReadsEvery100msUntilStealMovesThen10msForAQuietSecond) {
   c.on_read(false, c.period_ms());  // a whole quiet second: back to 100 ms
   EXPECT_EQ(c.period_ms(), 100);
   EXPECT_FALSE(c.active());
+}
+
+// A memory source the watchdog may read (MemorySource::any_thread): its figure counts its
+// reads.
+class CountingSource final : public MemorySource {
+ public:
+  const char* name() const noexcept override { return "counting"; }
+  void sample(MemorySample& out) noexcept override { out.rss_bytes = ++reads * 4096; }
+  std::int64_t min_interval_ns() const noexcept override { return 10'000'000; }
+  bool any_thread() const noexcept override { return true; }
+  int reads = 0;
+};
+
+TEST(HostReadings, ReadsASourceOnceItsIntervalHasPassedAndAStepTakesEachReadingOnce) {
+  CountingSource source;
+  HostReadings host;
+  host.add_source(&source);
+  std::uint64_t seen = 0;
+  MemorySample m;
+  EXPECT_FALSE(host.take_memory(&seen, &m)) << "nothing read yet";
+  EXPECT_EQ(host.poll(1'000), 1'000 + 10'000'000) << "read at once; the next read is due then";
+  ASSERT_TRUE(host.has_memory_since(seen));
+  ASSERT_TRUE(host.take_memory(&seen, &m));
+  EXPECT_EQ(m.rss_bytes, 4096);
+  EXPECT_FALSE(host.has_memory_since(seen)) << "each reading is taken once";
+  EXPECT_FALSE(host.take_memory(&seen, &m));
+  host.poll(1'000 + 9'999'999);
+  EXPECT_EQ(source.reads, 1);
+  EXPECT_FALSE(host.has_memory_since(seen));
+  host.poll(1'000 + 10'000'000);
+  EXPECT_EQ(source.reads, 2);
+  ASSERT_TRUE(host.take_memory(&seen, &m));
+  EXPECT_EQ(m.rss_bytes, 8192);
+}
+
+// The watchdog reads the stepping thread's schedstat and CPU clock from its own thread.
+TEST(HostReadings, ReadsTheRunQueueOfTheSteppingThreadFromAnotherThread) {
+  HostReadings host;
+  std::uint64_t seen = 0;
+  std::int64_t at = 0;
+  SchedStat s;
+  host.poll(5);
+  EXPECT_FALSE(host.has_run_queue_since(seen)) << "no thread to read yet";
+  clockid_t cpu_clock{};
+  ASSERT_EQ(pthread_getcpuclockid(pthread_self(), &cpu_clock), 0);
+  host.watch_thread(static_cast<long>(::syscall(SYS_gettid)), cpu_clock);
+  std::thread([&] { host.poll(1'000); }).join();
+  if (!host.has_run_queue_since(seen)) GTEST_SKIP() << "no schedstat for threads here";
+  ASSERT_TRUE(host.take_run_queue(&seen, &at, &s));
+  EXPECT_EQ(at, 1'000);
+  EXPECT_GE(s.wait_ns, 0);
+  // This thread's work shows in the next reading, though another thread takes it.
+  volatile double x = 0;
+  for (int i = 0; i < 20'000'000; ++i) x = x + 1.0 / (i + 1);
+  std::thread([&] { host.poll(1'000 + 5'000'000); }).join();
+  EXPECT_FALSE(host.has_run_queue_since(seen)) << "read at most every 10 ms";
+  std::thread([&] { host.poll(1'000 + 10'000'000); }).join();
+  SchedStat after;
+  ASSERT_TRUE(host.take_run_queue(&seen, &at, &after));
+  EXPECT_EQ(at, 1'000 + 10'000'000);
+  EXPECT_GT(after.on_cpu_ns - s.on_cpu_ns, 10'000'000)
+      << "this thread's CPU time, not the poller's";
+  // a reading of a thread the steps have left is not theirs
+  host.poll(1'000 + 20'000'000);
+  host.watch_thread(1, cpu_clock);
+  EXPECT_FALSE(host.take_run_queue(&seen, &at, &after));
 }
 
 }  // namespace

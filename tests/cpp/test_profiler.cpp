@@ -277,6 +277,35 @@ TEST(Profiler, RunQueueWaitIsReadAtMostEveryTenMilliseconds) {
   EXPECT_EQ(read, (std::vector<int>{3}));
 }
 
+// On the host clock the watchdog takes the 10 ms readings (HostReadings): the first step
+// has the process RSS, read before it, and steps of 1 ms carry a run-queue figure about
+// every 10 ms (the first reading is the baseline).
+TEST(Profiler, OnTheHostClockTheStepsCarryTheWatchdogsTenMillisecondReadings) {
+  TempDir tmp;
+  auto prof = std::make_unique<Profiler>(testing::run_config(tmp), RunInfo{}, Backends{});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < until) {
+    auto s = prof->step();
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+    while (std::chrono::steady_clock::now() < end) {
+    }
+  }
+  const std::string path = prof->log_path();
+  prof->close();
+  const auto steps = of_kind(read_jsonl(path), "step");
+  ASSERT_GE(steps.size(), 30u);
+  EXPECT_GT(steps.front()["memory"]["rss_bytes"].get<std::int64_t>(), 0);
+  int readings = 0;
+  for (const auto& s : steps) {
+    if (!s.contains("host")) continue;
+    ++readings;
+    EXPECT_GE(s["host"]["runq_ms"].get<double>(), 0.0);
+    EXPECT_GT(s["host"]["runq_span_ms"].get<double>(), 0.0);
+  }
+  // ~29 at a 10 ms pace; a loaded host delays the watchdog, not by 3x
+  EXPECT_GE(readings, 10);
+}
+
 // A loader advanced inside a step (a nested next()) must not throw into training: the
 // wait stays part of the step, and run_end counts it.
 TEST(Profiler, DataInsideAStepIsCountedNotThrown) {

@@ -28,6 +28,7 @@ class RssSource final : public MemorySource {
   const char* name() const noexcept override { return "rss"; }
   // A cold read costs several microseconds; RSS moves slowly.
   std::int64_t min_interval_ns() const noexcept override { return 10'000'000; }
+  bool any_thread() const noexcept override { return true; }  // process-wide, pread only
 
   void sample(MemorySample& out) noexcept override {
     char buf[128];
