@@ -684,7 +684,7 @@ def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple
 
 def print_paired(rows: List[Dict[str, object]]) -> None:
     for row in rows:
-        print(f"\n== {row['workload']}: {row['rounds']} rounds of adjacent steps, one per arm, random order; "
+        print(f"\n== {row['workload']}: {row['rounds']} rounds of adjacent steps, one per arm, random order, steptrace's last; "
               f"bare step {row['bare_us']:.1f} us wall (median) ==")
         print(f"{'overhead per step against bare, us':48s} {'mean':>8s} {'95% CI (t)':>18s} {'median':>8s}")
         for v in row["variants"]:
