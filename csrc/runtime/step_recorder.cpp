@@ -147,8 +147,11 @@ void StepRecorder::end_step(bool failed) {
     // to its end (a reading of the watchdog's from before then is left, older than it).
     take_host_readings(/*run_queue=*/!long_iteration);
   }
-  if (STEPTRACE_UNLIKELY(long_iteration || (parts_.host_readings == nullptr &&
-                                            now - runq_read_ns_ >= kRunQueueInterval))) {
+  // Only on the host clock: on another (a test's fake clock) the run queue's host time could
+  // not be compared with the steps' times, and a real wait would judge a step.
+  if (STEPTRACE_UNLIKELY(parts_.host_clock &&
+                         (long_iteration || (parts_.host_readings == nullptr &&
+                                             now - runq_read_ns_ >= kRunQueueInterval)))) {
     read_run_queue(now, may_be_slow, excess_ns);
   }
   current_.memory = sources_sample_;  // the last figures of each, held between readings
