@@ -106,8 +106,6 @@ struct WorkCount {
   }
 };
 
-/// One interval outside training work (Profiler::begin_interval), listed in the record of
-/// the step it ended before (or inside).
 /// Takes the figures `from` knows (>= 0) into `into`; the others stay.
 inline void merge_memory_sample(MemorySample& into, const MemorySample& from) noexcept {
   auto take = [](std::int64_t& a, std::int64_t b) {
@@ -122,6 +120,8 @@ inline void merge_memory_sample(MemorySample& into, const MemorySample& from) no
   take(into.device_total_bytes, from.device_total_bytes);
 }
 
+/// One interval outside training work (Profiler::begin_interval), listed in the record of
+/// the step it ended before (or inside).
 struct IntervalEntry {
   IntervalKind kind = IntervalKind::kOther;
   bool inside_step = false;  // it ran inside the step, not between steps

@@ -20,12 +20,11 @@ namespace steptrace::detail {
 
 class HostReadings {
  public:
-  static constexpr std::int64_t kRunQueueIntervalNs = 10'000'000;
+  static constexpr std::int64_t kRunQueueIntervalNs = 10'000'000;  // also the steps' own pace
 
   // Before the watchdog starts: a source it reads from now on (any_thread, nonzero
   // min_interval_ns); it outlives this object.
   void add_source(MemorySource* source);
-  bool has_sources() const noexcept { return !sources_.empty(); }
 
   // Training thread: the thread whose run queue to read (its tid and CPU clock); the
   // watchdog opens its file at its next poll. Called again when steps move to a thread.

@@ -88,11 +88,8 @@ class ProfilerImpl final : public SignalClosable {
     }
     if (config_.sample_heap && HeapSampler::available()) heap_.emplace(config_);
     memory_sources_ = std::move(backends.memory_sources);
-    // With the watchdog (detect) on the host clock, it reads the sources that allow it;
-    // a test's fake clock keeps every reading on the steps' own clock.
-    const bool host_readings = config_.detect && host_clock_;
     for (const auto& source : memory_sources_) {
-      if (host_readings && source->any_thread() && source->min_interval_ns() > 0) {
+      if (host_readings() != nullptr && source->any_thread() && source->min_interval_ns() > 0) {
         host_readings_.add_source(source.get());
       } else {
         recorder_sources_.push_back(source.get());
@@ -128,14 +125,13 @@ class ProfilerImpl final : public SignalClosable {
     }
     recorder_.bind({&config_, &names_, clock_.get(), stream_source_.get(), device_.get(),
                     activity_.get(), sampler_.get(), telemetry_.get(), detection_.get(),
-                    &recorder_sources_, config_.detect && host_clock_ ? &host_readings_ : nullptr,
-                    heap_ ? &*heap_ : nullptr, writer_.get(), &alerts_, &watchdog_, start_,
-                    host_clock_});
+                    &recorder_sources_, host_readings(), heap_ ? &*heap_ : nullptr, writer_.get(),
+                    &alerts_, &watchdog_, start_, host_clock_});
     recorder_.set_peak_flops(peak_.flops_per_s);
     if (config_.detect) {
       watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
                        writer_.get(), clock_.get(), start_, &recorder_.collectives(),
-                       host_clock_ ? &host_readings_ : nullptr});
+                       host_readings()});
     }
     owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     register_for_signal(this);
@@ -480,6 +476,12 @@ class ProfilerImpl final : public SignalClosable {
       chained_stage_ = std::make_unique<ChainedCompleter>(
           std::vector<StepCompleter*>{device_stage_.get(), telemetry_stage_.get()});
     }
+  }
+
+  // The watchdog's 10 ms readings, where it runs (detect) on the host clock; null: the steps
+  // read for themselves (a test's fake clock keeps every reading on the steps' own clock).
+  HostReadings* host_readings() noexcept {
+    return config_.detect && host_clock_ ? &host_readings_ : nullptr;
   }
 
   // The GPU the steps are timed on ("" without one): MFU's peak is looked up by it.

@@ -149,9 +149,10 @@ void StepRecorder::end_step(bool failed) {
   }
   // Only on the host clock: on another (a test's fake clock) the run queue's host time could
   // not be compared with the steps' times, and a real wait would judge a step.
-  if (STEPTRACE_UNLIKELY(parts_.host_clock &&
-                         (long_iteration || (parts_.host_readings == nullptr &&
-                                             now - runq_read_ns_ >= kRunQueueInterval)))) {
+  if (STEPTRACE_UNLIKELY(
+          parts_.host_clock &&
+          (long_iteration || (parts_.host_readings == nullptr &&
+                              now - runq_read_ns_ >= HostReadings::kRunQueueIntervalNs)))) {
     read_run_queue(now, may_be_slow, excess_ns);
   }
   current_.memory = sources_sample_;  // the last figures of each, held between readings

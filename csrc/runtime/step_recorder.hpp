@@ -340,7 +340,6 @@ class StepRecorder {
   std::int64_t interval_start_ns_ = 0;
   bool interval_in_step_ = false;  // the open interval began inside a step
   bool data_suspended_ = false;    // a data wait was open when the interval began
-  static constexpr std::int64_t kRunQueueInterval = 10'000'000;  // ns between schedstat reads
   RunQueueReader run_queue_;
   std::int64_t runq_read_ns_ = kUnset;  // when it was last read, and the figures then
   SchedStat runq_sched_;
