@@ -54,7 +54,8 @@ class RecordPipeline final : public StepRecordQueue, private AlertOutput {
   /// is half full, so that a burst of short steps does not fill it.
   void commit_step_record() noexcept override {
     ring_.commit_push();
-    if (ring_.size() >= ring_.capacity() / 2 && !drain_requested_.load(std::memory_order_relaxed)) {
+    prefetch_step_record(ring_.next_slot());
+    if (ring_.at_least_half_full() && !drain_requested_.load(std::memory_order_relaxed)) {
       request_drain();
     }
   }

@@ -36,6 +36,20 @@ class SpscRing {
     head_.store(head_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
 
+  /// Producer: the slot the next push will fill (it may still be the consumer's), for a
+  /// prefetch only.
+  const T* next_slot() const noexcept {
+    return &slots_[head_.load(std::memory_order_relaxed) & mask_];
+  }
+  /// Producer: at least half full, by the producer's view of the consumer first (its own
+  /// line), reading the consumer's index only when that view says so.
+  bool at_least_half_full() noexcept {
+    const std::size_t head = head_.load(std::memory_order_relaxed);
+    if (head - cached_tail_ < (mask_ + 1) / 2) return false;
+    cached_tail_ = tail_.load(std::memory_order_acquire);
+    return head - cached_tail_ >= (mask_ + 1) / 2;
+  }
+
   /// Consumer: the oldest published slot, or nullptr when empty.
   const T* front() noexcept {
     const std::size_t tail = tail_.load(std::memory_order_relaxed);

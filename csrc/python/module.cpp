@@ -37,41 +37,48 @@ struct StepHooks {
   py::object end;
 };
 
+// A step's begin and end, with the CUDA path's hooks when set (the step scope and the
+// explicit begin_step/end_step both come here). [[gnu::hot]] here and below: the step's
+// path is laid out together with the core's (see profiler.cpp).
+[[gnu::hot]] void begin_step_with_hooks(steptrace::Profiler& profiler, const StepHooks& hooks) {
+  if (hooks.begin) {
+    const py::object stream = hooks.begin();
+    if (stream.is_none()) {
+      profiler.clear_stream();
+    } else {
+      const auto [handle, device] = stream.cast<std::pair<std::uintptr_t, int>>();
+      profiler.set_stream(handle, device);
+    }
+  }
+  profiler.begin_step();
+}
+
+[[gnu::hot]] void end_step_with_hooks(steptrace::Profiler& profiler, const StepHooks& hooks,
+                                      bool failed) {
+  if (hooks.end) {
+    const py::object m = hooks.end();
+    if (!m.is_none()) {
+      using Bytes =
+          std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+      const auto t = m.cast<Bytes>();
+      steptrace::MemorySample s;
+      s.allocated_bytes = std::get<0>(t);
+      s.reserved_bytes = std::get<1>(t);
+      s.peak_bytes = std::get<2>(t);
+      s.device_used_bytes = std::get<3>(t);
+      s.device_total_bytes = std::get<4>(t);
+      profiler.set_step_memory(s);
+    }
+  }
+  profiler.end_step(failed);
+}
+
 struct StepScope {
   ProfilerPtr profiler;
   std::shared_ptr<StepHooks> hooks;
 
-  void enter() const {
-    if (hooks->begin) {
-      const py::object stream = hooks->begin();
-      if (stream.is_none()) {
-        profiler->clear_stream();
-      } else {
-        const auto [handle, device] = stream.cast<std::pair<std::uintptr_t, int>>();
-        profiler->set_stream(handle, device);
-      }
-    }
-    profiler->begin_step();
-  }
-
-  void exit(bool failed) const {
-    if (hooks->end) {
-      const py::object m = hooks->end();
-      if (!m.is_none()) {
-        using Bytes =
-            std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
-        const auto t = m.cast<Bytes>();
-        steptrace::MemorySample s;
-        s.allocated_bytes = std::get<0>(t);
-        s.reserved_bytes = std::get<1>(t);
-        s.peak_bytes = std::get<2>(t);
-        s.device_used_bytes = std::get<3>(t);
-        s.device_total_bytes = std::get<4>(t);
-        profiler->set_step_memory(s);
-      }
-    }
-    profiler->end_step(failed);
-  }
+  void enter() const { begin_step_with_hooks(*profiler, *hooks); }
+  void exit(bool failed) const { end_step_with_hooks(*profiler, *hooks, failed); }
 };
 
 // The torch CUDA allocator's live bytes from Python (torch.cuda.memory_allocated), for
@@ -144,19 +151,23 @@ void ready_type(PyTypeObject& t, const char* name, Py_ssize_t size, const char* 
 // C type (METH_NOARGS / METH_FASTCALL) skip pybind11's dispatcher, whose cost grows a lot
 // when a training step has flushed the caches.
 struct RawPhaseScope {
-  PyObject_HEAD ProfilerPtr* profiler;  // owned; keeps the profiler alive as long as the scope
+  // A boundary reads this object's line and goes straight to the profiler: `core` is
+  // what `*owner` points to, kept here so that the shared pointer's own allocation is not
+  // one more cold line per boundary (issue 30).
+  PyObject_HEAD steptrace::Profiler* core;
   PhaseId id;
+  ProfilerPtr* owner;  // owned; keeps the profiler alive as long as the scope
 };
 
 void phase_scope_dealloc(PyObject* self) {
-  delete reinterpret_cast<RawPhaseScope*>(self)->profiler;
+  delete reinterpret_cast<RawPhaseScope*>(self)->owner;
   Py_TYPE(self)->tp_free(self);
 }
 
-PyObject* phase_scope_enter(PyObject* self, PyObject* /*unused*/) {
+[[gnu::hot]] PyObject* phase_scope_enter(PyObject* self, PyObject* /*unused*/) {
   auto* s = reinterpret_cast<RawPhaseScope*>(self);
   try {
-    (*s->profiler)->begin_phase(s->id);
+    s->core->begin_phase(s->id);
   } catch (const std::exception& e) {
     return raise_python(e);
   }
@@ -164,11 +175,11 @@ PyObject* phase_scope_enter(PyObject* self, PyObject* /*unused*/) {
   return self;
 }
 
-PyObject* phase_scope_exit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+[[gnu::hot]] PyObject* phase_scope_exit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   auto* s = reinterpret_cast<RawPhaseScope*>(self);
   const bool unwinding = nargs > 0 && args[0] != Py_None;
   try {
-    (*s->profiler)->end_phase(s->id);
+    s->core->end_phase(s->id);
   } catch (const std::exception& e) {
     // The user's exception propagates unchanged; a misuse error must not replace it.
     if (!unwinding) return raise_python(e);
@@ -183,7 +194,7 @@ PyObject* phase_name_str(const steptrace::Profiler& profiler, PhaseId id) {
 
 PyObject* phase_scope_name(PyObject* self, void* /*unused*/) {
   auto* s = reinterpret_cast<RawPhaseScope*>(self);
-  return phase_name_str(**s->profiler, s->id);
+  return phase_name_str(*s->core, s->id);
 }
 
 PyMethodDef g_phase_scope_methods[] = {
@@ -205,7 +216,8 @@ void init_phase_scope_type(py::module_& m) {
 py::object make_phase_scope(const ProfilerPtr& profiler, PhaseId id) {
   RawPhaseScope* s = PyObject_New(RawPhaseScope, &g_phase_scope_type);
   if (s == nullptr) throw py::error_already_set();
-  s->profiler = new ProfilerPtr(profiler);
+  s->owner = new ProfilerPtr(profiler);
+  s->core = profiler.get();
   s->id = id;
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
 }
@@ -452,7 +464,10 @@ class PyProfiler {
 
 // ---- the step scope, the same way (one enter and one exit per step) ----
 struct RawStepScope {
-  PyObject_HEAD StepScope* scope;  // owned
+  // What enter and exit read, in this object's line (as RawPhaseScope's core).
+  PyObject_HEAD steptrace::Profiler* core;
+  const StepHooks* hooks;
+  StepScope* scope;  // owned; keeps both alive
 };
 
 void step_scope_dealloc(PyObject* self) {
@@ -460,9 +475,10 @@ void step_scope_dealloc(PyObject* self) {
   Py_TYPE(self)->tp_free(self);
 }
 
-PyObject* step_scope_enter(PyObject* self, PyObject* /*unused*/) {
+[[gnu::hot]] PyObject* step_scope_enter(PyObject* self, PyObject* /*unused*/) {
   try {
-    reinterpret_cast<RawStepScope*>(self)->scope->enter();
+    const auto* s = reinterpret_cast<RawStepScope*>(self);
+    begin_step_with_hooks(*s->core, *s->hooks);
   } catch (py::error_already_set& e) {
     e.restore();
     return nullptr;
@@ -473,9 +489,10 @@ PyObject* step_scope_enter(PyObject* self, PyObject* /*unused*/) {
   return self;
 }
 
-PyObject* step_scope_exit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+[[gnu::hot]] PyObject* step_scope_exit(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   try {
-    reinterpret_cast<RawStepScope*>(self)->scope->exit(/*failed=*/nargs > 0 && args[0] != Py_None);
+    const auto* s = reinterpret_cast<RawStepScope*>(self);
+    end_step_with_hooks(*s->core, *s->hooks, /*failed=*/nargs > 0 && args[0] != Py_None);
   } catch (py::error_already_set& e) {
     e.restore();
     return nullptr;
@@ -502,11 +519,13 @@ py::object make_step_scope(const StepScope& scope) {
   RawStepScope* s = PyObject_New(RawStepScope, &g_step_scope_type);
   if (s == nullptr) throw py::error_already_set();
   s->scope = new StepScope(scope);
+  s->core = s->scope->profiler.get();
+  s->hooks = s->scope->hooks.get();
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
 }
 
 // `prof.step` for Python: a builtin bound to the step scope that returns it.
-PyObject* return_self(PyObject* self, PyObject* /*unused*/) {
+[[gnu::hot]] PyObject* return_self(PyObject* self, PyObject* /*unused*/) {
   Py_INCREF(self);
   return self;
 }
@@ -526,9 +545,10 @@ PyObject* g_str_shape = nullptr;  // interned attribute names, set at import
 PyObject* g_str_dtype = nullptr;
 
 struct RawDataIterator {
-  PyObject_HEAD ProfilerPtr* profiler;  // owned
-  PyObject* inner;                      // the loader's iterator
-  PyObject* on_item;                    // called with each item (counts its work); or null
+  PyObject_HEAD steptrace::Profiler* core;  // *profiler, read without its line (RawPhaseScope)
+  ProfilerPtr* profiler;                    // owned
+  PyObject* inner;                          // the loader's iterator
+  PyObject* on_item;                        // called with each item (counts its work); or null
   // torch.Tensor and torch's integer dtypes (null / none: every item goes to on_item):
   // the common batches (a tensor, or a tuple or list led by one) are counted here, as
   // steptrace.work.batch_counter would, without its Python frames (issue 30: ~6 us per
@@ -561,8 +581,8 @@ const PyGetSetDef* getset_of(PyTypeObject* type, PyObject* name) {
 // attribute lookup would find (a getset descriptor is a data descriptor: it wins over the
 // instance dict), without the lookup, whose cold cost was ~0.5 us a read (issue 30); the
 // version tag changes when the type's attributes do. Any other object: the lookup.
-PyObject* tensor_attr(const RawDataIterator& it, PyObject* item, const PyGetSetDef* getter,
-                      PyObject* name) {
+[[gnu::hot]] PyObject* tensor_attr(const RawDataIterator& it, PyObject* item,
+                                   const PyGetSetDef* getter, PyObject* name) {
   PyTypeObject* t = it.tensor_type;
   if (getter != nullptr && Py_TYPE(item) == t &&
       PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) &&
@@ -594,7 +614,8 @@ int data_iterator_clear(PyObject* self) {
 // steptrace.work.batch_work for the batches it reads from a tensor: (samples, tokens), -1
 // where unknown. False where this item is not one of those (a mapping, a custom batch, a
 // tuple subclass) or reading it failed: then on_item decides (and raises what it raises).
-bool tensor_batch_work(const RawDataIterator& it, PyObject* item, double* samples, double* tokens) {
+[[gnu::hot]] bool tensor_batch_work(const RawDataIterator& it, PyObject* item, double* samples,
+                                    double* tokens) {
   *samples = -1;
   *tokens = -1;
   PyObject* batch = item;
@@ -654,10 +675,10 @@ void data_iterator_dealloc(PyObject* self) {
   PyObject_GC_Del(self);
 }
 
-PyObject* data_iterator_next(PyObject* self) {
+[[gnu::hot]] PyObject* data_iterator_next(PyObject* self) {
   auto* it = reinterpret_cast<RawDataIterator*>(self);
   if (it->inner == nullptr) return nullptr;
-  steptrace::Profiler& prof = **it->profiler;
+  steptrace::Profiler& prof = *it->core;
   const std::int64_t inside_before = prof.data_inside_step();
   try {
     prof.begin_data();
@@ -736,6 +757,7 @@ py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable, 
     throw py::error_already_set();
   }
   it->profiler = new ProfilerPtr(profiler);
+  it->core = profiler.get();
   it->inner = inner;
   it->on_item = nullptr;
   if (!on_item.is_none()) {
@@ -770,19 +792,48 @@ py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable, 
 }
 
 // ---- prof.phase, as a builtin function bound to its profiler (METH_O) ----
+constexpr std::size_t kTableNames = 8;
+
 struct RawPhaseTable {
-  PyObject_HEAD PyProfiler* profiler;
+  // The first interned names looked up (literals are), by identity, and their scopes, with
+  // references held: a lookup of one of them reads this object's lines and the scope's,
+  // nothing of the profiler (issue 30). Other names go to PyProfiler::phase.
+  PyObject_HEAD Py_ssize_t count;
+  std::array<PyObject*, kTableNames> names;
+  std::array<PyObject*, kTableNames> scopes;
+  PyProfiler* profiler;
   PyObject* owner;  // the Python Profiler object that owns *profiler
 };
 
 void phase_table_dealloc(PyObject* self) {
-  Py_XDECREF(reinterpret_cast<RawPhaseTable*>(self)->owner);
+  auto* t = reinterpret_cast<RawPhaseTable*>(self);
+  for (Py_ssize_t i = 0; i < t->count; ++i) {
+    Py_DECREF(t->names[static_cast<std::size_t>(i)]);
+    Py_DECREF(t->scopes[static_cast<std::size_t>(i)]);
+  }
+  Py_XDECREF(t->owner);
   Py_TYPE(self)->tp_free(self);
 }
 
-PyObject* phase_lookup(PyObject* self, PyObject* name) {
+[[gnu::hot]] PyObject* phase_lookup(PyObject* self, PyObject* name) {
+  auto* t = reinterpret_cast<RawPhaseTable*>(self);
+  for (Py_ssize_t i = 0; i < t->count; ++i) {
+    if (t->names[static_cast<std::size_t>(i)] == name) {
+      PyObject* scope = t->scopes[static_cast<std::size_t>(i)];
+      Py_INCREF(scope);
+      return scope;
+    }
+  }
   try {
-    return reinterpret_cast<RawPhaseTable*>(self)->profiler->phase(name).release().ptr();
+    py::object scope = t->profiler->phase(name);
+    if (static_cast<std::size_t>(t->count) < kTableNames && PyUnicode_CheckExact(name) &&
+        PyUnicode_CHECK_INTERNED(name)) {
+      const auto i = static_cast<std::size_t>(t->count++);
+      Py_INCREF(name);
+      t->names[i] = name;
+      t->scopes[i] = scope.inc_ref().ptr();
+    }
+    return scope.release().ptr();
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (py::builtin_exception& e) {
@@ -808,6 +859,7 @@ void init_phase_table_type() {
 py::object make_phase_function(py::object owner) {
   RawPhaseTable* table = PyObject_New(RawPhaseTable, &g_phase_table_type);
   if (table == nullptr) throw py::error_already_set();
+  table->count = 0;
   table->profiler = &owner.cast<PyProfiler&>();
   table->owner = owner.release().ptr();
   PyObject* fn =

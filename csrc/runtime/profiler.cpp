@@ -546,7 +546,6 @@ class ProfilerImpl final : public SignalClosable {
   // The training thread's steps; it publishes the in-flight state the watchdog and the
   // Prometheus scrape read.
   StepRecorder recorder_;
-  std::atomic<bool> closed_{false};
 
   std::unique_ptr<StreamSource> stream_source_;
   std::unique_ptr<DeviceTiming> device_;
@@ -578,7 +577,8 @@ class ProfilerImpl final : public SignalClosable {
   std::atomic<std::thread::id> owner_{};      // the training thread: the last to begin a step
   std::atomic<bool> busy_{false};             // the training thread is inside a step
   std::atomic<bool> close_requested_{false};  // by a close from another thread
-  bool detached_ = false;  // training thread: record nothing more (foreign close, fork)
+  bool detached_ = false;            // training thread: record nothing more (foreign close, fork)
+  std::atomic<bool> closed_{false};  // beside what a step's begin reads: one line for all
   bool abandoned_ = false;
   std::mutex busy_mu_;
   std::condition_variable busy_cv_;
@@ -671,11 +671,13 @@ Phase Profiler::phase(PhaseId id) {
 
 PhaseId Profiler::phase_id(std::string_view name) { return impl_->phase_id(name); }
 const std::string& Profiler::phase_name(PhaseId id) const { return impl_->phase_name(id); }
-void Profiler::begin_step() { impl_->begin_step(); }
-void Profiler::end_step(bool failed) { impl_->end_step(failed); }
-void Profiler::begin_phase(PhaseId id) { impl_->begin_phase(id); }
-void Profiler::end_phase(PhaseId id) { impl_->end_phase(id); }
-void Profiler::begin_data() { impl_->begin_data(); }
+// [[gnu::hot]]: the functions of a step's path are laid out together (.text.hot) with the
+// recorder's and the Python module's, so a cold step touches fewer code lines and pages.
+[[gnu::hot]] void Profiler::begin_step() { impl_->begin_step(); }
+[[gnu::hot]] void Profiler::end_step(bool failed) { impl_->end_step(failed); }
+[[gnu::hot]] void Profiler::begin_phase(PhaseId id) { impl_->begin_phase(id); }
+[[gnu::hot]] void Profiler::end_phase(PhaseId id) { impl_->end_phase(id); }
+[[gnu::hot]] void Profiler::begin_data() { impl_->begin_data(); }
 Interval Profiler::interval(IntervalKind kind) {
   impl_->begin_interval(kind);
   return Interval(this, kind);
@@ -685,10 +687,11 @@ void Profiler::end_interval(IntervalKind kind) { impl_->end_interval(kind); }
 std::optional<IntervalKind> Profiler::open_interval() const noexcept {
   return impl_->open_interval();
 }
-void Profiler::end_data() { impl_->end_data(); }
+[[gnu::hot]] void Profiler::end_data() { impl_->end_data(); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
 void Profiler::set_step_value(StepValueId id, double value) { impl_->set_step_value(id, value); }
-void Profiler::add_work(double samples, double tokens, double flops, WorkSource source) noexcept {
+[[gnu::hot]] void Profiler::add_work(double samples, double tokens, double flops,
+                                     WorkSource source) noexcept {
   impl_->add_work(samples, tokens, flops, source);
 }
 bool Profiler::set_mfu_dtype(std::string_view dtype) { return impl_->set_mfu_dtype(dtype); }

@@ -27,7 +27,8 @@ void StepRecorder::bind(const Parts& parts) {
 // (the device, the activity, counter and telemetry backends), and what runs every 10 ms
 // (memory sources, the run queue), is out of line: the code a step runs stays a few
 // contiguous lines, and it runs when the caches are cold (issue 30).
-void StepRecorder::begin_step() {
+// [[gnu::hot]]: laid out with the rest of a step's path (see profiler.cpp).
+[[gnu::hot]] void StepRecorder::begin_step() {
   if (STEPTRACE_UNLIKELY(has_backends_)) prepare_backends_step();
   if (STEPTRACE_UNLIKELY(
           parts_.host_readings != nullptr &&
@@ -101,7 +102,7 @@ void StepRecorder::begin_backends_step() noexcept {
   if (parts_.telemetry) current_.telemetry_begin_ns = parts_.telemetry->now_ns();
 }
 
-void StepRecorder::end_step(bool failed) {
+[[gnu::hot]] void StepRecorder::end_step(bool failed) {
   STEPTRACE_CHECK(book_.in_step, UsageError,
                   "end of a step without its start (no step is running)");
   const std::int64_t now = now_ns();

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -96,6 +97,27 @@ def test_phase_scopes_are_reused(tmp_path):
             for i in range(3):
                 with prof.phase(f"layer{i}"):
                     pass
+
+
+def test_every_name_finds_its_own_scope_past_the_first_ones_kept(tmp_path, records_of):
+    # prof.phase keeps the first few interned names in its own table; names past those,
+    # and equal str objects that are not interned, take the slower path: each must still
+    # give the one scope of its name.
+    names = [sys.intern(f"block{i}") for i in range(12)]
+    with steptrace.Profiler(tmp_path) as prof:
+        scopes = [prof.phase(n) for n in names]
+        for n, scope in zip(names, scopes):
+            assert scope.name == n
+            assert prof.phase(n) is scope
+            other = n[:1] + n[1:]  # equal, not the same object
+            assert other is not n and prof.phase(other) is scope
+        assert len({id(s) for s in scopes}) == len(names)
+        with prof.step():
+            for n in reversed(names):
+                with prof.phase(n):
+                    pass
+    step = steps_of(records_of(prof.log_path))[0]
+    assert list(step["phases_ms"]) == list(reversed(names))
 
 
 def test_custom_phase_names_are_recorded(tmp_path, records_of):
