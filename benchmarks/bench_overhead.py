@@ -618,9 +618,27 @@ def _paired_arms(prof: Profiler, work: Callable[[], None], phases: int) -> List[
                     call()
         return pc() - t0, thread_ns() - c0
 
-    return [("bare", bare), ("steptrace, default options", steptrace_step),
+    arms = [("bare", bare), ("steptrace, default options", steptrace_step),
             ("hand-written perf_counter timers", hand_timers),
             ("torch record_function, no profiler", record_functions)]
+    try:  # the test build's module (scripts/setup.sh builds it); a release wheel has none
+        from steptrace._testing import clock_scopes
+    except ImportError:
+        return arms
+    clock_step, clock_phase = clock_scopes()
+
+    def clock_only() -> tuple:  # the same `with` blocks on C-API scopes that only read the clock
+        c0, t0 = thread_ns(), pc()
+        with clock_step():
+            if phases:
+                for name, call in named:
+                    with clock_phase(name):
+                        call()
+            else:
+                work()
+        return pc() - t0, thread_ns() - c0
+
+    return arms + [("C-API `with`, clock only (the floor)", clock_only)]
 
 
 STEPTRACE_ARM = 1  # its index in _paired_arms
@@ -630,8 +648,9 @@ def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple
                     aa: bool, opts: Optional[Dict[str, object]] = None) -> List[Dict[str, object]]:
     """For each workload (name, step callable, phases): `rounds` rounds of adjacent steps,
     one of each arm (bare; steptrace with its phases, default options; hand-written
-    perf_counter timers; torch's record_function with no profiler active; with `aa` a second
-    bare step), in a random order within each round but steptrace's last (see below), every
+    perf_counter timers; torch's record_function with no profiler active; where the test
+    build's steptrace._testing is there, the same `with` blocks on C-API scopes that only
+    read the clock, the floor of the API's shape; with `aa` a second bare step), in a random order within each round but steptrace's last (see below), every
     step timed on its own; each arm's overhead is the mean of its differences from the
     round's bare step. Adjacent steps share
     the machine's state (frequency, caches, neighbours), so the slow drifts that widen the

@@ -1,4 +1,5 @@
-// pybind11 module steptrace._testing: the fake device backends for the Python tests.
+// pybind11 module steptrace._testing: the fake device backends for the Python tests, and
+// the clock-only scopes bench_overhead.py measures as the floor of the `with` API.
 // Built only with -DSTEPTRACE_TEST_HOOKS=ON (scripts/setup.sh turns it on); a plain
 // `pip install .` or a release wheel has no such module, and steptrace._core no fakes.
 //
@@ -14,7 +15,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <array>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -131,6 +135,85 @@ class FakeDevice {
   bool taken_ = false;
 };
 
+// The floor of the `with` API for bench_overhead.py: scopes of a plain C-API type whose
+// __enter__ and __exit__ only read the clock into a per-scope sum, the least any
+// implementation of `with prof.step():` / `with prof.phase(name):` can do. What steptrace
+// costs above it is its own bookkeeping.
+struct RawClockScope {
+  PyObject_HEAD std::int64_t sum_ns;
+};
+
+std::int64_t clock_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+PyObject* clock_scope_enter(PyObject* self, PyObject* /*unused*/) {
+  reinterpret_cast<RawClockScope*>(self)->sum_ns -= clock_ns();
+  Py_INCREF(self);
+  return self;
+}
+
+PyObject* clock_scope_exit(PyObject* self, PyObject* const* /*args*/, Py_ssize_t /*nargs*/) {
+  reinterpret_cast<RawClockScope*>(self)->sum_ns += clock_ns();
+  Py_RETURN_FALSE;
+}
+
+PyMethodDef g_clock_scope_methods[] = {
+    {"__enter__", clock_scope_enter, METH_NOARGS, "Reads the clock."},
+    {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(clock_scope_exit)),
+     METH_FASTCALL, "Reads the clock."},
+    {nullptr, nullptr, 0, nullptr}};
+PyTypeObject g_clock_scope_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+py::object new_clock_scope() {
+  auto* s = PyObject_New(RawClockScope, &g_clock_scope_type);
+  if (s == nullptr) throw py::error_already_set();
+  s->sum_ns = 0;
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
+}
+
+// (step, phase) as builtins, like prof.step and prof.phase: step() returns its scope,
+// phase(name) the scope of a name seen before (by identity) or a new one.
+struct ClockScopes {
+  py::object step = new_clock_scope();
+  std::vector<std::pair<py::object, py::object>> phases;  // (name, scope)
+};
+
+PyObject* clock_step(PyObject* self, PyObject* /*unused*/) {
+  PyObject* scope = static_cast<ClockScopes*>(PyCapsule_GetPointer(self, nullptr))->step.ptr();
+  Py_INCREF(scope);
+  return scope;
+}
+
+PyObject* clock_phase(PyObject* self, PyObject* name) {
+  auto* scopes = static_cast<ClockScopes*>(PyCapsule_GetPointer(self, nullptr));
+  for (const auto& [n, scope] : scopes->phases) {
+    if (n.ptr() == name) return scope.inc_ref().ptr();
+  }
+  try {
+    scopes->phases.emplace_back(py::reinterpret_borrow<py::object>(name), new_clock_scope());
+    return scopes->phases.back().second.inc_ref().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  }
+}
+
+PyMethodDef g_clock_step_def = {"step", clock_step, METH_NOARGS, "The step's clock scope."};
+PyMethodDef g_clock_phase_def = {"phase", clock_phase, METH_O, "A phase's clock scope."};
+
+py::tuple clock_scopes() {
+  py::capsule owner(new ClockScopes(), [](void* p) { delete static_cast<ClockScopes*>(p); });
+  PyObject* step = PyCFunction_NewEx(&g_clock_step_def, owner.ptr(), nullptr);
+  if (step == nullptr) throw py::error_already_set();
+  py::object step_fn = py::reinterpret_steal<py::object>(step);
+  PyObject* phase = PyCFunction_NewEx(&g_clock_phase_def, owner.ptr(), nullptr);
+  if (phase == nullptr) throw py::error_already_set();
+  return py::make_tuple(step_fn, py::reinterpret_steal<py::object>(phase));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_testing, m) {
@@ -146,4 +229,12 @@ PYBIND11_MODULE(_testing, m) {
            py::arg("counters") = std::vector<double>{},
            "Kernels (name, work, ms) run back to back from now, tagged with the step in "
            "progress, and one sample of counter values over them");
+  g_clock_scope_type.tp_name = "steptrace._testing.ClockScope";
+  g_clock_scope_type.tp_basicsize = sizeof(RawClockScope);
+  g_clock_scope_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  g_clock_scope_type.tp_methods = g_clock_scope_methods;
+  if (PyType_Ready(&g_clock_scope_type) < 0) throw py::error_already_set();
+  m.def("clock_scopes", &clock_scopes,
+        "(step, phase) like prof.step and prof.phase, whose scopes only read the clock: the "
+        "floor of the `with` API (bench_overhead.py)");
 }
