@@ -42,6 +42,14 @@ bool arm_stack_dump(int signum, int fd) noexcept {
   return true;
 }
 
+bool armed_signal_reset() noexcept {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_signum < 0 || getpid() != g_pid) return false;
+  struct sigaction sa {};
+  return sigaction(g_signum, nullptr, &sa) == 0 && (sa.sa_flags & SA_SIGINFO) == 0 &&
+         sa.sa_handler == SIG_DFL;
+}
+
 std::string dump_stacks(std::size_t max_bytes) noexcept {
   try {
     std::lock_guard<std::mutex> lock(g_mu);

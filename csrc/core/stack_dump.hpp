@@ -19,6 +19,9 @@ bool arm_stack_dump(int signum, int fd) noexcept;
 /// forked child of the process that armed it, or when the handler in place is no longer
 /// the one armed (raising the signal then could end the process).
 std::string dump_stacks(std::size_t max_bytes = 256 * 1024) noexcept;
+/// True when the signal armed in this process is back at its default disposition (someone
+/// restored it, as Lightning's Trainer does for every signal at the end of fit): arm again.
+bool armed_signal_reset() noexcept;
 
 /// A real-time signal with its default disposition (nobody handles it), highest first;
 /// -1 when there is none.

@@ -1148,6 +1148,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("fd"),
         "Hang stacks from the handler installed for signum (faulthandler.register), which "
         "writes them to fd; False when no handler is installed for it");
+  m.def("stack_dump_signal_reset", &steptrace::stack_dump_signal_reset,
+        "True when the armed signal is back at its default disposition (arm it again)");
   using ReplayTuple = std::tuple<std::int64_t, std::int64_t, double, double, bool,
                                  std::vector<std::pair<std::string, double>>,
                                  std::array<std::int64_t, 7>, bool, std::array<double, 5>>;

@@ -756,6 +756,7 @@ void remove_sigterm_handler() noexcept { detail::unwatch_sigterm(); }
 bool set_stack_dump_signal(int signum, int fd) noexcept {
   return detail::arm_stack_dump(signum, fd);
 }
+bool stack_dump_signal_reset() noexcept { return detail::armed_signal_reset(); }
 int spare_signal() noexcept { return detail::spare_signal(); }
 
 const char* version() noexcept { return STEPTRACE_VERSION; }

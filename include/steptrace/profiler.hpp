@@ -324,6 +324,11 @@ STEPTRACE_API void remove_sigterm_handler() noexcept;
 /// subscribers (answer_stacks). False when no handler is installed for signum; a negative
 /// signum disarms. Process-wide.
 STEPTRACE_API bool set_stack_dump_signal(int signum, int fd) noexcept;
+/// True when the signal set_stack_dump_signal armed in this process has been put back to
+/// its default disposition since (Lightning's Trainer restores every signal to what
+/// Python's signal module saw, which for a faulthandler handler is the default): install
+/// the handler and arm it again.
+STEPTRACE_API bool stack_dump_signal_reset() noexcept;
 /// A real-time signal left at its default disposition (unhandled), for
 /// set_stack_dump_signal; -1 when there is none.
 STEPTRACE_API int spare_signal() noexcept;

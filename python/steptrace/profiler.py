@@ -327,6 +327,8 @@ def _arm_stack_dump() -> None:
     global _stack_dump
     armed = _stack_dump
     if armed is not None and armed[0] == os.getpid():
+        if _core.stack_dump_signal_reset():
+            _rearm_stack_dump(armed[1], armed[2])
         return
     try:
         import faulthandler
@@ -346,6 +348,21 @@ def _arm_stack_dump() -> None:
         f.close()
         return
     _stack_dump = (os.getpid(), signum, f)
+
+
+def _rearm_stack_dump(signum: int, f: Any) -> None:
+    """Installs the dump's handler again after something put its signal back to the default:
+    Lightning's Trainer does, for every signal, at the end of fit (it restores what
+    signal.getsignal saw, and that is SIG_DFL for a handler faulthandler installed).
+    faulthandler still counts the signal as registered, so it is unregistered first."""
+    try:
+        import faulthandler
+
+        faulthandler.unregister(signum)
+        faulthandler.register(signum, file=f, all_threads=True, chain=False)
+    except (ImportError, AttributeError, OSError, RuntimeError, ValueError):
+        return  # the alert thread answers with _thread_stacks
+    _core.set_stack_dump_signal(signum, f.fileno())
 
 
 def _thread_stacks() -> str:

@@ -78,6 +78,38 @@ TEST(StackDump, TheArmedHandlerWritesAndTheDumpReadsItBackEachTime) {
   EXPECT_EQ(detail::dump_stacks(), "");
 }
 
+TEST(StackDump, ASignalPutBackToItsDefaultIsReportedAsResetNotAnotherHandler) {
+  const int sig = detail::spare_signal();
+  ASSERT_GE(sig, SIGRTMIN);
+  TempFile file;
+  g_fd = file.fd;
+  struct sigaction sa {};
+  sa.sa_handler = write_stacks;
+  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  ASSERT_TRUE(detail::arm_stack_dump(sig, file.fd));
+  EXPECT_FALSE(detail::armed_signal_reset());
+
+  sa.sa_handler = other_handler;  // taken by someone else: not ours to put back
+  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  EXPECT_FALSE(detail::armed_signal_reset());
+
+  sa.sa_handler = SIG_DFL;  // what Lightning's Trainer restores at the end of fit
+  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  EXPECT_TRUE(detail::armed_signal_reset());
+  EXPECT_EQ(detail::dump_stacks(), "");  // never raised at its default (it would end us)
+
+  sa.sa_handler = write_stacks;  // installed and armed again
+  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  ASSERT_TRUE(detail::arm_stack_dump(sig, file.fd));
+  EXPECT_FALSE(detail::armed_signal_reset());
+  EXPECT_FALSE(detail::dump_stacks().empty());
+
+  detail::arm_stack_dump(-1, -1);  // disarmed: nothing to report
+  sa.sa_handler = SIG_DFL;
+  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  EXPECT_FALSE(detail::armed_signal_reset());
+}
+
 TEST(StackDump, AForkedChildDoesNotDumpIntoTheParentsFile) {
   const int sig = detail::spare_signal();
   ASSERT_GE(sig, SIGRTMIN);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import threading
 import time
 
@@ -141,7 +142,21 @@ def test_six_times_slower_step_is_a_stall(tmp_path):
     assert stalls[0]["value"] > 5 * stalls[0]["baseline"]
 
 
-def test_hang_is_written_while_the_step_is_still_blocked(tmp_path, caplog):
+def _restore_signals_as_lightning_does() -> None:
+    # Lightning's Trainer, at the end of fit, sets every signal back to what
+    # signal.getsignal said at its start: SIG_DFL for a handler faulthandler installed.
+    # The real-time ones only here (the dump's is one), so that pytest's own faulthandler
+    # keeps its fatal-signal handlers.
+    for signum in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
+        if signal.getsignal(signum) in (None, signal.SIG_DFL):
+            signal.signal(signum, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("signals_restored", [False, True], ids=["plain", "after-lightning-restored-signals"])
+def test_hang_is_written_while_the_step_is_still_blocked(tmp_path, caplog, signals_restored):
+    if signals_restored:
+        steptrace.Profiler(tmp_path / "earlier").close()  # the dump's signal is armed by now
+        _restore_signals_as_lightning_does()
     release = threading.Event()
     seen = {}
     log = tmp_path / "rank0.jsonl"
