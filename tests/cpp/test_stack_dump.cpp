@@ -30,6 +30,12 @@ void write_stacks(int) {  // stands in for faulthandler's handler
 int calls_of_other = 0;
 void other_handler(int) { ++calls_of_other; }
 
+bool set_handler(int sig, void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  return sigaction(sig, &sa, nullptr) == 0;
+}
+
 struct TempFile {
   TempFile() {
     FILE* f = tmpfile();
@@ -78,47 +84,43 @@ TEST(StackDump, TheArmedHandlerWritesAndTheDumpReadsItBackEachTime) {
   EXPECT_EQ(detail::dump_stacks(), "");
 }
 
-TEST(StackDump, ASignalPutBackToItsDefaultIsReportedAsResetNotAnotherHandler) {
+// A spare real-time signal with write_stacks installed for it, armed to write to `file`.
+int install_and_arm(const TempFile& file) {
   const int sig = detail::spare_signal();
-  ASSERT_GE(sig, SIGRTMIN);
-  TempFile file;
   g_fd = file.fd;
-  struct sigaction sa {};
-  sa.sa_handler = write_stacks;
-  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
-  ASSERT_TRUE(detail::arm_stack_dump(sig, file.fd));
+  if (sig < SIGRTMIN || !set_handler(sig, write_stacks) || !detail::arm_stack_dump(sig, file.fd)) {
+    return -1;
+  }
+  return sig;
+}
+
+TEST(StackDump, ASignalPutBackToItsDefaultIsReportedAsResetNotAnotherHandler) {
+  TempFile file;
+  const int sig = install_and_arm(file);
+  ASSERT_GE(sig, SIGRTMIN);
   EXPECT_FALSE(detail::armed_signal_reset());
 
-  sa.sa_handler = other_handler;  // taken by someone else: not ours to put back
-  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  ASSERT_TRUE(set_handler(sig, other_handler));  // taken by someone else: not ours to put back
   EXPECT_FALSE(detail::armed_signal_reset());
 
-  sa.sa_handler = SIG_DFL;  // what Lightning's Trainer restores at the end of fit
-  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  ASSERT_TRUE(set_handler(sig, SIG_DFL));  // what Lightning's Trainer restores after fit
   EXPECT_TRUE(detail::armed_signal_reset());
   EXPECT_EQ(detail::dump_stacks(), "");  // never raised at its default (it would end us)
 
-  sa.sa_handler = write_stacks;  // installed and armed again
-  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  ASSERT_TRUE(set_handler(sig, write_stacks));  // installed and armed again
   ASSERT_TRUE(detail::arm_stack_dump(sig, file.fd));
   EXPECT_FALSE(detail::armed_signal_reset());
   EXPECT_FALSE(detail::dump_stacks().empty());
 
   detail::arm_stack_dump(-1, -1);  // disarmed: nothing to report
-  sa.sa_handler = SIG_DFL;
-  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
+  ASSERT_TRUE(set_handler(sig, SIG_DFL));
   EXPECT_FALSE(detail::armed_signal_reset());
 }
 
 TEST(StackDump, AForkedChildDoesNotDumpIntoTheParentsFile) {
-  const int sig = detail::spare_signal();
-  ASSERT_GE(sig, SIGRTMIN);
   TempFile file;
-  g_fd = file.fd;
-  struct sigaction sa {};
-  sa.sa_handler = write_stacks;
-  ASSERT_EQ(sigaction(sig, &sa, nullptr), 0);
-  ASSERT_TRUE(detail::arm_stack_dump(sig, file.fd));
+  const int sig = install_and_arm(file);
+  ASSERT_GE(sig, SIGRTMIN);
   const pid_t child = fork();
   if (child == 0) _exit(detail::dump_stacks().empty() ? 0 : 1);
   int status = 0;
@@ -127,8 +129,7 @@ TEST(StackDump, AForkedChildDoesNotDumpIntoTheParentsFile) {
   EXPECT_FALSE(detail::dump_stacks().empty());  // the parent still dumps
   detail::arm_stack_dump(-1, -1);
   EXPECT_EQ(detail::dump_stacks(), "");
-  sa.sa_handler = SIG_DFL;
-  sigaction(sig, &sa, nullptr);
+  set_handler(sig, SIG_DFL);
 }
 
 }  // namespace
