@@ -422,11 +422,10 @@ class PyProfiler {
 
   py::object step() const { return step_scope_; }
 
+  // The scope of a phase name (a str); prof.phase's table (RawPhaseTable) remembers the
+  // name objects it has seen.
   py::object phase(py::handle name) {
     PyObject* key = name.ptr();
-    for (const auto& entry : by_object_) {  // fast path: the same str object as before
-      if (entry.first == key) return entry.second;
-    }
     if (!PyUnicode_Check(key)) {
       throw py::type_error("phase name must be a str, got " + std::string(Py_TYPE(key)->tp_name));
     }
@@ -436,12 +435,6 @@ class PyProfiler {
     const PhaseId id = profiler_->phase_id(std::string_view(utf8, static_cast<std::size_t>(size)));
     if (id >= by_id_.size()) by_id_.resize(id + 1);
     if (!by_id_[id]) by_id_[id] = make_phase_scope(profiler_, id);
-    // Literals are interned, so a few entries serve a loop; names built per call (an
-    // f-string) would grow the cache without bound, so it is capped.
-    if (by_object_.size() < kMaxCachedObjects) {
-      by_object_.emplace_back(key, by_id_[id]);
-      keys_.push_back(py::reinterpret_borrow<py::object>(name));  // keeps `key` unique
-    }
     return by_id_[id];
   }
 
@@ -452,14 +445,11 @@ class PyProfiler {
   const StepScope& step_scope() const { return step_; }
 
  private:
-  static constexpr std::size_t kMaxCachedObjects = 4 * steptrace::kMaxPhases;
   ProfilerPtr profiler_;
   std::shared_ptr<StepHooks> hooks_;
   StepScope step_;
   py::object step_scope_;
   std::vector<py::object> by_id_;
-  std::vector<std::pair<PyObject*, py::object>> by_object_;
-  std::vector<py::object> keys_;
 };
 
 // ---- the step scope, the same way (one enter and one exit per step) ----
@@ -792,12 +782,14 @@ py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable, 
 }
 
 // ---- prof.phase, as a builtin function bound to its profiler (METH_O) ----
-constexpr std::size_t kTableNames = 8;
+// Literals are interned, so a few entries serve a loop; names built per call (an f-string)
+// would grow the table without bound, so it is capped.
+constexpr std::size_t kTableNames = 4 * steptrace::kMaxPhases;
 
 struct RawPhaseTable {
-  // The first interned names looked up (literals are), by identity, and their scopes, with
-  // references held: a lookup of one of them reads this object's lines and the scope's,
-  // nothing of the profiler (issue 30). Other names go to PyProfiler::phase.
+  // The name objects looked up so far, by identity, and their scopes, with references
+  // held: a lookup of one of them reads this object's lines and the scope's, nothing of
+  // the profiler (issue 30). Other names, and those past the cap, go to PyProfiler::phase.
   PyObject_HEAD Py_ssize_t count;
   std::array<PyObject*, kTableNames> names;
   std::array<PyObject*, kTableNames> scopes;
@@ -826,8 +818,7 @@ void phase_table_dealloc(PyObject* self) {
   }
   try {
     py::object scope = t->profiler->phase(name);
-    if (static_cast<std::size_t>(t->count) < kTableNames && PyUnicode_CheckExact(name) &&
-        PyUnicode_CHECK_INTERNED(name)) {
+    if (static_cast<std::size_t>(t->count) < kTableNames) {
       const auto i = static_cast<std::size_t>(t->count++);
       Py_INCREF(name);
       t->names[i] = name;

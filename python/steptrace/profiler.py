@@ -326,10 +326,14 @@ _stack_dump: Optional[tuple] = None  # (pid, signum, file) once armed
 def _arm_stack_dump() -> None:
     global _stack_dump
     armed = _stack_dump
+    kept = None  # the file of this process's dump, when its handler is to be installed again
     if armed is not None and armed[0] == os.getpid():
-        if _core.stack_dump_signal_reset():
-            _rearm_stack_dump(armed[1], armed[2])
-        return
+        # Armed, unless something put the signal back to its default since: Lightning's
+        # Trainer does, for every signal, at the end of fit (it restores what
+        # signal.getsignal saw, SIG_DFL for a handler faulthandler installed).
+        if not _core.stack_dump_signal_reset():
+            return
+        kept = armed[2]
     try:
         import faulthandler
         import tempfile
@@ -338,7 +342,9 @@ def _arm_stack_dump() -> None:
         signum = armed[1] if armed is not None else _core.spare_signal()
         if signum < 0:
             return
-        f = tempfile.TemporaryFile()
+        if kept is not None:
+            faulthandler.unregister(signum)  # it still counts the signal as registered
+        f = kept if kept is not None else tempfile.TemporaryFile()
         # chain=False: the previous action is the default one, which would end the process.
         faulthandler.register(signum, file=f, all_threads=True, chain=False)
     except (ImportError, AttributeError, OSError, RuntimeError, ValueError):
@@ -348,21 +354,6 @@ def _arm_stack_dump() -> None:
         f.close()
         return
     _stack_dump = (os.getpid(), signum, f)
-
-
-def _rearm_stack_dump(signum: int, f: Any) -> None:
-    """Installs the dump's handler again after something put its signal back to the default:
-    Lightning's Trainer does, for every signal, at the end of fit (it restores what
-    signal.getsignal saw, and that is SIG_DFL for a handler faulthandler installed).
-    faulthandler still counts the signal as registered, so it is unregistered first."""
-    try:
-        import faulthandler
-
-        faulthandler.unregister(signum)
-        faulthandler.register(signum, file=f, all_threads=True, chain=False)
-    except (ImportError, AttributeError, OSError, RuntimeError, ValueError):
-        return  # the alert thread answers with _thread_stacks
-    _core.set_stack_dump_signal(signum, f.fileno())
 
 
 def _thread_stacks() -> str:

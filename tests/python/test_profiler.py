@@ -99,10 +99,10 @@ def test_phase_scopes_are_reused(tmp_path):
                     pass
 
 
-def test_every_name_finds_its_own_scope_past_the_first_ones_kept(tmp_path, records_of):
-    # prof.phase keeps the first few interned names in its own table; names past those,
-    # and equal str objects that are not interned, take the slower path: each must still
-    # give the one scope of its name.
+def test_every_name_object_finds_its_own_scope(tmp_path, records_of):
+    # prof.phase remembers the name objects it has seen, up to a cap; an equal str that is
+    # not the same object, and any name once the cap is reached, takes the slower path:
+    # each must still give the one scope of its name.
     names = [sys.intern(f"block{i}") for i in range(12)]
     with steptrace.Profiler(tmp_path) as prof:
         scopes = [prof.phase(n) for n in names]
@@ -111,6 +111,10 @@ def test_every_name_finds_its_own_scope_past_the_first_ones_kept(tmp_path, recor
             assert prof.phase(n) is scope
             other = n[:1] + n[1:]  # equal, not the same object
             assert other is not n and prof.phase(other) is scope
+        for i in range(200):  # past the cap of remembered objects
+            n = names[i % len(names)]
+            assert prof.phase(n[:1] + n[1:]) is scopes[i % len(names)]
+        assert [prof.phase(n) for n in names] == scopes
         assert len({id(s) for s in scopes}) == len(names)
         with prof.step():
             for n in reversed(names):
