@@ -64,6 +64,7 @@ from steptrace.profiler import Profiler
 PHASES = ("forward", "loss", "backward", "clip", "optimizer")
 PHASE_BUDGET_NS = 3_000
 STEP_BUDGET_NS = 10_000
+GOAL_NS = 5_000  # issue 30: the real 0.5 ms step, every default on
 SLOWDOWN_BUDGET_PCT = 1.0
 REPO = Path(__file__).resolve().parent.parent
 
@@ -638,10 +639,11 @@ def _paired_arms(prof: Profiler, work: Callable[[], None], phases: int) -> List[
                 work()
         return pc() - t0, thread_ns() - c0
 
-    return arms + [("C-API `with`, clock only (the floor)", clock_only)]
+    return arms + [(FLOOR_ARM, clock_only)]
 
 
 STEPTRACE_ARM = 1  # its index in _paired_arms
+FLOOR_ARM = "C-API `with`, clock only (the floor)"
 
 
 def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple],
@@ -692,23 +694,57 @@ def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple
         prof.close()
         row: Dict[str, object] = {"workload": wname, "rounds": rounds, "bare_us": statistics.median(wall[0]) / 1e3,
                                   "variants": [], "alerts": _alert_count(prof.log_path)}
-        for i in range(1, len(arms)):
+        floor = next((i for i, (name, _) in enumerate(arms) if name.startswith(FLOOR_ARM)), None)
+        compared = [(arms[i][0], 0, i) for i in range(1, len(arms))]
+        if floor is not None:  # steptrace's own part: against the floor's step of the same round
+            compared.insert(1, ("steptrace above the floor", floor, STEPTRACE_ARM))
+        for name, base, arm in compared:
             for label, series in (("wall", wall), ("thread CPU", cpu)):
-                d = [b - a for a, b in zip(series[0], series[i])]
-                row["variants"].append({"name": f"{arms[i][0]}, {label}", "mean": mean_ci(d),
-                                        "median": statistics.median(d)})
+                d = [b - a for a, b in zip(series[base], series[arm])]
+                kept = unpreempted(series[base], series[arm])
+                row["variants"].append({"name": f"{name}, {label}", "mean": mean_ci(d),
+                                        "median": statistics.median(d), "kept_mean": mean_ci(kept),
+                                        "dropped": len(d) - len(kept)})
         results.append(row)
     return results
+
+
+#: A round whose step of either arm took this many times the bare step's median was preempted
+#: (the VM's host took the CPU, an interrupt storm): such steps run 3 to 17 ms here.
+PREEMPTED = 3.0
+
+
+def unpreempted(base: List[float], arm: List[float]) -> List[float]:
+    """The paired differences arm - base, without the rounds in which either step was
+    preempted (over PREEMPTED x the base's median). One preempted step moves a difference by
+    milliseconds, so a few of them (0.1-0.5% of the rounds on a 2-vCPU VM) widen the mean's
+    interval to +-3 us even at 80,000 rounds; without them it is +-0.7 us. The rule is the
+    same for every arm and never drops a step for steptrace's own cost (microseconds); the
+    count dropped is printed beside it."""
+    cap = PREEMPTED * statistics.median(base)
+    return [b - a for a, b in zip(base, arm) if a < cap and b < cap]
 
 
 def print_paired(rows: List[Dict[str, object]]) -> None:
     for row in rows:
         print(f"\n== {row['workload']}: {row['rounds']} rounds of adjacent steps, one per arm, random order, steptrace's last; "
               f"bare step {row['bare_us']:.1f} us wall (median) ==")
-        print(f"{'overhead per step against bare, us':48s} {'mean':>8s} {'95% CI (t)':>18s} {'median':>8s}")
+        print(f"{'overhead per step against bare, us':48s} {'mean':>8s} {'95% CI (t)':>18s} {'median':>8s}"
+              f"   {'without preempted rounds (95% CI)':>34s} {'dropped':>7s}")
         for v in row["variants"]:
             m, lo, hi = (x / 1e3 for x in v["mean"])
-            print(f"{v['name']:48s} {m:+8.2f} {lo:+8.2f}..{hi:+8.2f} {v['median'] / 1e3:+8.2f}")
+            km, klo, khi = (x / 1e3 for x in v["kept_mean"])
+            print(f"{v['name']:48s} {m:+8.2f} {lo:+8.2f}..{hi:+8.2f} {v['median'] / 1e3:+8.2f}"
+                  f"   {km:+14.2f} ({klo:+6.2f}..{khi:+6.2f}) {v['dropped']:7d}")
+        print(f"(without preempted rounds: the rounds where either step took over {PREEMPTED:.0f}x the bare "
+              f"median are left out, the same rule for every arm)")
+        if "0.5 ms" in str(row["workload"]):
+            v = next(v for v in row["variants"] if v["name"] == "steptrace, default options, thread CPU")
+            m, lo, hi = (x / 1e3 for x in v["kept_mean"])
+            goal = GOAL_NS / 1e3
+            said = "met" if hi <= goal else "not met" if lo > goal else "not resolved (the interval spans it)"
+            print(f"issue 30 goal, <= {goal:.0f} us per 0.5 ms step with every default on (thread CPU, without "
+                  f"preempted rounds): {m:+.2f} ({lo:+.2f}..{hi:+.2f}): {said}")
         print(f"alerts in the log: {row['alerts']}")
 
 

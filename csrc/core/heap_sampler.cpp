@@ -24,9 +24,9 @@ bool HeapSampler::available() noexcept {
 
 HeapSampler::HeapSampler(const Config& config, std::unique_ptr<Clock> clock, Reading reading)
     : dense_until_step_(static_cast<std::int64_t>(config.warmup_steps) + config.min_history),
+      baseline_from_step_(config.warmup_steps),
       clock_(clock ? std::move(clock) : make_host_clock()),
       reading_(std::move(reading)),
-      baseline_from_step_(config.warmup_steps),
       suspect_ratio_(1.0 + config.memory_growth_pct / 200.0) {}
 
 std::int64_t HeapSampler::read() noexcept {

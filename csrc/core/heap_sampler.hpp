@@ -4,7 +4,10 @@
 // every arena under its lock, so one call costs about 1 us in a young process, 5 us in
 // one that has trained a small torch model, and 100-300 us in one with pandas and
 // matplotlib loaded. The sampler therefore reads
-//   - every step during warmup and the baseline steps (its own baseline: their peak),
+//   - at the first step (the first measure of a read's cost), then not during the rest of
+//     warmup, whose figures neither the memory_growth detector nor the baseline uses,
+//   - every step of the baseline steps after warmup (its own baseline: their peak; the
+//     detector's baseline needs them as much),
 //   - every step for a burst of kBurstSteps while the last reading is above that
 //     baseline by half the memory_growth tolerance (enough points for the trend test at
 //     once), after which the burst's peak becomes its baseline,
@@ -40,7 +43,11 @@ class HeapSampler {
   /// At the end of step `step`: fills out.heap_bytes when it reads this step. Inline: a
   /// step that does not read touches one line of the sampler (issue 30).
   void sample(std::int64_t step, MemorySample& out) noexcept {
-    if (step >= dense_until_step_ && burst_left_ == 0 && ++since_read_ < gap_) return;
+    if (step >= dense_until_step_) {
+      if (burst_left_ == 0 && ++since_read_ < gap_) return;
+    } else if (step > 0 && step < baseline_from_step_) {
+      return;  // warmup after its first step
+    }
     read_into(step, out);
   }
   /// In-use bytes now, from the sampler's reading (phase attribution).
@@ -60,12 +67,12 @@ class HeapSampler {
   std::int64_t dense_until_step_;  // warmup + baseline steps
   int burst_left_ = 0;
   int since_read_ = 0;
-  int gap_ = 1;  // steps from one sparse read to the next: min(ramp_, stride_)
+  int gap_ = 1;                      // steps from one sparse read to the next: min(ramp_, stride_)
+  std::int64_t baseline_from_step_;  // warmup_steps
 
   std::unique_ptr<Clock> clock_;
-  Reading reading_;                  // empty: read()
-  std::int64_t baseline_from_step_;  // warmup_steps
-  double suspect_ratio_;             // 1 + half the tolerance
+  Reading reading_;       // empty: read()
+  double suspect_ratio_;  // 1 + half the tolerance
   double baseline_ = 0;
   std::int64_t last_read_step_ = -1;  // the last read, and when it ended
   std::int64_t last_done_ns_ = 0;
