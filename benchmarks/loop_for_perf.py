@@ -25,6 +25,7 @@ import collections
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,9 +60,11 @@ def breakdown(steps: int, skip_s: float) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data, mark = os.path.join(tmp, "perf.data"), os.path.join(tmp, "mark")
         me = [sys.executable, os.path.abspath(__file__), "--steps", str(steps)]
-        bare = subprocess.run(me + ["--bare"], capture_output=True, text=True, check=True).stdout
-        step_us = float(bare.split()[0])
-        print(f"bare loop, unsampled: {step_us:.1f} us/step")
+        # the bare step's time moves from run to run (on a VM by up to a third): the median of three
+        bare = [float(subprocess.run(me + ["--bare"], capture_output=True, text=True, check=True).stdout.split()[0])
+                for _ in range(3)]
+        step_us = statistics.median(bare)
+        print(f"bare loop, unsampled: {step_us:.1f} us/step (median of {', '.join(f'{b:.0f}' for b in bare)})")
         # sample times on CLOCK_MONOTONIC, the clock the loop's start is written on
         subprocess.run(["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-F", "20000", "-e", "cpu-clock",
                         "-o", data, "--"] + me, check=True, stdout=subprocess.DEVNULL, env={**os.environ, MARK_ENV: mark})

@@ -114,7 +114,7 @@ RecordPipeline::~RecordPipeline() {
   close(end);
 }
 
-StepRecord* RecordPipeline::begin_step_record() noexcept {
+[[gnu::hot]] StepRecord* RecordPipeline::begin_step_record() noexcept {
   // Stopping or closed: nothing drains the ring any more (and a record pushed now could
   // come after run_end), so drop it rather than wait for a slot that never frees.
   if (stopping_.load(std::memory_order_acquire)) {

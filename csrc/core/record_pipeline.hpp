@@ -52,7 +52,7 @@ class RecordPipeline final : public StepRecordQueue, private AlertOutput {
   StepRecord* begin_step_record() noexcept override;
   /// Training thread: hands the filled slot to the writer; wakes it early when the ring
   /// is half full, so that a burst of short steps does not fill it.
-  void commit_step_record() noexcept override {
+  [[gnu::hot]] void commit_step_record() noexcept override {
     ring_.commit_push();
     prefetch_step_record(ring_.next_slot());
     if (ring_.at_least_half_full() && !drain_requested_.load(std::memory_order_relaxed)) {

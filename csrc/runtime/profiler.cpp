@@ -713,7 +713,9 @@ std::int64_t Profiler::write_errors() const noexcept { return impl_->write_error
 std::function<std::vector<std::string>()> Profiler::record_reader() {
   return impl_->record_reader();
 }
-std::int64_t Profiler::data_inside_step() const noexcept { return impl_->data_inside_step(); }
+[[gnu::hot]] std::int64_t Profiler::data_inside_step() const noexcept {
+  return impl_->data_inside_step();
+}
 std::string Profiler::write_error() const {
   const int e = impl_->write_errno();
   return e == 0 ? std::string() : std::string(std::strerror(e));

@@ -87,7 +87,7 @@ class StepRecorder {
 
   // A phase boundary touches the phase book's lines, the clock and the watchdog's line,
   // nothing else: after a training step every line is a cache miss (issue 30).
-  void begin_phase(PhaseId id) {
+  [[gnu::hot]] void begin_phase(PhaseId id) {
     check_known_phase(id);
     STEPTRACE_CHECK(book_.in_step, UsageError,
                     "phase {:?} started outside a step; start phases inside a step",
@@ -110,7 +110,7 @@ class StepRecorder {
     if (book_.on_device) parts_.device->begin_phase(static_cast<std::uint16_t>(slot));
   }
 
-  void end_phase(PhaseId id) {
+  [[gnu::hot]] void end_phase(PhaseId id) {
     check_known_phase(id);
     const int slot = book_.slot_of[id];
     STEPTRACE_CHECK(book_.in_step && slot >= 0 && book_.start_ns[slot] != kUnset, UsageError,
@@ -118,7 +118,7 @@ class StepRecorder {
     close_phase(slot, now_ns());
   }
 
-  void begin_data() {
+  [[gnu::hot]] void begin_data() {
     if (book_.in_step) {
       // The loader advanced inside a step (e.g. a nested next()): that wait is part of the
       // step, not data. Counted in run_end, never thrown into the training loop.
@@ -135,7 +135,7 @@ class StepRecorder {
     data_begin_ns_ = now_ns();
   }
 
-  void end_data() {
+  [[gnu::hot]] void end_data() {
     if (data_ignored_) {
       data_ignored_ = false;
       return;
