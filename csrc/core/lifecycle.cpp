@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "background_thread.hpp"
+
 namespace steptrace::detail {
 
 std::atomic<std::uint64_t> g_fork_generation{0};
@@ -111,25 +113,19 @@ void watcher_loop(State* state, int fd) {
   }
 }
 
-// Starts the watcher thread with every signal blocked in it (the handler never runs on
-// it). Under state->mu.
+// Starts the watcher thread with the asynchronous signals blocked in it (the handler never
+// runs on it). Under state->mu.
 bool start_watcher(State* state) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return false;
   ::fcntl(fds[1], F_SETFL, ::fcntl(fds[1], F_GETFL) | O_NONBLOCK);
-  sigset_t all;
-  sigset_t previous;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_BLOCK, &all, &previous);
   try {
-    std::thread(watcher_loop, state, fds[0]).detach();
+    start_background_thread([state, fd = fds[0]] { watcher_loop(state, fd); }).detach();
   } catch (...) {
-    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     ::close(fds[0]);
     ::close(fds[1]);
     return false;
   }
-  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   state->pipe_read = fds[0];
   state->watcher_pid = ::getpid();
   g_pipe_write.store(fds[1], std::memory_order_relaxed);

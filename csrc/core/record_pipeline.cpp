@@ -8,6 +8,7 @@
 #include <exception>
 #include <iterator>
 
+#include "background_thread.hpp"
 #include "lifecycle.hpp"
 
 namespace steptrace::detail {
@@ -104,7 +105,7 @@ RecordPipeline::RecordPipeline(std::unique_ptr<RecordSink> log, std::string firs
   }
   buf_.append(first_line.data(), first_line.data() + first_line.size());
   write_buffer();  // run_start reaches the file before the constructor returns
-  thread_ = std::thread([this] { run(); });
+  thread_ = start_background_thread([this] { run(); });
 }
 
 RecordPipeline::~RecordPipeline() {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../core/alert.hpp"
+#include "../core/background_thread.hpp"
 #include "../core/detection_stage.hpp"
 #include "../core/detectors.hpp"
 #include "../core/record_pipeline.hpp"
@@ -39,7 +40,7 @@ void Watchdog::start(const Context& context) {
   if (context_.host != nullptr) context_.host->poll(context_.clock->now_ns());
   auto steal = std::make_unique<StealReader>();
   if (steal->available()) steal_ = std::move(steal);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = start_background_thread([this] { loop(); });
 }
 
 void Watchdog::request_stop() {

@@ -13,6 +13,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "../core/background_thread.hpp"
 #include "../core/work.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/device_activity.hpp"
@@ -690,7 +691,7 @@ PrometheusSink::PrometheusSink(MetricsOutputs outputs, MetricLabels labels, cons
     server_.reset();
     return;
   }
-  thread_ = std::thread([this] { server_->http.listen_after_bind(); });
+  thread_ = start_background_thread([this] { server_->http.listen_after_bind(); });
   // stop() does nothing to a server not yet running: wait until it runs (a few us).
   for (int i = 0; i < 2000 && !http.is_running(); ++i) {
     std::this_thread::sleep_for(std::chrono::microseconds(500));

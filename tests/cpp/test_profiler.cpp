@@ -10,10 +10,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <mutex>
+#include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "backends/fake/fake_backends.hpp"
@@ -836,6 +840,44 @@ TEST(Profiler, AForkedChildWritesNothingToTheParentsLog) {
   for (std::size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i]["step"], i);
   EXPECT_EQ(of_kind(records, "run_end").size(), 1u);
   EXPECT_EQ(of_kind(records, "run_start").size(), 1u);
+}
+
+// The ids of this process's threads, and one thread's blocked signals (/proc: SigBlk).
+std::set<std::string> thread_ids() {
+  std::set<std::string> ids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    ids.insert(entry.path().filename().string());
+  }
+  return ids;
+}
+unsigned long long blocked_signals(const std::string& tid) {
+  std::ifstream status("/proc/self/task/" + tid + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("SigBlk:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+  }
+  return 0;
+}
+
+TEST(Profiler, ItsThreadsLeaveTheProcessesSignalsToTheProgramsThreads) {
+  // A SIGTERM sent to the process must reach a thread of the program (under TSan, one that
+  // landed on the writer waited out its flush interval), so steptrace's threads block it.
+  std::thread([] {}).join();  // a sanitizer's own background thread, if any, starts now
+  const std::set<std::string> before = thread_ids();
+  TempDir tmp;
+  Config config = host_config(tmp);
+  config.metrics_port = 0;  // the Prometheus server's thread too
+  Profiler prof(config);
+  auto bit = [](int sig) { return 1ULL << (sig - 1); };
+  int started = 0;
+  for (const std::string& tid : thread_ids()) {
+    if (before.count(tid) != 0) continue;
+    ++started;
+    const unsigned long long mask = blocked_signals(tid);
+    EXPECT_NE(mask & bit(SIGTERM), 0U) << "thread " << tid;
+    EXPECT_NE(mask & bit(SIGINT), 0U) << "thread " << tid;
+    EXPECT_EQ(mask & bit(SIGSEGV), 0U) << "thread " << tid << ": faults must still reach handlers";
+  }
+  EXPECT_GE(started, 2);  // the writer and the watchdog at least
 }
 
 TEST(Profiler, SigtermWhileEveryThreadIsBlockedWritesRunEnd) {
