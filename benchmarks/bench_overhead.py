@@ -694,7 +694,7 @@ def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple
         prof.close()
         row: Dict[str, object] = {"workload": wname, "rounds": rounds, "bare_us": statistics.median(wall[0]) / 1e3,
                                   "variants": [], "alerts": _alert_count(prof.log_path)}
-        floor = next((i for i, (name, _) in enumerate(arms) if name.startswith(FLOOR_ARM)), None)
+        floor = next((i for i, (name, _) in enumerate(arms) if name == FLOOR_ARM), None)
         compared = [(arms[i][0], 0, i) for i in range(1, len(arms))]
         if floor is not None:  # steptrace's own part: against the floor's step of the same round
             compared.insert(1, ("steptrace above the floor", floor, STEPTRACE_ARM))
