@@ -83,6 +83,8 @@ def breakdown(steps: int, skip_s: float) -> int:
         total += 1
         if "[vdso]" in rest:
             counts["clock reads (vDSO)"] += 1
+        elif "clock_gettime" in rest and "libc" in rest:  # libc's path to the vDSO (nothing else in the loop reads a clock)
+            counts["clock reads (libc's wrapper)"] += 1
         elif "_core." in rest:
             counts[next((name for name, keys in ENTRY_POINTS if any(k in rest for k in keys)), "other steptrace code")] += 1
     if total == 0:

@@ -226,17 +226,32 @@ struct StepRecord {
 [[gnu::hot]] inline void copy_step_record(StepRecord& to, const StepRecord& from) noexcept {
   static_assert(std::is_trivially_copyable_v<StepRecord> && std::is_standard_layout_v<StepRecord>);
   std::memcpy(static_cast<void*>(&to), &from, offsetof(StepRecord, phase_ids));
+  // The first kInlineSlots entries of an array go whole, however many are in use: a copy
+  // of fixed size, which the compiler inlines, where one of n entries is a call to libc's
+  // memmove through the PLT, lines that are cold at a step's end (issue 30). The entries
+  // past the count are never read.
+  constexpr std::size_t kInlineSlots = 8;
+  static_assert(kMaxPhases >= kInlineSlots);
+  auto copy_slots = [](auto& to_slots, const auto& from_slots, std::size_t n) {
+    std::memcpy(to_slots.data(), from_slots.data(), kInlineSlots * sizeof(from_slots[0]));
+    if (n > kInlineSlots) {
+      std::copy(from_slots.begin() + kInlineSlots, from_slots.begin() + n,
+                to_slots.begin() + kInlineSlots);
+    }
+  };
   const std::size_t n = std::min<std::size_t>(from.phase_count, kMaxPhases);
-  std::copy_n(from.phase_ids.begin(), n, to.phase_ids.begin());
-  std::copy_n(from.phase_ns.begin(), n, to.phase_ns.begin());
-  std::copy_n(from.host_phase_ns.begin(), n, to.host_phase_ns.begin());
+  copy_slots(to.phase_ids, from.phase_ids, n);
+  copy_slots(to.phase_ns, from.phase_ns, n);
+  copy_slots(to.host_phase_ns, from.host_phase_ns, n);
   if (from.phase_memory) {
-    std::copy_n(from.phase_memory_end.begin(), n, to.phase_memory_end.begin());
-    std::copy_n(from.phase_end_order.begin(), n, to.phase_end_order.begin());
+    copy_slots(to.phase_memory_end, from.phase_memory_end, n);
+    copy_slots(to.phase_end_order, from.phase_end_order, n);
   }
   const std::size_t v = std::min<std::size_t>(from.value_count, kMaxStepValues);
-  std::copy_n(from.value_ids.begin(), v, to.value_ids.begin());
-  std::copy_n(from.values.begin(), v, to.values.begin());
+  if (v > 0) {
+    std::copy_n(from.value_ids.begin(), v, to.value_ids.begin());
+    std::copy_n(from.values.begin(), v, to.values.begin());
+  }
 }
 
 /// Asks for the lines copy_step_record writes first (the fixed fields, the first line of

@@ -38,6 +38,7 @@
 #include "../core/stack_dump.hpp"
 #include "../core/step_record.hpp"
 #include "../core/telemetry.hpp"
+#include "../core/this_thread.hpp"
 #include "../core/work.hpp"
 #include "../sinks/jsonl_file_sink.hpp"
 #include "../sinks/prometheus_sink.hpp"
@@ -133,7 +134,7 @@ class ProfilerImpl final : public SignalClosable {
                        writer_.get(), clock_.get(), start_, &recorder_.collectives(),
                        host_readings()});
     }
-    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    owner_.store(this_thread_token(), std::memory_order_relaxed);
     register_for_signal(this);
   }
 
@@ -247,7 +248,7 @@ class ProfilerImpl final : public SignalClosable {
       return;
     }
     if (closed_.load(std::memory_order_acquire)) return;
-    const bool foreign = owner_.load(std::memory_order_relaxed) != std::this_thread::get_id();
+    const bool foreign = owner_.load(std::memory_order_relaxed) != this_thread_token();
     bool step_left_running = false;
     std::int64_t running_step = -1;
     if (foreign) {
@@ -433,7 +434,7 @@ class ProfilerImpl final : public SignalClosable {
   // thread waits for that (Dekker-style: each side stores its flag, then reads the other's).
   // False when such a close was requested first: the step is not recorded.
   bool enter_step() noexcept {
-    owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    owner_.store(this_thread_token(), std::memory_order_relaxed);
     busy_.store(true, std::memory_order_seq_cst);
     if (!close_requested_.load(std::memory_order_seq_cst)) return true;
     leave_step();
@@ -574,7 +575,7 @@ class ProfilerImpl final : public SignalClosable {
   // Lifecycle: closes from other threads, forks (see close()).
   const pid_t pid_;
   const std::uint64_t fork_generation_;
-  std::atomic<std::thread::id> owner_{};      // the training thread: the last to begin a step
+  std::atomic<const void*> owner_{nullptr};   // the training thread: the last to begin a step
   std::atomic<bool> busy_{false};             // the training thread is inside a step
   std::atomic<bool> close_requested_{false};  // by a close from another thread
   bool detached_ = false;            // training thread: record nothing more (foreign close, fork)

@@ -17,6 +17,7 @@ void StepRecorder::bind(const Parts& parts) {
   has_backends_ = parts.device || parts.activity || parts.sampler || parts.telemetry;
   flops_per_step_ = parts.config->flops_per_step;
   book_.clock = parts.host_clock ? nullptr : parts.clock;
+  book_.read_clock = vdso_clock_gettime();
   slow_ratio_ = parts_.config->regression_threshold;
   slow_excess_ns_ = parts_.config->min_excess_ms * 1e6;
   source_samples_.resize(parts_.memory_sources->size());
@@ -30,9 +31,8 @@ void StepRecorder::bind(const Parts& parts) {
 // [[gnu::hot]]: laid out with the rest of a step's path (see profiler.cpp).
 [[gnu::hot]] void StepRecorder::begin_step() {
   if (STEPTRACE_UNLIKELY(has_backends_)) prepare_backends_step();
-  if (STEPTRACE_UNLIKELY(
-          parts_.host_readings != nullptr &&
-          (!stepping_thread_set_ || !pthread_equal(stepping_thread_, pthread_self())))) {
+  if (STEPTRACE_UNLIKELY(parts_.host_readings != nullptr &&
+                         stepping_thread_ != this_thread_token())) {
     watch_this_thread();
   }
   const std::int64_t now = now_ns();
@@ -207,10 +207,9 @@ void StepRecorder::take_host_run_queue() noexcept {
 }
 
 void StepRecorder::watch_this_thread() noexcept {
-  stepping_thread_ = pthread_self();
-  stepping_thread_set_ = true;
+  stepping_thread_ = this_thread_token();
   clockid_t cpu_clock = CLOCK_THREAD_CPUTIME_ID;
-  if (pthread_getcpuclockid(stepping_thread_, &cpu_clock) != 0) return;
+  if (pthread_getcpuclockid(pthread_self(), &cpu_clock) != 0) return;
   parts_.host_readings->watch_thread(static_cast<long>(::syscall(SYS_gettid)), cpu_clock);
 }
 

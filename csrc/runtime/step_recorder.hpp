@@ -22,6 +22,7 @@
 #include "../core/heap_sampler.hpp"
 #include "../core/run_queue.hpp"
 #include "../core/step_record.hpp"
+#include "../core/this_thread.hpp"
 #include "host_readings.hpp"
 #include "run_environment.hpp"
 #include "steptrace/backend.hpp"
@@ -263,7 +264,7 @@ class StepRecorder {
     book_.known_phases = static_cast<std::uint16_t>(parts_.names->size());
   }
   std::int64_t now_ns() const noexcept {
-    return book_.clock != nullptr ? book_.clock->now_ns() : monotonic_now_ns();
+    return book_.clock != nullptr ? book_.clock->now_ns() : monotonic_now_ns(book_.read_clock);
   }
   void close_phase(int slot, std::int64_t now) noexcept {
     book_.elapsed_ns[slot] += now - book_.start_ns[slot];
@@ -296,7 +297,8 @@ class StepRecorder {
   // What a phase boundary reads and writes, first and together: lines 1-2 and the first
   // line of each by-slot array for up to 8 phases a step.
   struct alignas(64) PhaseBook {
-    Clock* clock = nullptr;  // null: the host's monotonic clock (monotonic_now_ns)
+    Clock* clock = nullptr;  // null: the host's monotonic clock, read through read_clock
+    ClockGettime read_clock = &::clock_gettime;  // the vDSO's once bound
     bool in_step = false;
     bool on_device = false;     // the step in progress records device events
     bool phase_memory = false;  // current_.phase_memory
@@ -317,8 +319,7 @@ class StepRecorder {
   std::int64_t next_source_read_ns_ = 0;  // the earliest of the sources' next reads
   std::uint64_t host_memory_seen_ = 0;    // the HostReadings publications taken
   std::uint64_t host_runq_seen_ = 0;
-  pthread_t stepping_thread_{};  // the thread host_readings reads the run queue of
-  bool stepping_thread_set_ = false;
+  const void* stepping_thread_ = nullptr;  // the thread host_readings reads the run queue of
   bool external_memory_set_ = false;
   bool has_backends_ = false;  // any of device, activity, sampler, telemetry
   double flops_per_step_ = 0;  // Config::flops_per_step

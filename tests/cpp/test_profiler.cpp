@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/auxv.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,7 +22,9 @@
 #include <thread>
 
 #include "backends/fake/fake_backends.hpp"
+#include "backends/host/monotonic_clock.hpp"
 #include "core/background_thread.hpp"
+#include "core/this_thread.hpp"
 #include "steptrace/error.hpp"
 #include "test_util.hpp"
 
@@ -633,6 +636,35 @@ TEST(Profiler, RealHostClockAndRss) {
   EXPECT_GT(steps[0]["memory"]["rss_bytes"].get<std::int64_t>(), 0);
   EXPECT_GE(steps[0]["step_ms"].get<double>(), steps[0]["phases_ms"]["forward"].get<double>());
   EXPECT_EQ(records.front()["backends"]["memory"]["active"][0], "rss");
+}
+
+TEST(HostClock, ReadsTheKernelsClockThroughTheVdsoAsLibcDoes) {
+  const ClockGettime read = vdso_clock_gettime();
+#if defined(__GLIBC__) && (defined(__x86_64__) || defined(__aarch64__))
+  if (getauxval(AT_SYSINFO_EHDR) != 0) {  // the kernel mapped a vDSO (vdso(7))
+    EXPECT_NE(read, &::clock_gettime) << "the vDSO's clock_gettime was not found";
+  }
+#endif
+  for (const clockid_t id : {CLOCK_MONOTONIC, CLOCK_REALTIME}) {
+    timespec before{};
+    timespec mid{};
+    timespec after{};
+    ASSERT_EQ(::clock_gettime(id, &before), 0);
+    ASSERT_EQ(read(id, &mid), 0);
+    ASSERT_EQ(::clock_gettime(id, &after), 0);
+    auto ns = [](const timespec& t) { return t.tv_sec * 1'000'000'000LL + t.tv_nsec; };
+    EXPECT_LE(ns(before), ns(mid)) << "clock " << id;  // the same clock as libc's
+    EXPECT_LE(ns(mid), ns(after)) << "clock " << id;
+  }
+}
+
+TEST(ThisThreadToken, TellsTheRunningThreadsApart) {
+  const void* mine = detail::this_thread_token();
+  EXPECT_NE(mine, nullptr);
+  EXPECT_EQ(detail::this_thread_token(), mine);
+  const void* other = nullptr;
+  std::thread([&] { other = detail::this_thread_token(); }).join();  // both alive meanwhile
+  EXPECT_NE(other, mine);
 }
 
 // ---- lifecycle: close from another thread, fork, SIGTERM ----

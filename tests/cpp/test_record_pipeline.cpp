@@ -15,6 +15,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -64,6 +65,46 @@ TEST(RecordPipeline, WritesEveryRecordInOrder) {
   EXPECT_EQ(records[5001]["kind"], "alert");
   EXPECT_EQ(records.back()["kind"], "run_end");
   EXPECT_EQ(records.back()["steps"], 5000);
+}
+
+TEST(RecordPipeline, APushedRecordCarriesItsOwnPhasesWhateverItsRingSlotHeld) {
+  // push_step_record copies the phase arrays' first entries whole and the rest by count:
+  // each record must come out with its own phases, fewer or more than the slot's last.
+  TempDir tmp;
+  const std::string path = tmp.str("log.jsonl");
+  PhaseNames names;
+  for (std::size_t i = 0; i < kMaxPhases; ++i) names.intern("p" + std::to_string(i));
+  const std::vector<std::uint16_t> counts = {32, 3, 9, 0, 8, 1, 32, 2, 7, 31};
+  const std::int64_t steps = 60;  // the 4-slot ring is reused 15 times
+  {
+    RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                     0, names, 4, std::chrono::milliseconds(100));
+    for (std::int64_t step = 0; step < steps; ++step) {
+      StepRecord r;
+      r.step = step;
+      r.step_ns = 1'000'000'000;
+      r.phase_count = counts[static_cast<std::size_t>(step) % counts.size()];
+      for (std::uint16_t i = 0; i < r.phase_count; ++i) {
+        r.phase_ids[i] = static_cast<std::uint16_t>(kMaxPhases - 1 - i);  // not the slot
+        r.phase_ns[i] = r.host_phase_ns[i] = (step + 1) * 1'000'000 + i * 1000;
+      }
+      w.push_step_record(r);
+    }
+    w.close(RunEnd{"normal", {}, 1, 0.5, 0});
+  }
+  const auto records = read_jsonl(path);
+  ASSERT_EQ(records.size(), static_cast<std::size_t>(steps) + 2);
+  for (std::int64_t step = 0; step < steps; ++step) {
+    const auto& phases = records[1 + step]["phases_ms"];
+    const std::size_t count = counts[static_cast<std::size_t>(step) % counts.size()];
+    ASSERT_EQ(phases.size(), count) << "step " << step;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string name = "p" + std::to_string(kMaxPhases - 1 - i);
+      ASSERT_TRUE(phases.contains(name)) << "step " << step << " phase " << name;
+      EXPECT_NEAR(phases[name].get<double>(), static_cast<double>(step + 1) + i * 1e-3, 1e-9)
+          << "step " << step << " phase " << name;
+    }
+  }
 }
 
 TEST(RecordPipeline, AFullRingWakesTheWriterAtOnce) {
