@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "background_thread.hpp"
+#include "steptrace/ext/background_thread.hpp"
 
 namespace steptrace::detail {
 

@@ -8,8 +8,8 @@
 #include <exception>
 #include <iterator>
 
-#include "background_thread.hpp"
 #include "lifecycle.hpp"
+#include "steptrace/ext/background_thread.hpp"
 
 namespace steptrace::detail {
 namespace {

@@ -6,12 +6,12 @@
 #include <string>
 
 #include "../core/alert.hpp"
-#include "../core/background_thread.hpp"
 #include "../core/detection_stage.hpp"
 #include "../core/detectors.hpp"
 #include "../core/record_pipeline.hpp"
 #include "../core/stack_dump.hpp"
 #include "../core/step_record.hpp"
+#include "steptrace/ext/background_thread.hpp"
 #include "steptrace/profiler.hpp"
 
 namespace steptrace::detail {

@@ -13,9 +13,9 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "../core/background_thread.hpp"
 #include "../core/work.hpp"
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/background_thread.hpp"
 #include "steptrace/ext/device_activity.hpp"
 
 #if STEPTRACE_HAVE_HTTPLIB

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,6 +127,19 @@ TEST_F(CuptiActivityFake, EnablesKernelsAndTheLaunchCallsRecordsOnlyAndFinishUnd
   source->finish();  // idempotent
   source.reset();    // and the destructor does not do it again
   EXPECT_EQ(fake_cupti_disables(), disables);
+}
+
+TEST_F(CuptiActivityFake, TheFlushThreadLeavesTheProcessesSignalsToTheProgramsThreads) {
+  // as the profiler's own threads (test_profiler.cpp): SIGTERM sent to the process must
+  // reach one of the program's threads, never the flush thread
+  std::thread([] {}).join();  // a sanitizer's own background thread, if any, starts now
+  const std::set<std::string> before = testing::thread_ids();
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  const auto masks = testing::masks_of_started_threads(before);
+  ASSERT_EQ(masks.size(), 1U);  // the flush thread (the fake library starts none)
+  testing::expect_signals_left_to_the_program(masks);
+  source->finish();
 }
 
 TEST_F(CuptiActivityFake, TagsKernelsWithTheStepThatLaunchedThem) {

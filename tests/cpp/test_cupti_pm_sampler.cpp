@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/device_activity.hpp"
 #include "steptrace/metrics.hpp"
+#include "test_util.hpp"
 
 namespace steptrace {
 namespace {
@@ -285,6 +287,19 @@ TEST(StartStopHandoff, ConcurrentRequestsAndDecodesNeverOverlapAndEndInTheLastWi
   h.lock();
   EXPECT_TRUE(h.running()) << "the last wish (run) was lost";
   h.unlock(apply);
+}
+
+TEST(PeriodicThread, LeavesTheProcessesSignalsToTheProgramsThreads) {
+  // the PM sampler's decoder: a SIGTERM sent to the process must reach one of the
+  // program's threads (as the profiler's own threads, test_profiler.cpp)
+  std::thread([] {}).join();  // a sanitizer's own background thread, if any, starts now
+  const std::set<std::string> before = testing::thread_ids();
+  detail::cupti::PeriodicThread thread;
+  thread.start(std::chrono::hours(1), [] {});
+  const auto masks = testing::masks_of_started_threads(before);
+  ASSERT_EQ(masks.size(), 1U);
+  testing::expect_signals_left_to_the_program(masks);
+  thread.stop();
 }
 
 }  // namespace

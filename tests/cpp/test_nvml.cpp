@@ -4,12 +4,14 @@
 // step, so every scripted series plays out the same way each run, without waiting.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <chrono>
 #include <thread>
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "backends/fake/fake_backends.hpp"
@@ -272,14 +274,19 @@ TEST(Nvml, ThrottleReasonsNamedInStepsAndAlerted) {
   EXPECT_EQ(of_kind(run.records, "resolved").size(), 2u);
 }
 
-TEST(Nvml, SamplerThreadFillsHwOnTheHostClock) {
-  // the real path: a sampler thread every 1 ms; steps wait for a reading after their end
-  TempDir tmp;
+// The real path: the fake library's steady device, read by the sampler thread every 1 ms.
+Config sampled_every_ms(const TempDir& tmp) {
   setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
   setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady", 1);
   Config config = testing::run_config(tmp);
   config.nvml_interval_ms = 1;
-  Profiler prof(config);
+  return config;
+}
+
+TEST(Nvml, SamplerThreadFillsHwOnTheHostClock) {
+  // steps wait for a reading after their end
+  TempDir tmp;
+  Profiler prof(sampled_every_ms(tmp));
   for (int i = 0; i < 5; ++i) {
     auto step = prof.step();
   }
@@ -290,6 +297,21 @@ TEST(Nvml, SamplerThreadFillsHwOnTheHostClock) {
   for (const auto& s : of_kind(records, "step")) with_hw += s.contains("hw") ? 1 : 0;
   EXPECT_GE(with_hw, 4);  // the first may come before the first reading
   EXPECT_GT(of_kind(records, "run_end").at(0).at("hw").at("samples").get<int>(), 0);
+}
+
+TEST(Nvml, TheSamplerThreadLeavesTheProcessesSignalsToTheProgramsThreads) {
+  // as the profiler's own threads (test_profiler.cpp): SIGTERM sent to the process must
+  // reach one of the program's threads, never the sampler
+  std::thread([] {}).join();  // a sanitizer's own background thread, if any, starts now
+  const std::set<std::string> before = testing::thread_ids();
+  TempDir tmp;
+  Profiler prof(sampled_every_ms(tmp));
+  const auto masks = testing::masks_of_started_threads(before);
+  testing::expect_signals_left_to_the_program(masks);
+  EXPECT_GE(masks.size(), 3U);  // the writer, the watchdog and the sampler
+  prof.close();
+  EXPECT_GT(of_kind(read_jsonl(prof.log_path()), "run_end").at(0).at("hw").at("samples").get<int>(),
+            0);  // the sampler ran
 }
 
 // One reading now, on the calling thread, of CUDA device 0's telemetry source.

@@ -23,9 +23,9 @@
 
 #include "backends/fake/fake_backends.hpp"
 #include "backends/host/monotonic_clock.hpp"
-#include "core/background_thread.hpp"
 #include "core/this_thread.hpp"
 #include "steptrace/error.hpp"
+#include "steptrace/ext/background_thread.hpp"
 #include "test_util.hpp"
 
 namespace steptrace {
@@ -34,6 +34,7 @@ namespace {
 using testing::of_kind;
 using testing::read_jsonl;
 using testing::TempDir;
+using testing::thread_ids;
 
 constexpr std::int64_t kMs = 1'000'000;
 
@@ -875,42 +876,19 @@ TEST(Profiler, AForkedChildWritesNothingToTheParentsLog) {
   EXPECT_EQ(of_kind(records, "run_start").size(), 1u);
 }
 
-// The ids of this process's threads, and one thread's blocked signals (/proc: SigBlk).
-std::set<std::string> thread_ids() {
-  std::set<std::string> ids;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
-    ids.insert(entry.path().filename().string());
-  }
-  return ids;
-}
-unsigned long long blocked_signals(const std::string& tid) {
-  std::ifstream status("/proc/self/task/" + tid + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("SigBlk:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
-  }
-  return 0;
-}
-
 TEST(Profiler, ItsThreadsLeaveTheProcessesSignalsToTheProgramsThreads) {
   // A SIGTERM sent to the process must reach a thread of the program (under TSan, one that
   // landed on the writer waited out its flush interval), so steptrace's threads block it.
-  // (Only the signals they block: a thread still starting has every signal blocked.)
   std::thread([] {}).join();  // a sanitizer's own background thread, if any, starts now
   const std::set<std::string> before = thread_ids();
   TempDir tmp;
   Config config = host_config(tmp);
   config.metrics_port = 0;  // the Prometheus server's thread too
   Profiler prof(config);
-  auto bit = [](int sig) { return 1ULL << (sig - 1); };
-  int started = 0;
-  for (const std::string& tid : thread_ids()) {
-    if (before.count(tid) != 0) continue;
-    ++started;
-    const unsigned long long mask = blocked_signals(tid);
-    EXPECT_NE(mask & bit(SIGTERM), 0U) << "thread " << tid;
-    EXPECT_NE(mask & bit(SIGINT), 0U) << "thread " << tid;
-  }
-  EXPECT_GE(started, 2);  // the writer and the watchdog at least
+  // read once each is past its start (a thread still starting has every signal blocked)
+  const auto masks = testing::masks_of_started_threads(before);
+  testing::expect_signals_left_to_the_program(masks);
+  EXPECT_GE(masks.size(), 2U);  // the writer and the watchdog at least
 }
 
 TEST(BackgroundThread, BlocksTheAsynchronousSignalsNotTheFaults) {
@@ -918,7 +896,7 @@ TEST(BackgroundThread, BlocksTheAsynchronousSignalsNotTheFaults) {
   pthread_sigmask(SIG_BLOCK, nullptr, &caller);
   sigset_t in_thread;
   sigemptyset(&in_thread);
-  detail::start_background_thread([&] { pthread_sigmask(SIG_BLOCK, nullptr, &in_thread); }).join();
+  start_background_thread([&] { pthread_sigmask(SIG_BLOCK, nullptr, &in_thread); }).join();
   EXPECT_EQ(sigismember(&in_thread, SIGTERM), 1);
   EXPECT_EQ(sigismember(&in_thread, SIGINT), 1);
   EXPECT_EQ(sigismember(&in_thread, SIGUSR1), 1);

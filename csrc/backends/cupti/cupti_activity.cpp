@@ -7,6 +7,7 @@
 // call layer and the buffer bookkeeping: the correlation, naming and classification
 // logic is in activity_records.cpp. Without the headers it is a stub.
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/background_thread.hpp"
 #include "steptrace/ext/device_activity.hpp"
 
 #if !STEPTRACE_HAVE_CUPTI_HEADERS
@@ -392,7 +393,7 @@ class CuptiActivity final : public KernelActivitySource {
       set_status("yielding to torch.profiler");
     }
     try {
-      flusher_ = std::thread([this] { flush_loop(); });
+      flusher_ = start_background_thread([this] { flush_loop(); });
     } catch (const std::system_error& e) {
       enabled_ = false;
       if (!yielding) disable_ours();

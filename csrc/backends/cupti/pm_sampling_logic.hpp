@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/background_thread.hpp"
 #include "steptrace/ext/device_activity.hpp"
 #include "steptrace/metrics.hpp"
 
@@ -244,7 +245,7 @@ class PeriodicThread {
   PeriodicThread& operator=(const PeriodicThread&) = delete;
 
   void start(std::chrono::milliseconds period, std::function<void()> pass) {
-    thread_ = std::thread([this, period, pass = std::move(pass)] {
+    thread_ = start_background_thread([this, period, pass = std::move(pass)] {
       std::unique_lock<std::mutex> lock(mutex_);
       while (!stop_) {
         wake_.wait_for(lock, period, [this] { return stop_ || woken_; });

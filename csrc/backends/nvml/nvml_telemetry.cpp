@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "steptrace/backend.hpp"
+#include "steptrace/ext/background_thread.hpp"
 #include "steptrace/ext/telemetry.hpp"
 
 #include "../host/monotonic_clock.hpp"
@@ -442,7 +443,7 @@ class NvmlTelemetry final : public TelemetrySource {
   }
   void start() override {
     if (interval_ms_ <= 0 || thread_.joinable()) return;
-    thread_ = std::thread([this] { loop(); });
+    thread_ = start_background_thread([this] { loop(); });
   }
   void take(std::vector<TelemetrySample>& out) override {
     std::lock_guard<std::mutex> lock(mu_);
