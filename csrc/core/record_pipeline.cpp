@@ -170,7 +170,9 @@ void RecordPipeline::enqueue(QueuedLine queued, bool now) {
     }
     if (closed_ || stop_) return;
     lines_.push_back(std::move(queued));
-    ++flush_requested_;
+    // A drain, not a flush: records still waiting for their device data or telemetry
+    // keep waiting (a forced drain would write them without it); the line goes out now.
+    drain_requested_.store(true, std::memory_order_relaxed);
   }
   wake_.notify_one();
 }

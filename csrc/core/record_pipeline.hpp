@@ -63,7 +63,8 @@ class RecordPipeline final : public StepRecordQueue, private AlertOutput {
   /// Any thread: queues a complete JSON line (with its newline) after the records so far.
   void push_line(std::string line);
   /// Like push_line, and wakes the writer to write it now (a hang alert must reach the
-  /// file while the step is still hung).
+  /// file while the step is still hung). Step records waiting for data (device times,
+  /// telemetry) keep waiting: the line may come before them.
   void push_line_now(std::string line);
   /// Any thread: queues an alert (or resolved) record, its `line` (with its newline) for
   /// the log and its event for the sinks' on_alert, both in the place of the line among

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -373,6 +374,63 @@ TEST(RecordPipeline, SinksGetAlertsAndClusterRecordsTypedInOrderWithTheLines) {
   }
   EXPECT_EQ(in_sink, expected);
   EXPECT_EQ(nlohmann::json::parse(sink.lines.back())["kind"], "run_end");
+}
+
+// A stage whose records wait until the test says their data came; it notes a record
+// completed with force while its data was still missing.
+class WaitsForData final : public StepCompleter {
+ public:
+  void arrived(StepRecord& /*r*/) override {}
+  bool complete(StepRecord& r, bool force) override {
+    const bool ready = data_came.load();
+    if (force && !ready) forced_without_data.push_back(r.step);
+    return ready || force;
+  }
+  void finish() noexcept override {}
+  std::string run_end_fields() override { return ""; }
+  std::atomic<bool> data_came{false};
+  std::vector<std::int64_t> forced_without_data;  // writer thread, then after close
+};
+
+// Tells the test when the writer has handed an alert to the sinks.
+class AlertSignal final : public RecordSink {
+ public:
+  std::string_view name() const noexcept override { return "signal"; }
+  void write(std::string_view /*batch*/) override {}
+  void on_step(const StepRecord& /*r*/) override { steps_written.fetch_add(1); }
+  void on_alert(const AlertEvent& /*e*/) override { alerted.set_value(); }
+  std::promise<void> alerted;
+  std::atomic<int> steps_written{0};
+};
+
+// An alert from another thread (an XID from the NVML sampler, a hang from the watchdog)
+// goes out at once, but does not force the steps still waiting for their data: written
+// then, they would lack their telemetry for good.
+TEST(RecordPipeline, AnAlertGoesOutAtOnceWhileStepsWaitingForDataKeepWaiting) {
+  TempDir tmp;
+  const std::string path = tmp.str("log.jsonl");
+  PhaseNames names;
+  WaitsForData stage;
+  AlertSignal sink;
+  std::future<void> alerted = sink.alerted.get_future();
+  {
+    RecordPipeline w(std::make_unique<JsonlFileSink>(open_file(path)), "{\"kind\":\"run_start\"}\n",
+                     0, names, 64, std::chrono::milliseconds(60000), nullptr, &stage, {&sink});
+    push_steps(w, 0, 2);
+    AlertEvent xid;
+    xid.type = "hardware_error";
+    xid.step = 1;
+    std::thread sampler([&] { w.push_alert(xid, alert_json_line(xid, 0)); });
+    sampler.join();
+    ASSERT_EQ(alerted.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    EXPECT_EQ(sink.steps_written.load(), 0);
+    stage.data_came = true;
+    w.close(RunEnd{"normal", {}, 1, 0.5, 0});
+  }
+  EXPECT_EQ(stage.forced_without_data, std::vector<std::int64_t>{});
+  std::vector<std::string> kinds;
+  for (const auto& record : read_jsonl(path)) kinds.push_back(record.at("kind"));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"run_start", "alert", "step", "step", "run_end"}));
 }
 
 TEST(AlertFromJson, ReadsBackWhatAlertJsonLineWrote) {
