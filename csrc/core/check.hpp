@@ -11,8 +11,10 @@
 // so the code a step runs stays a few contiguous cache lines.
 #if defined(__GNUC__) || defined(__clang__)
 #define STEPTRACE_UNLIKELY(cond) __builtin_expect(static_cast<bool>(cond), 0)
+#define STEPTRACE_LIKELY(cond) __builtin_expect(static_cast<bool>(cond), 1)
 #else
 #define STEPTRACE_UNLIKELY(cond) (cond)
+#define STEPTRACE_LIKELY(cond) (cond)
 #endif
 
 // Throws `kind` with the message unless `cond` holds.

@@ -505,6 +505,11 @@ class ProfilerImpl final : public SignalClosable {
     m.telemetry_unavailable = &telemetry_unavailable_;
     m.metrics = metrics_.get();
     m.peak = &peak_;  // before any step: the training thread has not changed it yet
+    if (host_clock_) {
+      m.host_clock = tsc_clock_chosen() ? "the CPU's time-stamp counter, calibrated against "
+                                          "CLOCK_MONOTONIC and checked every second"
+                                        : "CLOCK_MONOTONIC";
+    }
     return m;
   }
 

@@ -81,11 +81,12 @@ ordered_json comm_json(const RunInfo& info) {
 }
 
 ordered_json timer_json(const RunManifest& m) {
-  if (m.device) {
-    return {{"active", {m.device->timer().name(), "host"}},
-            {"unavailable", ordered_json::object()}};
-  }
-  return {{"active", {"host"}}, {"unavailable", {{"cuda", *m.device_unavailable}}}};
+  ordered_json timer = m.device ? ordered_json{{"active", {m.device->timer().name(), "host"}},
+                                               {"unavailable", ordered_json::object()}}
+                                : ordered_json{{"active", {"host"}},
+                                               {"unavailable", {{"cuda", *m.device_unavailable}}}};
+  if (m.host_clock != nullptr) timer["method"] = std::string("host: ") + m.host_clock;
+  return timer;
 }
 
 ordered_json device_json(const RunManifest& m) {

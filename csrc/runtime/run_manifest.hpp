@@ -36,6 +36,7 @@ struct RunManifest {
   const std::string* telemetry_unavailable = nullptr;
   const PrometheusSink* metrics = nullptr;
   const PeakChoice* peak = nullptr;  // MFU's divisor
+  const char* host_clock = nullptr;  // how the host clock is read; null: a given Clock
 };
 
 // The run_start line (newline-terminated).

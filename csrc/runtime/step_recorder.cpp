@@ -18,6 +18,7 @@ void StepRecorder::bind(const Parts& parts) {
   flops_per_step_ = parts.config->flops_per_step;
   book_.clock = parts.host_clock ? nullptr : parts.clock;
   book_.read_clock = vdso_clock_gettime();
+  if (parts.host_clock && tsc_clock_chosen()) anchor_tsc();
   slow_ratio_ = parts_.config->regression_threshold;
   slow_excess_ns_ = parts_.config->min_excess_ms * 1e6;
   source_samples_.resize(parts_.memory_sources->size());
@@ -176,6 +177,7 @@ void StepRecorder::begin_backends_step() noexcept {
   // The next step's gap starts where this step ended: the bookkeeping above (memory reads,
   // slow only when preempted) is the next gap's `other`, so every second is accounted.
   last_step_end_ns_ = now;
+  if (STEPTRACE_UNLIKELY(now >= book_.tsc.next_anchor_ns())) anchor_tsc();
   data_accum_ns_ = 0;
   data_wrapped_ = false;
   book_.in_step = false;
@@ -184,6 +186,13 @@ void StepRecorder::begin_backends_step() noexcept {
   inflight_.last_done_ns.store(current_.host_ns, std::memory_order_relaxed);
   inflight_.last_done_step.store(current_.step, std::memory_order_relaxed);
   inflight_.step.store(-1, std::memory_order_release);
+}
+
+void StepRecorder::anchor_tsc() noexcept {
+  std::uint64_t tsc = 0;
+  std::int64_t ns = 0;
+  // no tight pair (preempted in every try): the next step's end tries again
+  if (read_tsc_pair(&tsc, &ns)) book_.tsc.anchor(tsc, ns);
 }
 
 // The thread's run-queue wait and CPU time since the last reading (and steal, where the

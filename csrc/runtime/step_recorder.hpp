@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../backends/host/monotonic_clock.hpp"
+#include "../backends/host/tsc_clock.hpp"
 #include "../core/check.hpp"
 #include "../core/collective_timer.hpp"
 #include "../core/device_timing.hpp"
@@ -264,8 +265,12 @@ class StepRecorder {
     book_.known_phases = static_cast<std::uint16_t>(parts_.names->size());
   }
   std::int64_t now_ns() const noexcept {
+    if (STEPTRACE_LIKELY(book_.tsc.calibrated())) return book_.tsc.at(read_tsc());
     return book_.clock != nullptr ? book_.clock->now_ns() : monotonic_now_ns(book_.read_clock);
   }
+  // A (counter, kernel clock) pair for the TSC map: its first rate, then its check every
+  // second (at a step's end, after the step's own readings).
+  [[gnu::cold, gnu::noinline]] void anchor_tsc() noexcept;
   void close_phase(int slot, std::int64_t now) noexcept {
     book_.elapsed_ns[slot] += now - book_.start_ns[slot];
     book_.start_ns[slot] = kUnset;
@@ -304,7 +309,10 @@ class StepRecorder {
     bool phase_memory = false;  // current_.phase_memory
     std::uint8_t phase_count = 0;
     std::uint8_t active_depth = 0;
-    std::uint16_t known_phases = 0;                   // ids below it were interned
+    std::uint16_t known_phases = 0;  // ids below it were interned
+    // The host's clock from the CPU's counter once calibrated (tsc_clock.hpp); until then,
+    // and where the counter is not the kernel's clock, read_clock.
+    TscMap tsc;
     std::array<std::int8_t, kMaxPhases> slot_of{};    // by phase id; -1: not in this step
     std::array<std::uint8_t, kMaxPhases> active{};    // slots of the running phases, innermost last
     std::array<PhaseId, kMaxPhases> id_of{};          // by slot

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +24,7 @@
 
 #include "backends/fake/fake_backends.hpp"
 #include "backends/host/monotonic_clock.hpp"
+#include "backends/host/tsc_clock.hpp"
 #include "core/this_thread.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/ext/background_thread.hpp"
@@ -637,6 +639,58 @@ TEST(Profiler, RealHostClockAndRss) {
   EXPECT_GT(steps[0]["memory"]["rss_bytes"].get<std::int64_t>(), 0);
   EXPECT_GE(steps[0]["step_ms"].get<double>(), steps[0]["phases_ms"]["forward"].get<double>());
   EXPECT_EQ(records.front()["backends"]["memory"]["active"][0], "rss");
+}
+
+// On the host clock the boundaries read the CPU's counter once it is calibrated (100 ms in,
+// then checked every second: tsc_clock.hpp): across both, a phase measures what the
+// kernel's clock measures inside and around it.
+TEST(HostClock, APhaseMeasuresWhatTheKernelsClockMeasuresAroundIt) {
+  TempDir tmp;
+  Config config;
+  config.log_dir = tmp.str();
+  config.overwrite = true;
+  config.detect = false;
+  struct Bracket {
+    std::int64_t outer_ns;  // from before the phase began to after it ended
+    std::int64_t inner_ns;  // from after it began to before it ended
+  };
+  std::vector<Bracket> brackets;
+  std::string path;
+  {
+    Profiler prof(config);
+    path = prof.log_path();
+    const std::int64_t until = monotonic_now_ns() + 1'300'000'000;  // a calibration, a check
+    while (monotonic_now_ns() < until) {
+      auto s = prof.step();
+      Bracket b{};
+      b.outer_ns = -monotonic_now_ns();
+      {
+        auto p = s.phase("forward");
+        b.inner_ns = -monotonic_now_ns();
+        const std::int64_t end = monotonic_now_ns() + 2'000'000;  // 2 ms of work
+        while (monotonic_now_ns() < end) {
+        }
+        b.inner_ns += monotonic_now_ns();
+      }
+      b.outer_ns += monotonic_now_ns();
+      brackets.push_back(b);
+    }
+  }
+  const auto records = read_jsonl(path);
+  const std::string method = records.front()["backends"]["timer"]["method"];
+  EXPECT_EQ(method.find("time-stamp counter") != std::string::npos, tsc_clock_chosen()) << method;
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), brackets.size());
+  int outside = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    // phases_ms has four decimals (100 ns); the counter's map is within ~1 us of the clock
+    const auto ns = std::llround(steps[i]["phases_ms"]["forward"].get<double>() * 1e6);
+    const bool in = ns >= brackets[i].inner_ns - 2'000 && ns <= brackets[i].outer_ns + 2'000;
+    outside += !in;
+    EXPECT_TRUE(in) << "step " << i << ": " << ns << " ns, the kernel's clock "
+                    << brackets[i].inner_ns << " inside and " << brackets[i].outer_ns << " around";
+    if (outside > 5) break;
+  }
 }
 
 TEST(HostClock, ReadsTheKernelsClockThroughTheVdsoAsLibcDoes) {
