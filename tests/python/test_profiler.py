@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -284,6 +286,30 @@ def test_without_a_gpu_the_host_clock_is_used_and_run_start_says_why(tmp_path, r
     with pytest.raises(ConfigError, match="clock=\"cuda\" but CUDA event timing is unavailable"):
         steptrace.Profiler(tmp_path / "cuda", clock="cuda")
     assert not (tmp_path / "cuda").exists()
+
+
+def _kernel_keeps_time_with_tsc() -> bool:
+    try:
+        return Path("/sys/devices/system/clocksource/clocksource0/current_clocksource").read_text() == "tsc\n"
+    except OSError:
+        return False
+
+
+def test_run_start_says_how_the_host_clock_is_read_and_the_environment_can_choose(
+        tmp_path, monkeypatch, records_of):
+    tsc = "host: the CPU's time-stamp counter, calibrated against CLOCK_MONOTONIC and checked every second"
+    with steptrace.Profiler(tmp_path / "default") as prof:
+        train(prof, batches(2))
+    method = records_of(prof.log_path)[0]["backends"]["timer"]["method"]
+    assert method in (tsc, "host: CLOCK_MONOTONIC")
+    if not _kernel_keeps_time_with_tsc():  # the counter is used only where the kernel uses it
+        assert method == "host: CLOCK_MONOTONIC"
+    monkeypatch.setenv("STEPTRACE_HOST_CLOCK", "monotonic")
+    with steptrace.Profiler(tmp_path / "monotonic") as prof:
+        train(prof, batches(2))
+    records = records_of(prof.log_path)
+    assert records[0]["backends"]["timer"]["method"] == "host: CLOCK_MONOTONIC"
+    assert len([r for r in records if r["kind"] == "step"]) == 2
 
 
 def test_step_hooks_feed_stream_and_memory(tmp_path, records_of):
