@@ -81,6 +81,7 @@ class ProfilerImpl final : public SignalClosable {
     config_.validate();
     resolve(config_);
     host_clock_ = !backends.clock;
+    counter_clock_ = host_clock_ && tsc_clock_chosen();  // once: run_start says what is read
     clock_ = backends.clock ? std::move(backends.clock) : make_host_clock();
     stream_source_ = std::move(backends.stream_source);
     device_ = make_device_timing(config_, backends, &device_unavailable_);
@@ -127,7 +128,7 @@ class ProfilerImpl final : public SignalClosable {
     recorder_.bind({&config_, &names_, clock_.get(), stream_source_.get(), device_.get(),
                     activity_.get(), sampler_.get(), telemetry_.get(), detection_.get(),
                     &recorder_sources_, host_readings(), heap_ ? &*heap_ : nullptr, writer_.get(),
-                    &alerts_, &watchdog_, start_, host_clock_});
+                    &alerts_, &watchdog_, start_, host_clock_, counter_clock_});
     recorder_.set_peak_flops(peak_.flops_per_s);
     if (config_.detect) {
       watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
@@ -506,9 +507,9 @@ class ProfilerImpl final : public SignalClosable {
     m.metrics = metrics_.get();
     m.peak = &peak_;  // before any step: the training thread has not changed it yet
     if (host_clock_) {
-      m.host_clock = tsc_clock_chosen() ? "the CPU's time-stamp counter, calibrated against "
-                                          "CLOCK_MONOTONIC and checked every second"
-                                        : "CLOCK_MONOTONIC";
+      m.host_clock = counter_clock_ ? "the CPU's time-stamp counter, calibrated against "
+                                      "CLOCK_MONOTONIC and checked every second"
+                                    : "CLOCK_MONOTONIC";
     }
     return m;
   }
@@ -539,7 +540,8 @@ class ProfilerImpl final : public SignalClosable {
 
   Config config_;
   std::unique_ptr<Clock> clock_;
-  bool host_clock_ = false;                                    // clock_ is make_host_clock()'s
+  bool host_clock_ = false;     // clock_ is make_host_clock()'s
+  bool counter_clock_ = false;  // the training thread reads it from the CPU's counter
   std::vector<std::unique_ptr<MemorySource>> memory_sources_;  // all (run_start lists them)
   std::vector<MemorySource*> recorder_sources_;                // read at a step's end
   HostReadings host_readings_;       // the watchdog's: the others, and the steps' run queue

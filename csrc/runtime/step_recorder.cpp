@@ -18,7 +18,10 @@ void StepRecorder::bind(const Parts& parts) {
   flops_per_step_ = parts.config->flops_per_step;
   book_.clock = parts.host_clock ? nullptr : parts.clock;
   book_.read_clock = vdso_clock_gettime();
-  if (parts.host_clock && tsc_clock_chosen()) anchor_tsc();
+  if (parts.counter_clock) {
+    book_.tsc.start();
+    anchor_tsc();  // the first pair; where none came out tight, the first step's end retries
+  }
   slow_ratio_ = parts_.config->regression_threshold;
   slow_excess_ns_ = parts_.config->min_excess_ms * 1e6;
   source_samples_.resize(parts_.memory_sources->size());

@@ -62,7 +62,8 @@ class StepRecorder {
     AlertLog* alerts = nullptr;
     Watchdog* watchdog = nullptr;  // its steal total (refreshed on a possibly slow step)
     ClockMapping start;
-    bool host_clock = false;  // `clock` is the host's monotonic clock: read it inline
+    bool host_clock = false;     // `clock` is the host's monotonic clock: read it inline
+    bool counter_clock = false;  // ... from the CPU's counter (tsc_clock.hpp)
   };
 
   StepRecorder() {

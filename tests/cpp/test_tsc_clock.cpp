@@ -47,7 +47,9 @@ TEST(TscMap, TheFirstPairStartsTheSpanAndTheSecondGivesTheRate) {
   SyntheticClocks c{{{0, 20}}};
   TscMap map;
   EXPECT_FALSE(map.calibrated());
-  EXPECT_EQ(map.next_anchor_ns(), INT64_MAX);  // no pair asked for before the first
+  EXPECT_EQ(map.next_anchor_ns(), INT64_MAX);  // no pair asked for before start()
+  map.start();
+  EXPECT_EQ(map.next_anchor_ns(), INT64_MIN);  // the first pair at once (and again if it failed)
   ASSERT_TRUE(map.anchor(c.tsc(0), c.kernel_ns(0)));
   EXPECT_FALSE(map.calibrated());
   EXPECT_EQ(map.next_anchor_ns(), c.kernel_ns(0) + TscMap::kCalibrateNs);

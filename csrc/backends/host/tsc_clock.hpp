@@ -53,8 +53,12 @@ class TscMap {
   // (the map is dropped; calibrated() stays false).
   bool anchor(std::uint64_t tsc, std::int64_t ns) noexcept;
 
-  // When the owner should take its next pair (kernel ns).
+  // When the owner should take its next pair (kernel ns): never until start(), then at
+  // once until the first pair is taken.
   std::int64_t next_anchor_ns() const noexcept { return next_anchor_ns_; }
+  void start() noexcept {
+    if (ref_ns_ < 0 && !failed_) next_anchor_ns_ = INT64_MIN;
+  }
 
  private:
   std::uint64_t base_tsc_ = 0;
@@ -62,7 +66,7 @@ class TscMap {
   std::uint64_t mult_ = 0;  // ns per cycle x 2^32; 0: not calibrated
   std::uint64_t ref_tsc_ = 0;
   std::int64_t ref_ns_ = -1;                 // the last pair: the next rate's span starts there
-  std::int64_t next_anchor_ns_ = INT64_MAX;  // never, until the first pair
+  std::int64_t next_anchor_ns_ = INT64_MAX;  // never, until start()
   bool failed_ = false;
 };
 
