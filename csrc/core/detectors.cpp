@@ -128,16 +128,7 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
   }
   if (stall) limit = std::max(limit, config_.regression_threshold * noise.p95_ms);
   const double ratio = iteration_ms / median;
-  // Blocked in a collective for most of the excess: a peer was late, not this rank's model.
   const double blocked_ms = static_cast<double>(r.comm.exposed_ns) / kNsPerMs;
-  const bool waited = r.comm.count > 0 && blocked_ms >= 0.5 * (iteration_ms - median);
-  const std::string advice =
-      waited ? fmt::format(
-                   "it waited {:.2f} ms of it in a collective after its last launch: "
-                   "another rank was late (see the cluster view: straggler, "
-                   "rank_silent), not this rank's model",
-                   blocked_ms)
-             : std::string(advice_for(*grew.name));
 
   AlertEvent a;
   a.type = stall ? "stall" : "step_regression";
@@ -151,7 +142,7 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
       "{:.2f} ms, limit {:.2f} ms){}; {} grew most ({:.2f} ms vs its median {:.2f} ms): {}",
       r.step, ratio, iteration_ms, median, iteration_.size(), noise.sigma_ms, limit,
       slow_streak_ > 1 ? fmt::format(", slow since step {}", streak_start_) : "", *grew.name,
-      grew.ms, grew.median_ms, advice);
+      grew.ms, grew.median_ms, advice_for(*grew.name));
   a.details = {{"ratio", ratio},
                {"ratio_threshold", ratio_threshold},
                {"noise_ms", noise.sigma_ms},
@@ -193,7 +184,8 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
 
   const bool judged = iteration_.size() >= static_cast<std::size_t>(config_.min_history);
   bool slow = false;
-  bool contended = false;  // slow, and mostly the host's doing
+  bool contended = false;    // slow, and mostly the host's doing
+  bool peer_waited = false;  // slow, and mostly blocked waiting for another rank
   if (judged) {
     const double median = iteration_.median();
     const double excess = iteration_ms - median;
@@ -213,6 +205,16 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
               excess > std::max(config_.stall_min_excess_ms,
                                 2.0 * config_.noise_sigmas * noise.sigma_ms) &&
               iteration_ms > config_.regression_threshold * noise.p95_ms;
+    }
+    // Most of the excess spent blocked in a collective after the rank's last launch is
+    // another rank being late (its own alert names it, or nothing does where it was in a
+    // marked evaluation or checkpoint), not this rank's model: not slow here.
+    const bool waited_for_peer =
+        slow && r.comm.count > 0 &&
+        static_cast<double>(r.comm.exposed_ns) / kNsPerMs >= kPeerWaitShare * excess;
+    if (waited_for_peer) {
+      slow = stall = false;
+      peer_waited = true;
     }
     // Most of the excess spent waiting for a CPU is the host's doing, not the model's.
     // It alerts where the step would have (a stall, or a regression's run of slow steps).
@@ -275,7 +277,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   // raise its own baseline or noise; they join it when the streak or the episode ends, so
   // the window still samples every step. The parts' windows (data, other, phases) skip the
   // held steps, so a slow phase stays slow against its own median while the streak runs.
-  const bool hold = slow || contended;
+  const bool hold = slow || contended || peer_waited;
   const auto hold_limit = static_cast<std::size_t>(
       level_ > 0 ? config_.window : std::max(config_.window, kMaxRegressionSteps));
   const bool held = hold && held_.size() < hold_limit;
@@ -680,10 +682,20 @@ void MemoryGrowthDetector::observe(const StepRecord& r, std::vector<AlertEvent>&
 // ---- hang ----
 
 std::optional<AlertEvent> HangDetector::check(const Poll& p) {
+  // Waiting in a collective while a peer evaluates or saves a checkpoint (nanoGPT's rank 0
+  // does both alone) is waiting for planned work: counted from when no peer was in one.
+  const bool in_collective = p.step >= 0 && p.collectives_in_flight > 0;
+  if (in_collective && p.peers_in_interval > 0) {
+    peer_step_ = p.step;
+    peer_seen_ns_ = p.now_ns;
+  }
+  const std::int64_t from =
+      p.step >= 0 && p.step == peer_step_ ? std::max(p.start_ns, peer_seen_ns_) : p.start_ns;
   const double limit_s =
-      p.history_ok ? std::max(config_.hang_threshold * p.median_ms / 1e3, config_.hang_min_s)
-                   : config_.hang_floor_s;
-  const double elapsed_s = p.step >= 0 ? static_cast<double>(p.now_ns - p.start_ns) / 1e9 : 0.0;
+      (p.history_ok ? std::max(config_.hang_threshold * p.median_ms / 1e3, config_.hang_min_s)
+                    : config_.hang_floor_s) +
+      (in_collective ? static_cast<double>(p.peer_notice_ns) / 1e9 : 0.0);
+  const double elapsed_s = p.step >= 0 ? static_cast<double>(p.now_ns - from) / 1e9 : 0.0;
   if (active_) {
     if (p.step >= 0 && p.step > last_hung_step_ && elapsed_s > limit_s) {
       last_hung_step_ = p.step;  // another step over the limit: the same episode
@@ -726,10 +738,16 @@ std::optional<AlertEvent> HangDetector::check(const Poll& p) {
                 "that stopped (the cluster view's rank_silent names it)",
                 p.collectives_in_flight, p.collectives_in_flight == 1 ? " is" : "s are")
           : "";
+  const double peer_interval_s = static_cast<double>(from - p.start_ns) / 1e9;
   a.message = fmt::format(
-      "step {} has been running for {:.1f} s{} (limit {:.1f} s{}) and may be hung{}: see "
+      "step {} has been running for {:.1f} s{}{} (limit {:.1f} s{}) and may be hung{}: see "
       "details.stacks for where each thread is",
-      p.step, elapsed_s, p.phase.empty() ? "" : fmt::format(" in phase {}", p.phase), limit_s,
+      p.step, elapsed_s, p.phase.empty() ? "" : fmt::format(" in phase {}", p.phase),
+      peer_interval_s > 0 ? fmt::format(" since another rank's evaluation or checkpoint ended "
+                                        "({:.1f} s before it not counted)",
+                                        peer_interval_s)
+                          : "",
+      limit_s,
       p.history_ok ? fmt::format(", {}x the median iteration of {:.2f} ms", config_.hang_threshold,
                                  p.median_ms)
                    : " before enough history",
@@ -737,7 +755,8 @@ std::optional<AlertEvent> HangDetector::check(const Poll& p) {
   a.details = {{"elapsed_s", elapsed_s},
                {"limit_s", limit_s},
                {"hang_threshold", config_.hang_threshold},
-               {"collectives_in_flight", p.collectives_in_flight}};
+               {"collectives_in_flight", p.collectives_in_flight},
+               {"peer_interval_s", peer_interval_s}};
   return a;
 }
 

@@ -40,6 +40,10 @@ namespace steptrace::detail {
 /// for these rules nor a stall; where the step would have alerted (a stall, or the K-th such step
 /// in a row) it opens a host_contention episode instead (one alert; resolved after a window of
 /// steps without another such step).
+/// A slow step blocked in a collective after its last launch for at least kPeerWaitShare of
+/// its excess waited for another rank: it is not slow for these rules (one incident pages
+/// once, on the rank that was late, or not at all where that rank was in a marked
+/// evaluation or checkpoint), and it is held out of the window like a slow step.
 class SlowStepDetector {
  public:
   SlowStepDetector(const Config& config, const PhaseNames& names);
@@ -67,6 +71,7 @@ class SlowStepDetector {
                   std::vector<AlertEvent>& out);
   AlertEvent contention_end(std::int64_t step);
   static constexpr double kContentionShare = 0.5;
+  static constexpr double kPeerWaitShare = 0.5;
   // The part of the step's host reading (run-queue wait and steal) that fell inside its
   // iteration, at least (ms): the total, and the run-queue wait's part; total -1 when the
   // step has no reading.
@@ -208,7 +213,10 @@ class CheckpointDetector {
 /// hang: a step in flight longer than hang_threshold x the median iteration (at least
 /// hang_min_s; hang_floor_s while the history is short). One alert per episode: further
 /// steps over the limit are folded into it, and it resolves once a later step finishes
-/// within the limit (or the run ends), counting them.
+/// within the limit (or the run ends), counting them. A step waiting in a collective waits
+/// for the other ranks: while one of them is in an evaluation or checkpoint interval (the
+/// cross-rank exchange says so) its time does not count, and its limit is longer by the
+/// time the exchange takes to learn of such an interval.
 class HangDetector {
  public:
   explicit HangDetector(const Config& config) : config_(config) {}
@@ -222,13 +230,17 @@ class HangDetector {
     std::int64_t last_done_ns = 0;
     double median_ms = 0;
     bool history_ok = false;
-    bool closing = false;           // the run ends: resolve what is open
-    int collectives_in_flight = 0;  // launched and not completed (host-timed collectives)
+    bool closing = false;             // the run ends: resolve what is open
+    int collectives_in_flight = 0;    // launched and not completed (host-timed collectives)
+    int peers_in_interval = 0;        // other ranks in an evaluation or checkpoint interval
+    std::int64_t peer_notice_ns = 0;  // how late this rank learns of one; 0: no exchange
   };
   std::optional<AlertEvent> check(const Poll& p);
 
  private:
   const Config& config_;
+  std::int64_t peer_step_ = -1;    // the step that last waited while a peer was in an interval
+  std::int64_t peer_seen_ns_ = 0;  // and when, last
   bool active_ = false;
   std::int64_t first_step_ = -1;
   std::int64_t last_hung_step_ = -1;

@@ -1105,6 +1105,17 @@ PYBIND11_MODULE(_core, m) {
                              [](PyProfiler& p) { return p.core().collectives_in_flight(); })
       .def_property_readonly("current_phase",
                              [](PyProfiler& p) { return p.core().current_phase(); })
+      .def_property_readonly("current_interval",
+                             [](PyProfiler& p) { return p.core().current_interval(); })
+      .def(
+          "set_peers_in_interval",
+          [](PyProfiler& p, int peers, double notice_s) {
+            p.core().set_peers_in_interval(peers, notice_s);
+          },
+          py::arg("peers"), py::arg("notice_s"),
+          "For the cross-rank exchange: other ranks now in an evaluation or checkpoint, and how "
+          "late this rank learns of one (the hang rule's grace for a step waiting in a "
+          "collective)")
       .def(
           "write_record",
           [](PyProfiler& p, const std::string& json) {

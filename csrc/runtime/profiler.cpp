@@ -133,7 +133,7 @@ class ProfilerImpl final : public SignalClosable {
     if (config_.detect) {
       watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
                        writer_.get(), clock_.get(), start_, &recorder_.collectives(),
-                       host_readings()});
+                       host_readings(), &peers_});
     }
     owner_.store(this_thread_token(), std::memory_order_relaxed);
     register_for_signal(this);
@@ -404,6 +404,15 @@ class ProfilerImpl final : public SignalClosable {
     const int phase = recorder_.inflight().phase.load(std::memory_order_relaxed);
     return phase >= 0 ? names_.name(static_cast<PhaseId>(phase)) : std::string();
   }
+  std::string current_interval() const {
+    const int kind = recorder_.inflight().interval.load(std::memory_order_relaxed);
+    return kind >= 0 ? std::string(interval_name(static_cast<IntervalKind>(kind))) : std::string();
+  }
+  void set_peers_in_interval(int peers, double notice_s) noexcept {
+    peers_.notice_ns.store(static_cast<std::int64_t>(std::max(notice_s, 0.0) * 1e9),
+                           std::memory_order_relaxed);
+    peers_.in_interval.store(std::max(peers, 0), std::memory_order_relaxed);
+  }
 
   void write_record(std::string_view text) {
     auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -577,6 +586,7 @@ class ProfilerImpl final : public SignalClosable {
 
   AlertLog alerts_;
   std::unique_ptr<DetectionStage> detection_;
+  PeerState peers_;  // read by watchdog_, declared before it
   Watchdog watchdog_;
 
   // Lifecycle: closes from other threads, forks (see close()).
@@ -738,6 +748,10 @@ void Profiler::collective_end(std::int64_t begin_token, bool host_blocked, std::
 }
 int Profiler::collectives_in_flight() const noexcept { return impl_->collectives_in_flight(); }
 std::string Profiler::current_phase() const { return impl_->current_phase(); }
+std::string Profiler::current_interval() const { return impl_->current_interval(); }
+void Profiler::set_peers_in_interval(int peers, double notice_s) noexcept {
+  impl_->set_peers_in_interval(peers, notice_s);
+}
 void Profiler::write_record(std::string_view json_object) { impl_->write_record(json_object); }
 
 void Profiler::set_alert_callback(std::function<void(const std::string&)> callback) {

@@ -115,6 +115,10 @@ void Watchdog::loop() {
     poll.now_ns = context_.clock->now_ns();
     if (context_.collectives != nullptr)
       poll.collectives_in_flight = context_.collectives->in_flight();
+    if (context_.peers != nullptr) {
+      poll.peers_in_interval = context_.peers->in_interval.load(std::memory_order_relaxed);
+      poll.peer_notice_ns = context_.peers->notice_ns.load(std::memory_order_relaxed);
+    }
     IntervalHangDetector::Poll in_interval;
     in_interval.now_ns = poll.now_ns;
     in_interval.kind = inflight.interval.load(std::memory_order_acquire);

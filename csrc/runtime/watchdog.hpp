@@ -42,6 +42,16 @@ struct InflightState {
   std::array<std::atomic<std::int64_t>, kIntervalKinds> longest_interval_ns{};  // by kind
 };
 
+// What the cross-rank exchange knows of the other ranks: written by its thread
+// (Profiler::set_peers_in_interval), read by the watchdog.
+struct PeerState {
+  // Other ranks now in an evaluation or checkpoint interval: ranks waiting for them in a
+  // collective are not hung.
+  std::atomic<int> in_interval{0};
+  // How long after a peer's interval begins this rank can know of it; 0: no exchange.
+  std::atomic<std::int64_t> notice_ns{0};
+};
+
 class Watchdog {
  public:
   // What the thread reads and writes to; all of it outlives the thread (stop() joins it).
@@ -56,6 +66,7 @@ class Watchdog {
     ClockMapping start;
     const CollectiveTimer* collectives = nullptr;  // a hung step waiting in one says so
     HostReadings* host = nullptr;                  // polled when due (every 10 ms); null: none
+    const PeerState* peers = nullptr;              // null: no cross-rank view
   };
 
   Watchdog() = default;

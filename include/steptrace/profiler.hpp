@@ -286,6 +286,13 @@ class STEPTRACE_API Profiler {
   int collectives_in_flight() const noexcept;
   /// The innermost phase in progress ("" outside phases). Any thread.
   std::string current_phase() const;
+  /// The kind of the open interval ("eval", "checkpoint", "other"; "" when none). Any thread.
+  std::string current_interval() const;
+  /// For the cross-rank exchange: `peers` other ranks are now in an evaluation or checkpoint
+  /// interval, which this rank learns of at most `notice_s` after it begins. A step waiting in
+  /// a collective is not hung while a peer is in one (its time then does not count towards
+  /// the hang limit), and its hang limit is `notice_s` longer. Any thread.
+  void set_peers_in_interval(int peers, double notice_s) noexcept;
   /// Writes a record from outside the core into the log now: a JSON object whose kind is
   /// cluster, alert or resolved (the cross-rank view and its alerts). Its "rank" is set
   /// to this rank; alerts are counted in run_end and delivered like the core's own.

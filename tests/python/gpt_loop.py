@@ -9,6 +9,11 @@ Used two ways by the tests:
 - as a script under ``steptrace run`` (no steptrace code at all): ``python gpt_loop.py
   --iters 300 --out DIR [--stall-at N]``.
 
+Under ``torch.distributed`` (an initialized process group, or the script under
+``torchrun``) it trains as nanoGPT does with DDP: each rank draws its own batches, the
+gradients are all-reduced on the last micro-step only, and rank 0 alone evaluates and
+saves while the other ranks wait for it in the next step's all-reduce.
+
 ``stall_at``: one training step sleeps ``stall_s`` inside the model's forward (an
 injected fault, the stall the detectors must still catch).
 """
@@ -23,6 +28,7 @@ import time
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
@@ -82,7 +88,14 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
     data = torch.randint(65, (20_000,), generator=gen)
     split = int(0.9 * len(data))
     train_data, val_data = data[:split], data[split:]
-    model = GPT()
+    raw = model = GPT()
+    ddp = dist.is_available() and dist.is_initialized()
+    master = not ddp or dist.get_rank() == 0
+    if ddp:  # nanoGPT: the same weights everywhere, each rank its own batches
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(raw)
+        gen.manual_seed(1000 + dist.get_rank())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     nothing = contextlib.nullcontext()
 
@@ -94,7 +107,7 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
 
     @torch.no_grad()
     def estimate_loss() -> dict:
-        model.eval()
+        model.eval()  # nanoGPT evaluates through the DDP wrapper (no_grad: no all-reduce)
         out = {}
         for name, source in (("train", train_data), ("val", val_data)):
             losses = torch.zeros(eval_iters)
@@ -107,21 +120,23 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
 
     best = math.inf
     for it in range(iters + 1):
-        if it % eval_interval == 0 and it > 0:
+        if it % eval_interval == 0 and it > 0 and master:  # nanoGPT: rank 0 alone
             with scope("eval"):
                 losses = estimate_loss()
             print(f"step {it}: train {losses['train']:.3f} val {losses['val']:.3f}", flush=True)
             if out_dir is not None and losses["val"] < best + 1.0:
                 best = min(best, losses["val"])
                 with scope("checkpoint"):
-                    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter": it},
+                    torch.save({"model": raw.state_dict(), "optimizer": opt.state_dict(), "iter": it},
                                os.path.join(out_dir, "ckpt.pt"))
         if it == iters:
             break
         if it == stall_at:
-            model.stall_s = stall_s
+            raw.stall_s = stall_s
         with prof.step() if prof is not None else nothing:
-            for _ in range(accumulation):
+            for micro in range(accumulation):
+                if ddp:  # all-reduce the gradients on the last micro-step only (nanoGPT)
+                    model.require_backward_grad_sync = micro == accumulation - 1
                 x, y = get_batch(train_data, 8, 32, gen)
                 with phase("forward"):
                     _, loss = model(x, y)
@@ -133,17 +148,22 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
             with phase("optimizer"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-        if it % log_interval == 0:
+        if it % log_interval == 0 and master:
             print(f"iter {it}: loss {loss.item() * accumulation:.4f}", flush=True)
-    return model
+    return raw
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--eval-interval", type=int, default=50)
+    p.add_argument("--eval-iters", type=int, default=20)
     p.add_argument("--out", default=None)
     p.add_argument("--stall-at", type=int, default=-1)
     a = p.parse_args()
     torch.set_num_threads(1)
-    train(iters=a.iters, eval_interval=a.eval_interval, out_dir=a.out, stall_at=a.stall_at)
+    if "RANK" in os.environ and not dist.is_initialized():  # under torchrun
+        dist.init_process_group("gloo")
+    train(iters=a.iters, eval_interval=a.eval_interval, eval_iters=a.eval_iters, out_dir=a.out, stall_at=a.stall_at)
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -192,7 +192,12 @@ class _RankCore:
         self.log_path = str(log_path)
         log_path.write_text("")
         self.in_step, self.step_index, self.current_phase, self.collectives_in_flight = False, 0, "", 0
+        self.current_interval = ""
+        self.peers_in_interval: list[tuple[int, float]] = []  # what the exchange told the core
         self.written: list[dict] = []
+
+    def set_peers_in_interval(self, peers: int, notice_s: float) -> None:
+        self.peers_in_interval.append((peers, notice_s))
 
     def at(self, step: int, phase: str, collectives: int = 0) -> None:
         self.in_step, self.step_index, self.current_phase, self.collectives_in_flight = True, step + 1, phase, collectives
@@ -201,26 +206,37 @@ class _RankCore:
         self.written.append(json.loads(text))
 
 
-def test_rank_past_its_collective_is_not_silent_while_the_late_peer_is_in_it(tmp_path):
-    # The race a loaded CI host hit: rank 1 hung in forward at step 40 (rank 0 waits in the
-    # all-reduce); rank 1 resumes and reaches the all-reduce, rank 0's completes and it moves
-    # on to its optimizer, both before either ends the step. Only rank 1 was ever silent.
+POLL_S = 0.1  # the two-rank exchanges' poll (cluster_silent_s 1.0)
+
+
+def _two_ranks(tmp_path: Path) -> tuple[list[_RankCore], Callable[[float], list[tuple[str, str, int]]]]:
+    """Two ranks' cores and exchanges through one HashStore on a clock the test sets: poll(t)
+    runs rank 1's poll, then rank 0's (publish and aggregate), and returns what rank 0 wrote
+    other than cluster records, as (kind, type, subject_rank)."""
     from torch.distributed import HashStore
 
     now = [100.0]
     store = HashStore()
-    options = {**CLUSTER_OPTIONS, "cluster_silent_s": 1.0, "cluster_poll_s": 0.1}
+    options = {**CLUSTER_OPTIONS, "cluster_silent_s": 1.0, "cluster_poll_s": POLL_S}
     cores = [_RankCore(r, tmp_path / f"rank{r}.jsonl") for r in (0, 1)]
     exchanges = [ClusterExchange(c, options, store=store, clock=lambda: now[0]) for c in cores]
 
     def poll(t: float) -> list[tuple[str, str, int]]:
         now[0] = t
-        for ex in reversed(exchanges):  # rank 1 publishes, then rank 0 publishes and aggregates
+        for ex in reversed(exchanges):
             ex.poll_once()
         out = [(r["kind"], r["type"], r["subject_rank"]) for r in cores[0].written if r["kind"] != "cluster"]
         cores[0].written.clear()
         return out
 
+    return cores, poll
+
+
+def test_rank_past_its_collective_is_not_silent_while_the_late_peer_is_in_it(tmp_path):
+    # The race a loaded CI host hit: rank 1 hung in forward at step 40 (rank 0 waits in the
+    # all-reduce); rank 1 resumes and reaches the all-reduce, rank 0's completes and it moves
+    # on to its optimizer, both before either ends the step. Only rank 1 was ever silent.
+    cores, poll = _two_ranks(tmp_path)
     cores[0].at(40, "backward", collectives=1)
     cores[1].at(40, "forward")
     assert poll(100.0) == []
@@ -232,6 +248,31 @@ def test_rank_past_its_collective_is_not_silent_while_the_late_peer_is_in_it(tmp
     cores[0].at(41, "forward")
     cores[1].at(41, "forward")
     assert poll(102.1) == []
+
+
+def test_a_rank_evaluating_alone_is_not_silent_and_the_ranks_waiting_for_it_are_told(tmp_path):
+    # nanoGPT under DDP: rank 0 evaluates and saves alone between steps while rank 1 waits
+    # in the next step's all-reduce. Planned work: no rank_silent, and rank 1's core learns
+    # that a peer is in an evaluation (its hang rule does not count that wait).
+    from steptrace.cluster.exchange import peer_notice_s
+
+    cores, poll = _two_ranks(tmp_path)
+    notice = peer_notice_s(POLL_S)
+    cores[0].at(49, "optimizer")
+    cores[0].in_step, cores[0].current_interval = False, "eval"  # after step 49, evaluating
+    cores[1].at(50, "backward", collectives=1)  # waits for rank 0 in step 50's all-reduce
+    assert poll(100.0) == []
+    assert poll(100.1) == []
+    assert cores[1].peers_in_interval == [(1, notice)]  # told at its next poll
+    for t in (101.5, 103.0, 110.0):  # 10 s of evaluation: silent for none of it
+        assert poll(t) == []
+    cores[0].current_interval = "checkpoint"  # then saves: still planned
+    assert poll(111.5) == []
+    cores[0].current_interval = ""  # done; rank 0 now stuck between steps for no reason
+    assert poll(111.6) == [] and poll(111.7) == []
+    assert cores[1].peers_in_interval[-1] == (0, notice)  # rank 1 is told it ended
+    assert poll(113.0) == [("alert", "rank_silent", 0)]  # unexplained: the page is rank 0's
+    assert cores[0].peers_in_interval == []  # rank 0 waited in nothing: never read
 
 
 @pytest.mark.parametrize("option,value", [("cluster", "maybe"), ("cluster_interval", 1),

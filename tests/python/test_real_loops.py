@@ -22,6 +22,7 @@ import torch
 import framework_loops
 import gpt_loop
 import steptrace
+from steptrace.cluster.exchange import peer_notice_s
 from training import batches, train
 
 HERE = Path(__file__).parent
@@ -133,6 +134,32 @@ def test_gpt_script_under_steptrace_run(tmp_path, records_of):
     assert goodput["eval_s"] > 0 and goodput["checkpoint_s"] > 0
     assert goodput["startup_s"] > 0  # the interpreter and torch's import, before the first step
     _assert_goodput_accounts(goodput)
+
+
+def test_ddp_gpt_script_rank0_evaluating_alone_pages_nobody(tmp_path, records_of):
+    # nanoGPT under DDP, unmodified under `steptrace run` (2 gloo ranks): rank 0 alone
+    # evaluates and saves while rank 1 waits for it in the next step's all-reduce, longer
+    # than rank 1's hang limit and rank 0's silence limit. Planned work: no page on either
+    # rank (it was a hang and a stall on rank 1 at every evaluation, and rank_silent).
+    poll_s, silent_s = 0.2, 2.0
+    log_dir = tmp_path / "logs"
+    proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--nproc-per-node", "2",
+                           "--torchrun=--standalone", "--log-dir", str(log_dir),
+                           "--option", f"cluster_poll_s={poll_s}", "--option", f"cluster_silent_s={silent_s}",
+                           str(HERE / "gpt_loop.py"), "--iters", "100", "--eval-interval", "60",
+                           "--eval-iters", "4000", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0, rank1 = records_of(log_dir / "rank0.jsonl"), records_of(log_dir / "rank1.jsonl")
+    pages = SLOW_STEP_ALERTS | {"rank_silent", "straggler"}
+    assert _alerts(rank0, pages) == [] and _alerts(rank1, pages) == [], (_alerts(rank0, pages), _alerts(rank1, pages))
+    [evaluation] = _intervals(rank0, "eval")  # found without the script's help
+    assert len(_intervals(rank0, "checkpoint")) == 1 and _intervals(rank1, "eval") == []
+    # rank 1's step 60 waited for it, longer than the hang limit (hang_min_s, 1 s) with its
+    # grace for a wait in a collective, and than the silence limit
+    waited = next(r for r in rank1 if r["kind"] == "step" and r["step"] == 60)
+    limit_ms = 1000 * (1.0 + peer_notice_s(poll_s))
+    assert waited["comm"]["exposed_ms"] > max(limit_ms, 1000 * silent_s), (waited, evaluation)
 
 
 # ---------------------------------------------------------------- a busy host

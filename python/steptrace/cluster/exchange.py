@@ -30,6 +30,19 @@ def _default_store() -> Any:
 
 
 _PROBES = 64  # most existence checks of not-yet-seen ranks per poll
+#: What the thread looks at between polls (s): whether this rank began or ended an evaluation
+#: or checkpoint (then it publishes at once), and, while it waits in a collective, which other
+#: ranks are in one.
+_TICK_S = 0.25
+#: Intervals the ranks waiting for this one are told about: planned work, not a hang.
+_WAITED_FOR = ("eval", "checkpoint")
+
+
+def peer_notice_s(poll_s: float) -> float:
+    """How long after a rank's evaluation or checkpoint begins the other ranks know of it, at
+    most: its next tick publishes it, the aggregator's next poll gathers it, the waiting
+    rank's next tick reads it; with a margin for a late thread."""
+    return 2 * poll_s + 2 * min(_TICK_S, poll_s) + 0.5
 
 
 def follow_records(core: Any) -> Any:
@@ -102,12 +115,19 @@ class ClusterExchange:
         self._hb: dict[int, dict] = {}
         self._hb_raw: dict[int, bytes] = {}
         self._hosts: dict[int, str] = {}
+        self._busy_key = self._prefix + "busy"  # ranks in an evaluation or checkpoint (JSON list)
+        self._busy_published: Optional[list[int]] = None
+        self._busy_seen = False  # the key exists (the aggregator wrote it once)
+        self._peers_busy = 0
+        self._interval_seen = ""
+        self._notice_s = peer_notice_s(float(self.options["cluster_poll_s"]))
         self._windows_done = -1
         self._probe = 0
         self.errors = 0
         self._thread = threading.Thread(target=self._run, name="steptrace-cluster", daemon=True)
 
     def start(self) -> "ClusterExchange":
+        self._core.set_peers_in_interval(0, self._notice_s)  # the hang rule's grace from now on
         self._thread.start()
         return self
 
@@ -124,15 +144,22 @@ class ClusterExchange:
     # ---- the thread ----
     def _run(self) -> None:
         poll = float(self.options["cluster_poll_s"])
+        tick = min(_TICK_S, poll)
+        due = 0.0
         while not self._stop.is_set():
             try:
-                self.poll_once()
+                now = time.monotonic()
+                if now >= due or self._interval_changed():
+                    due = now + poll
+                    self.poll_once()
+                else:
+                    self.tick_once()
             except Exception as exc:  # never into training: say it once, keep going
                 self.errors += 1
                 if self.errors == 1:
                     logger.warning("steptrace: cross-rank exchange failed (%s: %s); will retry",
                                    type(exc).__name__, exc)
-            self._stop.wait(poll)
+            self._stop.wait(tick)
         try:
             self.poll_once()  # what the last steps published
         except Exception:
@@ -147,6 +174,20 @@ class ClusterExchange:
         self._publish_heartbeat()
         if self._aggregator:
             self._aggregate()
+        self._read_busy()
+
+    def tick_once(self) -> None:
+        """Between polls: while this rank waits in a collective, whether the ranks it waits
+        for are in an evaluation or checkpoint (the hang rule does not count that time)."""
+        if self._store is not None:
+            self._read_busy()
+
+    def _interval_changed(self) -> bool:
+        return self._interval_now() != self._interval_seen
+
+    def _interval_now(self) -> str:
+        kind = self._core.current_interval
+        return kind if kind in _WAITED_FOR else ""
 
     # ---- this rank ----
     def _read_own_log(self) -> None:
@@ -193,12 +234,13 @@ class ClusterExchange:
         # Progress is any change of step, phase or collective state since the last poll, not
         # only a step boundary: a rank whose all-reduce just completed (now in its optimizer)
         # is not stuck, even while the peer it waited for is still in that collective.
-        activity = (begun, in_step, phase, in_collective)
+        interval = self._interval_seen = self._interval_now()
+        activity = (begun, in_step, phase, in_collective, interval)
         if activity != self._activity_seen:
             self._activity_seen, self._progress_t = activity, now
         # Short keys: the aggregator reads every rank's heartbeat at each poll.
         hb = {"t": round(now, 3), "p": round(self._progress_t, 3), "s": max(begun - 1, 0),
-              "ph": phase, "c": in_collective,
+              "ph": phase, "c": in_collective, "i": interval,
               "w": self._published_window,
               "m": round(statistics.median(self._step_ms) / 1000.0, 4) if self._step_ms else 0.0}
         if now - self._progress_t >= self._fr_after:
@@ -239,9 +281,11 @@ class ClusterExchange:
             age = max(0.0, float(raw_hb["t"]) - float(raw_hb["p"]))
             self._hb[r] = {"t": now, "progress_t": now - age, "step": int(raw_hb["s"]),
                            "phase": raw_hb["ph"], "in_collective": bool(raw_hb["c"]),
+                           "interval": raw_hb.get("i", ""),
                            "window": int(raw_hb["w"]), "median_step_s": float(raw_hb["m"]),
                            "host": self._hosts.get(r, ""), "fr": raw_hb.get("fr")}
         median_step_s = _median(hb.get("median_step_s", 0.0) for hb in self._hb.values()) or 0.0
+        self._publish_busy(now, median_step_s)
         unix_ns = time.time_ns()
         self._write_all(self._analyzer.silence(self._hb, now, median_step_s, self._seen, unix_ns))
         published = {r: int(hb.get("window", -1)) for r, hb in self._hb.items()}
@@ -262,6 +306,34 @@ class ClusterExchange:
         record, alerts = self._analyzer.window(summaries, world_size=self.world, unix_ns=unix_ns)
         self._windows_done = target
         self._write_all([record, *alerts])
+
+    def _publish_busy(self, now: float, median_step_s: float) -> None:
+        """The ranks in an evaluation or checkpoint, for the ranks that wait for them; a rank
+        whose heartbeats stopped is not (rank_silent's limit)."""
+        stale = self._analyzer.silence_limit(median_step_s) + 2 * float(self.options["cluster_poll_s"])
+        busy = sorted(r for r, hb in self._hb.items() if hb.get("interval") and now - hb["t"] <= stale)
+        if busy != self._busy_published:
+            self._store.set(self._busy_key, json.dumps(busy))
+            self._busy_published = busy
+
+    def _read_busy(self) -> None:
+        """Tells the core how many other ranks are in an evaluation or checkpoint: read while
+        this rank waits in a collective (the only time the hang rule asks), and once more to
+        clear it."""
+        if not self._core.collectives_in_flight and not self._peers_busy:
+            return
+        if self._aggregator:
+            busy = self._busy_published or []
+        else:
+            if not self._busy_seen:  # get() would wait for a key not yet written
+                self._busy_seen = bool(self._store.check([self._busy_key]))
+                if not self._busy_seen:
+                    return
+            busy = json.loads(self._store.get(self._busy_key))
+        peers = sum(1 for r in busy if r != self.rank)
+        if peers != self._peers_busy:
+            self._peers_busy = peers
+            self._core.set_peers_in_interval(peers, self._notice_s)
 
     def _write_all(self, records: list[dict]) -> None:
         for rec in records:

@@ -293,9 +293,10 @@ class ClusterAnalyzer:
                 expected: Iterable[int], unix_ns: Optional[int] = None) -> list[dict]:
         """rank_silent for ranks stuck outside a collective while others wait in one, or whose
         heartbeats stopped; ``heartbeats[r]`` has ``t`` (last publish, seconds), ``progress_t``
-        (last step change), ``step``, ``phase`` and ``in_collective``."""
+        (last step change), ``step``, ``phase``, ``in_collective`` and ``interval`` (the
+        evaluation or checkpoint the rank is in, or empty)."""
         o = self.options
-        limit = max(o["cluster_silent_s"], 10 * median_step_s)
+        limit = self.silence_limit(median_step_s)
         waiting = {r for r, hb in heartbeats.items() if hb.get("in_collective") and now - hb["progress_t"] > limit}
         alerts: list[dict] = []
         for r in sorted(expected):
@@ -303,8 +304,10 @@ class ClusterAnalyzer:
             if hb is None:
                 continue  # never seen: not yet started (reported once it was seen)
             stopped_publishing = now - hb["t"] > limit + 2 * o["cluster_poll_s"]
+            # a rank in a marked evaluation or checkpoint does planned work while the others
+            # wait (nanoGPT's rank 0 alone); its own interval_hang watches how long it takes
             stuck = (now - hb["progress_t"] > limit and not hb.get("in_collective")
-                     and bool(waiting - {r}))
+                     and not hb.get("interval") and bool(waiting - {r}))
             hit = stopped_publishing or stuck
             where = hb.get("phase") or "between steps"
             reason = ("stopped publishing" if stopped_publishing
@@ -314,6 +317,10 @@ class ClusterAnalyzer:
                 lambda: self._silent_alert(r, hb, heartbeats, waiting, now, limit, reason),
                 f"rank {r} makes progress again")
         return alerts
+
+    def silence_limit(self, median_step_s: float) -> float:
+        """How long a rank may make no progress before it is silent (s)."""
+        return max(self.options["cluster_silent_s"], 10 * median_step_s)
 
     @staticmethod
     def _silent_alert(r: int, hb: Mapping[str, Any], heartbeats: Mapping[int, Mapping[str, Any]],
