@@ -33,13 +33,17 @@ table. Two families:
   ``gpt``: the nanoGPT-style loop of tests/python/gpt_loop.py (explicit phases,
   gradient accumulation, evaluation every 50 iterations under ``prof.interval("eval")``,
   ``torch.save`` checkpoints under ``prof.interval("checkpoint")``); ``gpt-run``: the same
-  script unmodified under ``steptrace run`` (intervals found automatically); ``hf``: the
+  script unmodified under ``steptrace run`` (intervals found automatically); ``gpt-ddp``:
+  the same script under DDP with two gloo ranks (``steptrace run --nproc-per-node 2``),
+  where rank 0 alone evaluates (60 batches) and saves while rank 1 waits for it in the
+  next all-reduce, as nanoGPT does (both ranks' steps and alerts counted); ``hf``: the
   Hugging Face Trainer on a tiny GPT-2 (evaluation every 50 steps, a save every 100,
   ``SteptraceCallback``); ``lightning``: Lightning with a validation loop every 50
   steps and ``ModelCheckpoint(every_n_train_steps=100)`` (its ``SteptraceCallback``).
-  Steps: 1,500 / 1,500 / 2,000 / 5,000 at ``--scale`` 1, never fewer than 150 / 150 /
-  150 / 300 (so a quick run still evaluates and saves a few times). All run in this
-  process except ``gpt-run`` (a child process, which includes interpreter start-up).
+  Steps: 1,500 / 1,500 / 1,500 / 2,000 / 5,000 at ``--scale`` 1, never fewer than 150 /
+  150 / 150 / 150 / 300 (so a quick run still evaluates and saves a few times). All run in
+  this process except ``gpt-run`` and ``gpt-ddp`` (child processes, which include
+  interpreter start-up).
 
 ``--only clean`` runs both families. The MLP loops take about 3 minutes of the full run,
 the real-shaped loops about 4.5 (2 cores, load average about 3).
@@ -522,6 +526,19 @@ def train_gpt_run(steps: int, tmp: Path) -> Path:
     return tmp / "logs"
 
 
+def train_gpt_ddp(steps: int, tmp: Path) -> Path:
+    """The same script under DDP, unmodified, `steptrace run --nproc-per-node 2` (gloo on the
+    CPU): rank 0 alone evaluates (60 batches) and saves while rank 1 waits for it in the next
+    step's all-reduce, as nanoGPT does. Both ranks' logs are read."""
+    cmd = [sys.executable, "-m", "steptrace.cli", "run", "--nproc-per-node", "2", "--torchrun=--standalone",
+           "--log-dir", str(tmp / "logs"), str(GPT_SCRIPT), "--iters", str(steps), "--eval-iters", "60",
+           "--out", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"steptrace run exited with {proc.returncode}: {proc.stderr[-2000:]}")
+    return tmp / "logs"
+
+
 def train_hf(steps: int, tmp: Path) -> Path:
     """The Hugging Face Trainer on a tiny GPT-2: evaluation every 50 steps, a save every 100
     (the last two kept), the train loader's fetches as data (tests/python/framework_loops.py)."""
@@ -544,6 +561,8 @@ REAL_LOOPS = (
     RealLoop("gpt", "GPT-style loop, explicit phases, prof.interval eval every 50 + torch.save",
              1500, 150, train_gpt),
     RealLoop("gpt-run", "the same script unmodified under `steptrace run`", 1500, 150, train_gpt_run),
+    RealLoop("gpt-ddp", "the same script under DDP, 2 ranks, rank 0 alone evaluates (60 batches) and saves; "
+             "steps of both ranks", 1500, 150, train_gpt_ddp),
     RealLoop("hf", "HF Trainer, tiny GPT-2, eval every 50, save every 100, SteptraceCallback", 2000, 150, train_hf),
     RealLoop("lightning", "Lightning, validation every 50, ModelCheckpoint every 100, SteptraceCallback",
              5000, 300, train_lightning),

@@ -72,7 +72,8 @@ std::unique_ptr<TelemetrySource> choose_telemetry(const Config& config, Backends
 
 std::unique_ptr<PrometheusSink> make_metrics_sink(const Config& config, const PhaseNames& names,
                                                   const DetectionStage* detection, Clock* clock,
-                                                  const InflightState* inflight) {
+                                                  const InflightState* inflight,
+                                                  const PeerState* peers) {
   int port = config.metrics_port;
   if (port > 0) port += env_int("LOCAL_RANK", 0);  // a port range: one per rank on a host
   MetricLabels labels;
@@ -87,8 +88,11 @@ std::unique_ptr<PrometheusSink> make_metrics_sink(const Config& config, const Ph
     const std::int64_t age = clock->now_ns() - inflight->start_ns.load(std::memory_order_relaxed);
     return age > 0 ? static_cast<double>(age) / 1e9 : 0.0;
   };
-  auto open_interval = [clock, inflight]() -> OpenIntervalProbe {
+  auto open_interval = [clock, inflight, peers]() -> OpenIntervalProbe {
     OpenIntervalProbe probe;
+    if (peers->notice_ns.load(std::memory_order_relaxed) > 0) {  // the exchange runs
+      probe.peers_in_interval = peers->in_interval.load(std::memory_order_relaxed);
+    }
     const int kind = inflight->interval.load(std::memory_order_acquire);
     if (kind < 0) return probe;
     probe.kind = static_cast<IntervalKind>(kind);

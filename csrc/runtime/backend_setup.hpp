@@ -45,6 +45,7 @@ std::unique_ptr<TelemetrySource> choose_telemetry(const Config& config, Backends
 // (null: no median) from the scrape thread, so all of them must outlive the sink.
 std::unique_ptr<PrometheusSink> make_metrics_sink(const Config& config, const PhaseNames& names,
                                                   const DetectionStage* detection, Clock* clock,
-                                                  const InflightState* inflight);
+                                                  const InflightState* inflight,
+                                                  const PeerState* peers);
 
 }  // namespace steptrace::detail

@@ -111,8 +111,8 @@ class ProfilerImpl final : public SignalClosable {
     std::vector<RecordSink*> sinks = {&tap_};
     if (config_.metrics_port >= 0 || !config_.metrics_textfile.empty() ||
         !config_.metrics_pushgateway.empty()) {
-      metrics_ =
-          make_metrics_sink(config_, names_, detection_.get(), clock_.get(), &recorder_.inflight());
+      metrics_ = make_metrics_sink(config_, names_, detection_.get(), clock_.get(),
+                                   &recorder_.inflight(), &peers_);
       sinks.push_back(metrics_.get());
     }
     writer_ = std::make_unique<RecordPipeline>(std::make_unique<JsonlFileSink>(fd),
@@ -586,7 +586,7 @@ class ProfilerImpl final : public SignalClosable {
 
   AlertLog alerts_;
   std::unique_ptr<DetectionStage> detection_;
-  PeerState peers_;  // read by watchdog_, declared before it
+  PeerState peers_;  // read by watchdog_ and metrics_, declared before them
   Watchdog watchdog_;
 
   // Lifecycle: closes from other threads, forks (see close()).

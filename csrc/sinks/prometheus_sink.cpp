@@ -379,6 +379,13 @@ std::string MetricsRegistry::render() const {
       sample(out, "steptrace_interval_in_flight_seconds",
              fmt::format("{},kind=\"{}\"", l, interval_name(kind)), age);
     }
+    if (open.peers_in_interval >= 0) {
+      header(out, "steptrace_peers_in_interval", "gauge",
+             "Other ranks in an evaluation or checkpoint interval, as the cross-rank exchange "
+             "last told this rank (read while it waits for them in a collective): its step's "
+             "wait is planned, not a stall.");
+      sample(out, "steptrace_peers_in_interval", l, open.peers_in_interval);
+    }
   }
   if (median > 0 && std::isfinite(median)) {
     header(out, "steptrace_step_median_seconds", "gauge",

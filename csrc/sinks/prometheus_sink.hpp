@@ -59,10 +59,13 @@ inline constexpr std::array<const char*, 5> kTimeKinds = {"step", "data", "eval"
 
 /// The interval open now (Profiler::begin_interval), as a live probe reports it for the
 /// steptrace_interval_in_flight_seconds gauge: its kind and age in seconds; no kind when
-/// none is open. The probe is called from the scraping thread.
+/// none is open. With it, the other ranks in an evaluation or checkpoint as the cross-rank
+/// exchange last told this rank (steptrace_peers_in_interval), -1 without an exchange. The
+/// probe is called from the scraping thread.
 struct OpenIntervalProbe {
   std::optional<IntervalKind> kind;
   double age_s = 0;
+  int peers_in_interval = -1;
 };
 
 /// The metric values of one run. observe_*() from the writer thread; render() from any

@@ -276,6 +276,7 @@ TEST(MetricsRegistry, TimeByKindAndRunQueueWaitFromTheRecords) {
   for (const char* kind : {"eval", "checkpoint", "other"}) {
     EXPECT_EQ(value_of(all, "steptrace_interval_in_flight_seconds", {{"kind", kind}}), 0) << kind;
   }
+  EXPECT_TRUE(named(all, "steptrace_peers_in_interval").empty()) << "no cross-rank exchange";
 
   // A 200 ms step with a 50 ms evaluation inside it, after a 1 s checkpoint and 10 ms other.
   StepRecord b = record(1, 200'000'000);
@@ -294,7 +295,7 @@ TEST(MetricsRegistry, TimeByKindAndRunQueueWaitFromTheRecords) {
   reg.observe_alert(alert_event("host_contention"));
   reg.observe_alert(alert_event("host_contention", /*resolved=*/true));
   reg.observe_alert(alert_event("slow_checkpoint"));
-  open = {IntervalKind::kCheckpoint, 12.5};
+  open = {IntervalKind::kCheckpoint, 12.5, /*peers_in_interval=*/1};
   all = parse(reg.render());
   EXPECT_DOUBLE_EQ(value_of(all, "steptrace_time_seconds_total", {{"kind", "step"}}),
                    0.1 + 0.15 + 0.1);
@@ -309,6 +310,7 @@ TEST(MetricsRegistry, TimeByKindAndRunQueueWaitFromTheRecords) {
   EXPECT_EQ(value_of(all, "steptrace_alerts_total", {{"type", "slow_checkpoint"}}), 1);
   EXPECT_EQ(value_of(all, "steptrace_interval_in_flight_seconds", {{"kind", "checkpoint"}}), 12.5);
   EXPECT_EQ(value_of(all, "steptrace_interval_in_flight_seconds", {{"kind", "eval"}}), 0);
+  EXPECT_EQ(value_of(all, "steptrace_peers_in_interval"), 1);  // a peer's, this rank waits for
   for (const Sample& s : all) EXPECT_EQ(s.labels.at("rank"), "2") << s.name;
   const std::string text = reg.render();
   EXPECT_NE(text.find("# TYPE steptrace_time_seconds_total counter"), std::string::npos);

@@ -24,9 +24,11 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
 
 
 def steps(rank: int, first: int, n: int, *, forward: float = 20.0, data: float = 0.0, wait: float = 0.0,
-          comm: float = 0.5, noise: float = 0.0, rng: random.Random | None = None) -> list[dict]:
+          comm: float = 0.5, noise: float = 0.0, rng: random.Random | None = None,
+          runq: Optional[float] = None) -> list[dict]:
     """Step records like a DDP rank writes with prof.watch: forward compute, a backward
-    that also holds the time blocked on the all-reduce (its own comm plus waiting)."""
+    that also holds the time blocked on the all-reduce (its own comm plus waiting); with
+    ``runq``, the host reading: that much of forward spent waiting for a CPU."""
     rng = rng or random.Random(rank)
     out = []
     for i in range(first, first + n):
@@ -38,6 +40,9 @@ def steps(rank: int, first: int, n: int, *, forward: float = 20.0, data: float =
                     "data_ms": data, "phases_ms": phases, "memory": {"rss_bytes": 1 << 30},
                     "comm": {"method": "host", "comm_ms": exposed, "exposed_ms": exposed,
                              "compute_ms": total - exposed, "collectives": 1, "exposed_in": "backward"}})
+        if runq is not None:
+            out[-1]["host"] = {"runq_ms": runq, "runq_span_ms": total, "on_cpu_ms": total - exposed - runq,
+                               "steal_ms": 0.0}
     return out
 
 
@@ -106,6 +111,21 @@ def test_a_slower_rank_is_named_after_two_windows_with_its_phase_and_host():
     # one alert per episode; the episode resolves at the end with its repeats
     resolved = analyzer.finish(record["step"])
     assert [(r["type"], r["subject_rank"], r["repeats"]) for r in resolved] == [("straggler", 2, 2)]
+
+
+def test_a_rank_slower_only_for_waiting_for_a_cpu_is_not_a_straggler():
+    # A CPU hog beside a 2-rank job on a small host: rank 2's forward takes 6 ms longer, all
+    # of it waiting for a CPU (its host reading). The host is oversubscribed (its own
+    # host_contention), not rank 2 slower at its work: no straggler. The row shows the wait.
+    ranks = {0: {"wait": 6.0, "runq": 0.2}, 1: {"wait": 6.0, "runq": 0.1}, 2: {"forward": 26.0, "runq": 6.1}}
+    _, out = run_windows(ranks, 4)
+    assert [a for _, found in out for a in found] == []
+    rows = {row["rank"]: row for row in out[-1][0]["ranks"]}
+    assert rows[2]["runq_ms"] == pytest.approx(6.1) and rows[2]["straggler_pct"] > 10
+    # the same excess with little of it waiting for a CPU: the straggler it was
+    ranks[2]["runq"] = 1.0
+    _, out = run_windows(ranks, 4)
+    assert [(a["type"], a["subject_rank"]) for _, found in out for a in found] == [("straggler", 2)]
 
 
 def test_a_slow_loader_is_named_as_phase_data():

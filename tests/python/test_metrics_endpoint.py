@@ -60,6 +60,17 @@ def test_endpoint_serves_the_run_without_prometheus(tmp_path):
     assert start["config"]["metrics_port"] == 0 and start["config"]["job"] == "pytest"
 
 
+def test_endpoint_says_what_the_cross_rank_exchange_told_the_rank_of_its_peers(tmp_path):
+    # steptrace_peers_in_interval: absent without an exchange; what the exchange's thread
+    # sets (other ranks in an evaluation or checkpoint) once there is one
+    with steptrace.Profiler(tmp_path / "run", metrics_port=0, run_id="peers", job="pytest") as prof:
+        url = f"http://127.0.0.1:{prof.metrics_port}/metrics"
+        assert "steptrace_peers_in_interval" not in _get(url).decode()
+        prof._core.set_peers_in_interval(2, 3.0)  # as ClusterExchange does
+        text = _get(url).decode()
+    assert f'steptrace_peers_in_interval{{job="pytest",run_id="peers",rank="0",host="{socket.gethostname()}"}} 2' in text
+
+
 def test_metrics_port_is_off_by_default_and_validated(tmp_path):
     with steptrace.Profiler(tmp_path / "run") as prof:
         assert prof.metrics_port == -1

@@ -64,7 +64,7 @@ class ClusterAnalyzer:
                    "comm_ms": comm_net, "wait_ms": wait, "own_ms": s[r]["own_ms"],
                    "straggler_pct": (round(100.0 * (s[r]["own_ms"] / other_own - 1.0), 2)
                                      if other_own and other_own > 0 else None)}
-            for key in ("memory_bytes", "hw", "busbw_gbps", *WORK_KEYS):
+            for key in ("runq_ms", "memory_bytes", "hw", "busbw_gbps", *WORK_KEYS):
                 if key in s[r]:
                     row[key] = s[r][key]
             rows.append(row)
@@ -101,6 +101,10 @@ class ClusterAnalyzer:
         # phases runs above the others' and they show the matching wait in another phase.
         inferred = record["method"] is None
         others_step = _medians_without_each({r: s[r]["step_ms"] for r in ranks})
+        # Waiting for a CPU is the host's doing (host_contention on the rank itself), not the
+        # rank's work: the part of a rank's excess that is run-queue wait above the others'
+        # does not make it a straggler (a CPU hog beside a 2-rank job moves between the ranks).
+        others_runq = _medians_without_each({r: s[r].get("runq_ms") for r in ranks})
         for row in rows:
             r = row["rank"]
             other_own = others_own[r]
@@ -114,8 +118,11 @@ class ClusterAnalyzer:
                        and others_wait >= 0.5 * phase_excess)
             else:
                 pct = row["straggler_pct"]
+                contention = max(0.0, (s[r].get("runq_ms") or 0.0) - (others_runq[r] or 0.0))
                 hit = (other_own is not None and pct is not None
-                       and pct > o["straggler_pct"] and excess > o["straggler_min_ms"])
+                       and pct > o["straggler_pct"] and excess > o["straggler_min_ms"]
+                       and excess - contention > max(o["straggler_min_ms"],
+                                                     other_own * o["straggler_pct"] / 100.0))
             if hit:
                 record["stragglers"].append(r)
             advice = _PHASE_ADVICE.get(phase, _COMPUTE_ADVICE)

@@ -68,6 +68,17 @@ def step_split(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"method": None, "comm_ms": None, "exposed_ms": None, "compute_ms": step_ms, "phases": phases}
 
 
+def _host_wait_ms(record: Mapping[str, Any], own_ms: float) -> Optional[float]:
+    """The step's run-queue wait and steal (its host reading), capped at its own time; None
+    without a reading."""
+    host = record.get("host")
+    if not isinstance(host, dict) or not isinstance(host.get("runq_ms"), (int, float)):
+        return None
+    steal = host.get("steal_ms")
+    wait = float(host["runq_ms"]) + (float(steal) if isinstance(steal, (int, float)) else 0.0)
+    return min(wait, own_ms)
+
+
 def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host: str = "") -> Optional[dict]:
     """The summary one rank publishes for one window of its step records (None when the
     window holds no completed step)."""
@@ -96,6 +107,11 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
         "method": method,
         "phases_ms": {n: _median(sp["phases"].get(n, 0.0) for sp in splits) for n in names},
     }
+    # time the training thread waited for a CPU (run queue, steal), at most the step's own time:
+    # a rank slower only for that is on an oversubscribed host, not slower at its work
+    waits = [_host_wait_ms(s, sp["compute_ms"] + g) for s, sp, g in zip(ok, splits, gap_ms)]
+    if any(w is not None for w in waits):
+        summary["runq_ms"] = _median(w or 0.0 for w in waits)
     busbw = [sp["busbw_gbps"] for sp in splits if isinstance(sp.get("busbw_gbps"), (int, float))]
     if busbw:  # nccl-tests' bus bandwidth of the rank's collectives (waiting included)
         summary["busbw_gbps"] = _median(busbw)
