@@ -15,7 +15,8 @@ gradients are all-reduced on the last micro-step only, and rank 0 alone evaluate
 saves while the other ranks wait for it in the next step's all-reduce.
 
 ``stall_at``: one training step sleeps ``stall_s`` inside the model's forward (an
-injected fault, the stall the detectors must still catch).
+injected fault, the stall the detectors must still catch); under DDP on ``stall_rank``
+alone (-1: every rank).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def get_batch(data: torch.Tensor, batch: int, block: int, gen: torch.Generator) 
 
 def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_iters: int = 20,
           accumulation: int = 2, out_dir: Optional[str] = None, stall_at: int = -1, stall_s: float = 1.5,
-          intervals: bool = True, log_interval: int = 10) -> GPT:
+          intervals: bool = True, log_interval: int = 10, stall_rank: int = -1) -> GPT:
     """nanoGPT's loop in small. With ``prof``, each iteration is a step with explicit
     phases; with ``intervals`` the evaluation and the checkpoint are marked as such."""
     torch.manual_seed(0)
@@ -131,7 +132,7 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
                                os.path.join(out_dir, "ckpt.pt"))
         if it == iters:
             break
-        if it == stall_at:
+        if it == stall_at and (stall_rank < 0 or not ddp or dist.get_rank() == stall_rank):
             raw.stall_s = stall_s
         with prof.step() if prof is not None else nothing:
             for micro in range(accumulation):
@@ -160,10 +161,12 @@ if __name__ == "__main__":
     p.add_argument("--eval-iters", type=int, default=20)
     p.add_argument("--out", default=None)
     p.add_argument("--stall-at", type=int, default=-1)
+    p.add_argument("--stall-rank", type=int, default=-1)
     a = p.parse_args()
     torch.set_num_threads(1)
     if "RANK" in os.environ and not dist.is_initialized():  # under torchrun
         dist.init_process_group("gloo")
-    train(iters=a.iters, eval_interval=a.eval_interval, eval_iters=a.eval_iters, out_dir=a.out, stall_at=a.stall_at)
+    train(iters=a.iters, eval_interval=a.eval_interval, eval_iters=a.eval_iters, out_dir=a.out, stall_at=a.stall_at,
+          stall_rank=a.stall_rank)
     if dist.is_initialized():
         dist.destroy_process_group()

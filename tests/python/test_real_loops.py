@@ -136,23 +136,27 @@ def test_gpt_script_under_steptrace_run(tmp_path, records_of):
     _assert_goodput_accounts(goodput)
 
 
-def test_ddp_gpt_script_rank0_evaluating_alone_pages_nobody(tmp_path, records_of):
+def test_ddp_gpt_script_pages_the_rank_that_stalled_and_not_for_rank0_evaluating_alone(tmp_path, records_of):
     # nanoGPT under DDP, unmodified under `steptrace run` (2 gloo ranks): rank 0 alone
     # evaluates and saves while rank 1 waits for it in the next step's all-reduce, longer
     # than rank 1's hang limit and rank 0's silence limit. Planned work: no page on either
     # rank (it was a hang and a stall on rank 1 at every evaluation, and rank_silent).
+    # Later rank 1 stalls 1.5 s in its forward (a fault) while rank 0 waits for it: the
+    # pages are rank 1's own, none on rank 0.
     poll_s, silent_s = 0.2, 2.0
     log_dir = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--nproc-per-node", "2",
                            "--torchrun=--standalone", "--log-dir", str(log_dir),
                            "--option", f"cluster_poll_s={poll_s}", "--option", f"cluster_silent_s={silent_s}",
                            str(HERE / "gpt_loop.py"), "--iters", "100", "--eval-interval", "60",
-                           "--eval-iters", "4000", "--out", str(tmp_path)],
+                           "--eval-iters", "4000", "--out", str(tmp_path), "--stall-at", "80", "--stall-rank", "1"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0, rank1 = records_of(log_dir / "rank0.jsonl"), records_of(log_dir / "rank1.jsonl")
     pages = SLOW_STEP_ALERTS | {"rank_silent", "straggler"}
-    assert _alerts(rank0, pages) == [] and _alerts(rank1, pages) == [], (_alerts(rank0, pages), _alerts(rank1, pages))
+    assert _alerts(rank0, pages) == [], _alerts(rank0, pages)
+    assert [(a["type"], a["step"], a["phase"]) for a in _alerts(rank1, pages)] == \
+        [("hang", 80, "forward"), ("stall", 80, "forward")], _alerts(rank1, pages)
     [evaluation] = _intervals(rank0, "eval")  # found without the script's help
     assert len(_intervals(rank0, "checkpoint")) == 1 and _intervals(rank1, "eval") == []
     # rank 1's step 60 waited for it, longer than the hang limit (hang_min_s, 1 s) with its
