@@ -15,6 +15,9 @@ To see a straggler: ``--straggler-rank 1 --straggler-pct 30`` makes rank 1 do 30
 work per step (``--work-ms`` of simulated compute in forward on every rank); rank 0's log
 then holds a ``straggler`` alert naming rank 1. ``--slow-data-rank 1`` slows that rank's
 loader instead; ``--block-rank 1 --block-at 60 --block-s 5`` blocks it once (a hang).
+``--rank0-eval-every 40 --rank0-eval-ms 400`` has rank 0 alone evaluate (a marked interval)
+every 40 steps while the others wait for it in a barrier, as scripts that save on rank 0 do:
+a planned wait, which pages nobody.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def main() -> None:
     parser.add_argument("--block-rank", type=int, default=-1)
     parser.add_argument("--block-at", type=int, default=60)
     parser.add_argument("--block-s", type=float, default=5.0)
+    parser.add_argument("--rank0-eval-every", type=int, default=0, help="rank 0 alone evaluates every N steps")
+    parser.add_argument("--rank0-eval-ms", type=float, default=400.0)
     parser.add_argument("--cluster-interval", type=int, default=50)
     parser.add_argument("--cluster-poll-s", type=float, default=1.0)
     parser.add_argument("--cluster-silent-s", type=float, default=10.0)
@@ -70,6 +75,11 @@ def main() -> None:
                             comm_timing="off" if args.no_comm_timing else "auto",
                             flops_per_step=args.flops_per_step, peak_tflops=args.peak_tflops) as prof:
         for i, x in enumerate(prof.data(loader())):
+            if args.rank0_eval_every and i and i % args.rank0_eval_every == 0:
+                if rank == 0:
+                    with prof.interval("eval"):
+                        time.sleep(args.rank0_eval_ms / 1000.0)  # stands for the evaluation's work
+                dist.barrier()  # the others wait here for rank 0
             with prof.step():
                 with prof.phase("forward"):
                     if work_s > 0:

@@ -23,10 +23,16 @@ class CollectiveTimer {
   /// The collective launched at `begin_ns` completed at `now_ns`, with phase slot
   /// `phase` (an interned phase id, -1: none) open on the training thread. `host_blocked`
   /// false: the host did not wait for it (its work ran on the device while the host went
-  /// on): outstanding time only, never blocked time.
+  /// on): outstanding time only, never blocked time. `between_steps`: it completed while no
+  /// step was in progress; the host's wait for it is the gap's (between_blocked_ns).
   void end(std::int64_t begin_ns, std::int64_t now_ns, int phase, bool host_blocked = true,
-           std::int64_t bytes = 0, std::int64_t bus_bytes = 0) noexcept {
+           std::int64_t bytes = 0, std::int64_t bus_bytes = 0,
+           bool between_steps = false) noexcept {
     busy_sum_ns_.fetch_add(std::max<std::int64_t>(0, now_ns - begin_ns), std::memory_order_relaxed);
+    if (host_blocked && between_steps) {
+      between_blocked_ns_.fetch_add(std::max<std::int64_t>(0, now_ns - begin_ns),
+                                    std::memory_order_relaxed);
+    }
     if (bytes > 0) {
       bytes_.fetch_add(bytes, std::memory_order_relaxed);
       bus_bytes_.fetch_add(bus_bytes, std::memory_order_relaxed);
@@ -56,6 +62,7 @@ class CollectiveTimer {
     s.exposed_phase = end_phase_.exchange(-1, std::memory_order_relaxed);
     s.bytes = bytes_.exchange(0, std::memory_order_relaxed);
     s.bus_bytes = bus_bytes_.exchange(0, std::memory_order_relaxed);
+    s.between_blocked_ns = between_blocked_ns_.exchange(0, std::memory_order_relaxed);
     // Overlapping collectives (queued buckets) count once: the outstanding time is at
     // most the span from the first launch to the last completion.
     s.busy_ns = first <= last_end ? std::min(sum, last_end - first) : sum;
@@ -89,6 +96,7 @@ class CollectiveTimer {
   std::atomic<int> end_phase_{-1};
   std::atomic<std::int64_t> bytes_{0};      // payload of the collectives completed (nccl-tests' S)
   std::atomic<std::int64_t> bus_bytes_{0};  // the same times their bus factors
+  std::atomic<std::int64_t> between_blocked_ns_{0};  // host-blocked, completed between steps
 };
 
 }  // namespace steptrace::detail

@@ -206,12 +206,14 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
                                 2.0 * config_.noise_sigmas * noise.sigma_ms) &&
               iteration_ms > config_.regression_threshold * noise.p95_ms;
     }
-    // Most of the excess spent blocked in a collective after the rank's last launch is
-    // another rank being late (its own alert names it, or nothing does where it was in a
-    // marked evaluation or checkpoint), not this rank's model: not slow here.
+    // Most of the excess spent blocked in a collective (after the rank's last launch in the
+    // step, or in one between steps: a barrier after rank 0's checkpoint) is another rank
+    // being late (its own alert names it, or nothing does where it was in a marked
+    // evaluation or checkpoint), not this rank's model: not slow here.
     const bool waited_for_peer =
         slow && r.comm.count > 0 &&
-        static_cast<double>(r.comm.exposed_ns) / kNsPerMs >= kPeerWaitShare * excess;
+        static_cast<double>(r.comm.exposed_ns + r.comm.between_blocked_ns) / kNsPerMs >=
+            kPeerWaitShare * excess;
     if (waited_for_peer) {
       slow = stall = false;
       peer_waited = true;

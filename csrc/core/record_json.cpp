@@ -73,6 +73,10 @@ void append_comm(fmt::memory_buffer& out, const StepRecord& r, const PhaseNames&
     const std::string& key = names.json_key(static_cast<std::uint16_t>(c.exposed_phase));
     out.append(key.data(), key.data() + key.size());
   }
+  if (c.between_blocked_ns > 0) {
+    out.append(std::string_view(",\"blocked_between_ms\":"));
+    append_ms(out, c.between_blocked_ns);
+  }
   out.push_back('}');
 }
 

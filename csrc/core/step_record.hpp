@@ -46,6 +46,9 @@ struct CommStats {
   int exposed_phase = -1;       // phase id open when the last one completed (-1: none)
   std::int64_t bytes = 0;       // their payload (nccl-tests' S); 0: unknown
   std::int64_t bus_bytes = 0;   // the same times each one's bus factor
+  // Blocked in collectives that ran between the previous step and this one (a barrier
+  // while rank 0 saved a checkpoint): part of the gap before the step, not of the step.
+  std::int64_t between_blocked_ns = 0;
 };
 
 /// Hardware counters averaged over one step; NaN where not measured.

@@ -395,9 +395,10 @@ class ProfilerImpl final : public SignalClosable {
   }
   void collective_end(std::int64_t begin_ns, bool host_blocked, std::int64_t bytes,
                       std::int64_t bus_bytes) noexcept {
+    const InflightState& inflight = recorder_.inflight();
     recorder_.collectives().end(begin_ns, clock_->now_ns(),
-                                recorder_.inflight().phase.load(std::memory_order_relaxed),
-                                host_blocked, bytes, bus_bytes);
+                                inflight.phase.load(std::memory_order_relaxed), host_blocked, bytes,
+                                bus_bytes, inflight.step.load(std::memory_order_relaxed) < 0);
   }
   int collectives_in_flight() const noexcept { return recorder_.collectives().in_flight(); }
   std::string current_phase() const {

@@ -106,6 +106,38 @@ TEST(Collectives, AStepGetsTheCommOfCollectivesCompletedOnAnotherThread) {
   EXPECT_EQ(comm.at("exposed_in"), "backward");
 }
 
+// A barrier between two steps (every rank waits while rank 0 saves a checkpoint): the next
+// step's comm says how long the host was blocked in it before the step began, apart from
+// the step's own blocked time.
+TEST(Collectives, ACollectiveBetweenStepsIsTheGapsBlockedTime) {
+  TempDir tmp;
+  FakeClockRun run(tmp);
+  Profiler& p = *run.prof;
+  {
+    auto step = p.step();
+    run.clock->advance(4 * kMs);
+  }
+  const std::int64_t barrier = p.collective_begin();
+  run.clock->advance(300 * kMs);
+  p.collective_end(barrier);
+  {
+    auto step = p.step();
+    auto bwd = step.phase("backward");
+    run.clock->advance(2 * kMs);
+    const std::int64_t token = p.collective_begin();
+    run.clock->advance(1 * kMs);
+    p.collective_end(token);
+  }
+  p.close();
+  const auto steps = of_kind(read_jsonl(p.log_path()), "step");
+  ASSERT_EQ(steps.size(), 2u);
+  const auto& comm = steps[1].at("comm");
+  EXPECT_DOUBLE_EQ(comm.at("blocked_between_ms").get<double>(), 300.0);
+  EXPECT_DOUBLE_EQ(comm.at("exposed_ms").get<double>(), 1.0);  // the step's own
+  EXPECT_EQ(comm.at("collectives"), 2);
+  EXPECT_FALSE(steps[0].contains("comm"));
+}
+
 // nccl-tests' bandwidths (doc/PERFORMANCE.md): algbw = S / t, busbw = algbw x the bus
 // factor (all-reduce on 4 ranks: 2 x 3 / 4 = 1.5); t here is the step's outstanding time.
 TEST(Collectives, AStepWithSizedCollectivesGetsAlgorithmAndBusBandwidth) {

@@ -90,6 +90,12 @@ def test_window_summary_takes_blocked_time_out_of_its_phase():
     assert s["exposed_ms"] == pytest.approx(7.0)
     assert s["own_ms"] == pytest.approx(s["step_ms"] - 7.0)
     assert s["method"] == "host"
+    # a barrier between steps (rank 0 saved alone): the gap's wait is not this rank's work
+    barrier = steps(0, 0, 11, forward=20.0, wait=6.0, comm=1.0)
+    for r in barrier[5:]:
+        r["other_ms"] = 300.0
+        r["comm"]["blocked_between_ms"] = 299.0
+    assert window_summary(0, 0, barrier)["own_ms"] == pytest.approx(s["own_ms"] + 1.0)
 
 
 def test_a_slower_rank_is_named_after_two_windows_with_its_phase_and_host():
@@ -389,6 +395,19 @@ def test_live_clean_run_has_cluster_records_and_no_cluster_alert(tmp_path, capsy
     assert head.split()[-1] == "MFU"
     per_rank = steptrace.load(tmp_path).per_rank
     assert (per_rank["mfu_pct"] > 0.5).all()
+
+
+def test_live_rank0_evaluating_alone_before_a_barrier_pages_nobody(tmp_path):
+    # rank 0 evaluates 0.4 s alone every 40 steps (20x the step) while rank 1 waits in a
+    # barrier between steps: rank 1's next step records the wait as the gap's blocked time,
+    # and neither rank pages (rank 1 had a stall in "other" at every evaluation)
+    torchrun(tmp_path, "--rank0-eval-every", "40", "--rank0-eval-ms", "400")
+    alerts = {r: records_of(tmp_path / f"rank{r}.jsonl", "alert") for r in (0, 1)}
+    assert alerts == {0: [], 1: []}, alerts
+    waited = [s for s in records_of(tmp_path / "rank1.jsonl", "step") if s["step"] in (40, 80)]
+    assert [s["comm"]["blocked_between_ms"] > 300 for s in waited] == [True, True], waited
+    assert all(s["other_ms"] >= s["comm"]["blocked_between_ms"] - 5 for s in waited), waited
+    list(steptrace.read(tmp_path, validate=True))  # blocked_between_ms follows the schema
 
 
 def test_live_blocked_rank_reported_silent_while_it_blocks(tmp_path):

@@ -68,6 +68,11 @@ def step_split(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"method": None, "comm_ms": None, "exposed_ms": None, "compute_ms": step_ms, "phases": phases}
 
 
+def _blocked_between_ms(record: Mapping[str, Any]) -> float:
+    comm = record.get("comm")
+    return float(comm.get("blocked_between_ms", 0.0)) if isinstance(comm, dict) else 0.0
+
+
 def _host_wait_ms(record: Mapping[str, Any], own_ms: float) -> Optional[float]:
     """The step's run-queue wait and steal (its host reading), capped at its own time; None
     without a reading."""
@@ -89,8 +94,9 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
     step_ms = [float(s["step_ms"]) for s in ok]
     data_ms = [float(s.get("data_ms", 0.0)) for s in ok]
     # the rank's own time between steps: the loader's wait and other host work (evaluation
-    # and checkpoints are not training work, and every rank has them at the same steps)
-    gap_ms = [d + float(s.get("other_ms", 0.0)) for s, d in zip(ok, data_ms)]
+    # and checkpoints are not training work, and every rank has them at the same steps), less
+    # its waits in collectives there (a barrier for rank 0's checkpoint)
+    gap_ms = [d + max(0.0, float(s.get("other_ms", 0.0)) - _blocked_between_ms(s)) for s, d in zip(ok, data_ms)]
     methods = {sp["method"] for sp in splits}
     method = methods.pop() if len(methods) == 1 else ("mixed" if methods - {None} else None)
     names: dict[str, None] = {}  # in the order the steps run them (the rules use it)
