@@ -207,13 +207,15 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
               iteration_ms > config_.regression_threshold * noise.p95_ms;
     }
     // Most of the excess spent blocked in a collective (after the rank's last launch in the
-    // step, or in one between steps: a barrier after rank 0's checkpoint) is another rank
+    // step, or in one between steps: a barrier after rank 0's checkpoint; on a GPU, NCCL
+    // kernels no compute overlapped, which spin until the peers join) is another rank
     // being late (its own alert names it, or nothing does where it was in a marked
     // evaluation or checkpoint), not this rank's model: not slow here.
+    const std::int64_t blocked_ns = r.comm.exposed_ns + r.comm.between_blocked_ns +
+                                    (r.kernels.present ? r.kernels.exposed_nccl_ns : 0);
     const bool waited_for_peer =
-        slow && r.comm.count > 0 &&
-        static_cast<double>(r.comm.exposed_ns + r.comm.between_blocked_ns) / kNsPerMs >=
-            kPeerWaitShare * excess;
+        slow && blocked_ns > 0 &&
+        static_cast<double>(blocked_ns) / kNsPerMs >= kPeerWaitShare * excess;
     if (waited_for_peer) {
       slow = stall = false;
       peer_waited = true;

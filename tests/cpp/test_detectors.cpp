@@ -802,16 +802,24 @@ TEST(SlowStepDetector, AStepThatWaitedInACollectiveForAPeerIsNotSlowHere) {
   };
   d.observe(waited(40, 2005, 1999), events);  // a 2 s evaluation on the peer
   for (int i = 41; i < 45; ++i) d.observe(waited(i, 60, 54), events);  // four more, shorter
-  for (int i = 45; i < 59; ++i) d.observe(t.step(i, 1, 4, 5), events);
+  for (int i = 45; i < 58; ++i) d.observe(t.step(i, 1, 4, 5), events);
   EXPECT_TRUE(events.empty()) << events[0].message;
   EXPECT_DOUBLE_EQ(d.median_iteration_ms(), 10.0);  // the waits did not move the baseline
   // Blocked 0.3 s in a barrier between steps while rank 0 saved: the gap's, the same.
-  StepRecord barrier = t.step(59, 1, 4, 5);
+  StepRecord barrier = t.step(58, 1, 4, 5);
   barrier.between.other_ns = 303 * kMs;
   barrier.comm.count = 1;
   barrier.comm.busy_ns = 300 * kMs;
   barrier.comm.between_blocked_ns = 300 * kMs;
   d.observe(barrier, events);
+  EXPECT_TRUE(events.empty()) << events[0].message;
+  // On a GPU with NCCL the host does not wait: the wait is the all-reduce kernel spinning
+  // until the peer joins, with no compute beside it (kernels.exposed_nccl_ns).
+  StepRecord device = t.step(59, 1, 4, 805);
+  device.kernels.present = true;
+  device.kernels.nccl_ns = 801 * kMs;
+  device.kernels.exposed_nccl_ns = 800 * kMs;
+  d.observe(device, events);
   EXPECT_TRUE(events.empty()) << events[0].message;
   // Slow in its own backward (1 s), blocked 0.4 s: the rank's own stall.
   d.observe(waited(60, 1405, 400), events);
