@@ -310,7 +310,7 @@ class ClusterExchange:
     def _publish_busy(self, now: float, median_step_s: float) -> None:
         """The ranks in an evaluation or checkpoint, for the ranks that wait for them; a rank
         whose heartbeats stopped is not (rank_silent's limit)."""
-        stale = self._analyzer.silence_limit(median_step_s) + 2 * float(self.options["cluster_poll_s"])
+        stale = self._analyzer.publishing_limit(median_step_s)
         busy = sorted(r for r, hb in self._hb.items() if hb.get("interval") and now - hb["t"] <= stale)
         if busy != self._busy_published:
             self._store.set(self._busy_key, json.dumps(busy))

@@ -302,15 +302,15 @@ class ClusterAnalyzer:
         heartbeats stopped; ``heartbeats[r]`` has ``t`` (last publish, seconds), ``progress_t``
         (last step change), ``step``, ``phase``, ``in_collective`` and ``interval`` (the
         evaluation or checkpoint the rank is in, or empty)."""
-        o = self.options
         limit = self.silence_limit(median_step_s)
+        publishing = self.publishing_limit(median_step_s)
         waiting = {r for r, hb in heartbeats.items() if hb.get("in_collective") and now - hb["progress_t"] > limit}
         alerts: list[dict] = []
         for r in sorted(expected):
             hb = heartbeats.get(r)
             if hb is None:
                 continue  # never seen: not yet started (reported once it was seen)
-            stopped_publishing = now - hb["t"] > limit + 2 * o["cluster_poll_s"]
+            stopped_publishing = now - hb["t"] > publishing
             # a rank in a marked evaluation or checkpoint does planned work while the others
             # wait (nanoGPT's rank 0 alone); its own interval_hang watches how long it takes
             stuck = (now - hb["progress_t"] > limit and not hb.get("in_collective")
@@ -328,6 +328,10 @@ class ClusterAnalyzer:
     def silence_limit(self, median_step_s: float) -> float:
         """How long a rank may make no progress before it is silent (s)."""
         return max(self.options["cluster_silent_s"], 10 * median_step_s)
+
+    def publishing_limit(self, median_step_s: float) -> float:
+        """How long since its last heartbeat a rank has stopped publishing (s)."""
+        return self.silence_limit(median_step_s) + 2 * float(self.options["cluster_poll_s"])
 
     @staticmethod
     def _silent_alert(r: int, hb: Mapping[str, Any], heartbeats: Mapping[int, Mapping[str, Any]],
