@@ -184,6 +184,32 @@ _CLIPS = (_GlobalWrap(("torch.nn.utils.clip_grad", "torch.nn.utils"), "clip_grad
 _wraps_lock = threading.Lock()
 
 
+#: The attributes under which training wrappers register the module they run: ``module``
+#: (DistributedDataParallel, DataParallel, DeepSpeed's engine) and FSDP's own name.
+_WRAPPED_ATTRS = ("module", "_fsdp_wrapped_module")
+
+
+def _wrapped_modules(module: Any) -> list[Any]:
+    """The modules ``module`` wraps, outermost first: each one registered as a submodule
+    under a wrapper's attribute name, followed down (FSDP around DDP around a model)."""
+    found: list[Any] = []
+    seen = {id(module)}
+    while True:
+        children = getattr(module, "_modules", None) or {}
+        inner = next((children[a] for a in _WRAPPED_ATTRS if children.get(a) is not None), None)
+        if inner is None or id(inner) in seen:
+            return found
+        seen.add(id(inner))
+        found.append(inner)
+        module = inner
+
+
+def _grad_enabled() -> Callable[[], bool]:
+    import torch
+
+    return torch.is_grad_enabled
+
+
 class _Hooks:
     """What :class:`PhaseHooks` and :class:`GlobalPhaseHooks` share: the gate, the
     wrapped backward and clip functions, the handles to remove."""
@@ -207,6 +233,24 @@ class _Hooks:
         """Outermost forward calls in the step in progress (or the last one): the
         micro-steps of gradient accumulation."""
         return self._gate.micro_steps
+
+    def _wrapped_eval_hooks(self, module: Any, forward_without_grad: Optional[Callable[[], None]]) -> None:
+        """A forward pre-hook on each module a wrapper of ``module`` runs (DDP, DataParallel,
+        FSDP, DeepSpeed's engine: ``model.module``), so that an evaluation that calls the
+        unwrapped model (``model.module(x)``, ``accelerator.unwrap_model(model)``) between
+        steps opens an evaluation interval too. It times nothing: inside a training
+        forward (through the wrapper) gradients are enabled and a step is open, and
+        :meth:`~steptrace.intervals.IntervalWatch.forward_without_grad` returns at once."""
+        if forward_without_grad is None:
+            return
+        grad_enabled = _grad_enabled()
+
+        def pre(mod: Any, args: Any) -> None:
+            if not grad_enabled() and not _compiling():
+                forward_without_grad()
+
+        for inner in _wrapped_modules(module):
+            self._handles.append(inner.register_forward_pre_hook(pre))
 
     def _optimizer_hooks(self, optimizer: Any) -> None:
         gates, index = self._gate.gates, _INDEX["optimizer"]
@@ -297,9 +341,9 @@ class PhaseHooks(_Hooks):
             patch = _loss_site(loss_fn)  # raises before anything is installed
         super().__init__(core, backward=backward, clip=clip)
         gate = self._gate
-        self._handles += _module_phase_hooks(
-            gate, model, "forward", count=True,
-            not_opened=intervals.forward_without_grad if intervals is not None else None)
+        without_grad = intervals.forward_without_grad if intervals is not None else None
+        self._handles += _module_phase_hooks(gate, model, "forward", count=True, not_opened=without_grad)
+        self._wrapped_eval_hooks(model, without_grad)
         if optimizer is not None:
             self._optimizer_hooks(optimizer)
         self.loss_fn = loss_fn
@@ -352,7 +396,9 @@ class GlobalPhaseHooks(_Hooks):
     only for the first ``discover_steps`` optimizer steps: then the modules seen at the
     outermost level get hooks of their own and the global ones are removed (0: keep the
     global hooks for the whole run, for programs that bring in new top-level modules
-    later; a module first called at the top after the discovery is not timed).
+    later; a module first called at the top after the discovery is not timed, but a
+    forward without gradients of a module a top-level wrapper runs, ``model.module`` of a
+    DistributedDataParallel model, still opens an evaluation interval).
 
     With ``steps=True`` it also draws the step boundaries: a step begins at the first
     training activity (a forward with gradients enabled, a backward, an optimizer step)
@@ -426,13 +472,19 @@ class GlobalPhaseHooks(_Hooks):
             if depth[0] == 0:
                 outer_post(mod)
 
+        top_depth = [0]  # hooked top-level calls in progress: a wrapper and the model it runs may both be
+
         def top_pre(mod: Any, args: Any) -> None:
             if not _compiling() and threading.get_ident() == thread:
-                outer_pre(mod, args)
+                top_depth[0] += 1
+                if top_depth[0] == 1:
+                    outer_pre(mod, args)
 
         def top_post(mod: Any, args: Any, output: Any) -> None:
-            if not _compiling() and threading.get_ident() == thread:
-                outer_post(mod)
+            if not _compiling() and threading.get_ident() == thread and top_depth[0] > 0:
+                top_depth[0] -= 1
+                if top_depth[0] == 0:
+                    outer_post(mod)
 
         global_handles = [module_mod.register_module_forward_pre_hook(global_pre),
                           module_mod.register_module_forward_hook(global_post, always_call=True)]
@@ -446,6 +498,8 @@ class GlobalPhaseHooks(_Hooks):
             for mod in tops.values():
                 self._handles += [mod.register_forward_pre_hook(top_pre),
                                   mod.register_forward_hook(top_post, always_call=True)]
+                if not any(id(inner) in tops for inner in _wrapped_modules(mod)):
+                    self._wrapped_eval_hooks(mod, without_grad)  # evaluation with model.module
             tops.clear()
 
         def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:

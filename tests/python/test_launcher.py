@@ -215,3 +215,51 @@ def test_ddp_all_reduces_are_timed_under_global_hooks_and_the_programs_own_hook_
         assert all(r.get("comm", {}).get("collectives") == 1 for r in recs), recs
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("how", ["steptrace run", "watch"])
+def test_evaluating_the_model_inside_the_ddp_wrapper_is_an_evaluation(tmp_path, how):
+    # Scripts often evaluate (or sample, or save) with the unwrapped model: model.module,
+    # accelerator.unwrap_model(model). Only the wrapper is a top-level module in training,
+    # so that forward was not seen, and its time between steps paged as a stall in `other`
+    # (rank 0 of the GPT-style DDP script with --eval-unwrapped, twice in 130 iterations).
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from steptrace.autophase import GlobalPhaseHooks
+    from steptrace.intervals import IntervalWatch
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        prof = steptrace.Profiler(tmp_path, detect=False)
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if how == "watch":
+            prof.watch(model, opt)
+            hooks = None
+        else:
+            hooks = GlobalPhaseHooks(prof._core, steps=True, intervals=IntervalWatch(prof._core, checkpoints=False))
+        for i in range(6):
+            if i in (1, 3, 5):  # while steptrace run discovers the top-level modules, and after
+                with torch.no_grad():
+                    model.module(torch.randn(4, 8))
+            if how == "watch":
+                with prof.step():
+                    model(torch.randn(4, 8)).sum().backward()
+                    opt.step()
+            else:
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+            opt.zero_grad()
+        if hooks is not None:
+            hooks.remove()
+        prof.close()
+        recs = list(steptrace.read(prof.log_path, validate=True))
+        assert [(r["interval"], r["step"]) for r in recs if r["kind"] == "interval"] == [("eval", 1), ("eval", 3), ("eval", 5)]
+        # the wrapper's training forward runs the inner module: one forward phase, timed once
+        assert [list(r["phases_ms"]) for r in steps(recs)] == [["forward", "backward", "optimizer"]] * 6
+        assert all("micro_steps" not in r.get("meta", {}) for r in steps(recs))
+    finally:
+        dist.destroy_process_group()
