@@ -13,7 +13,8 @@ a summary through torch.distributed's store and rank 0 writes ``cluster`` record
 
 To see a straggler: ``--straggler-rank 1 --straggler-pct 30`` makes rank 1 do 30% more
 work per step (``--work-ms`` of simulated compute in forward on every rank); rank 0's log
-then holds a ``straggler`` alert naming rank 1. ``--slow-data-rank 1`` slows that rank's
+then holds a ``straggler`` alert naming rank 1 (in a run shorter than the rule's 30 s,
+with ``--straggler-min-s 0``). ``--slow-data-rank 1`` slows that rank's
 loader instead; ``--block-rank 1 --block-at 60 --block-s 5`` blocks it once (a hang).
 ``--rank0-eval-every 40 --rank0-eval-ms 400`` has rank 0 alone evaluate (a marked interval)
 every 40 steps while the others wait for it in a barrier, as scripts that save on rank 0 do:
@@ -50,6 +51,8 @@ def main() -> None:
     parser.add_argument("--cluster-interval", type=int, default=50)
     parser.add_argument("--cluster-poll-s", type=float, default=1.0)
     parser.add_argument("--cluster-silent-s", type=float, default=10.0)
+    parser.add_argument("--straggler-min-s", type=float, default=30.0,
+                        help="a straggler alert needs it for this long (0: two windows, for a short demo)")
     parser.add_argument("--no-comm-timing", action="store_true", help="do not time the collectives")
     parser.add_argument("--flops-per-step", type=float, default=0.0, help="model FLOPs of a step (for MFU)")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak TFLOP/s (MFU on a CPU)")
@@ -72,6 +75,7 @@ def main() -> None:
 
     with steptrace.Profiler(args.log_dir, overwrite=True, cluster_interval=args.cluster_interval,
                             cluster_poll_s=args.cluster_poll_s, cluster_silent_s=args.cluster_silent_s,
+                            straggler_min_s=args.straggler_min_s,
                             comm_timing="off" if args.no_comm_timing else "auto",
                             flops_per_step=args.flops_per_step, peak_tflops=args.peak_tflops) as prof:
         for i, x in enumerate(prof.data(loader())):

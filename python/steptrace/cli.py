@@ -146,6 +146,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
+    return v
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -412,6 +422,9 @@ def _add_cluster(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                    help="steps per window (default: the run's cluster_interval, else 50)")
     p.add_argument("--straggler-pct", type=_positive_float, default=None,
                    help="own work above the other ranks' median by more than this %% (default 10)")
+    p.add_argument("--straggler-min-s", type=_nonneg_float, default=None,
+                   help="an alert needs the straggler for this many seconds of the run (default 30; 0: the "
+                        "windows alone, for short runs)")
     p.add_argument("--fail-on-straggler", action="store_true", help="exit 1 when a straggler is found (CI)")
     p.add_argument("--json", action="store_true", help="print the windows, alerts and table as JSON")
     _common(p)
@@ -427,6 +440,8 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         options["cluster_interval"] = args.interval
     if args.straggler_pct is not None:
         options["straggler_pct"] = args.straggler_pct
+    if args.straggler_min_s is not None:
+        options["straggler_min_s"] = args.straggler_min_s
     result = analyze_records(read(args.path, skip_bad=args.skip_bad, progress=_progress(args)), options)
     if args.json:
         _print_json(result)

@@ -134,6 +134,38 @@ def test_a_rank_slower_only_for_waiting_for_a_cpu_is_not_a_straggler():
     assert [(a["type"], a["subject_rank"]) for _, found in out for a in found] == [("straggler", 2)]
 
 
+def test_a_straggler_alert_needs_the_straggler_for_straggler_min_s():
+    # Two gloo ranks on a 2-vCPU VM: one rank computes up to 50% slower for a few windows,
+    # then the other (the ranks move between a slower and a faster vCPU), in windows of
+    # under a second. That says nothing about a rank: an alert needs the same rank slower
+    # for straggler_min_s (30 s) of its windows' own time, besides two windows in a row.
+    interval, step_ns = 50, 25_000_000  # windows of 1.25 s
+
+    def timed_windows(slow_of_window, windows, options=None):
+        analyzer = ClusterAnalyzer({**CLUSTER_OPTIONS, **(options or {})})
+        found = []
+        for w in range(windows):
+            summaries = {}
+            for r in (0, 1):
+                slow = slow_of_window(w) == r
+                recs = steps(r, w * interval, interval, forward=30.0 if slow else 20.0, wait=0.0 if slow else 10.0)
+                for rec in recs:
+                    rec["start_unix_ns"] = 10**18 + rec["step"] * step_ns
+                summaries[r] = window_summary(r, w, recs)
+            found += [(a["type"], a["subject_rank"], a["step"]) for a in analyzer.window(summaries)[1]
+                      if a["kind"] == "alert"]
+        return found
+
+    def alternating(w):
+        return (w // 3) % 2  # rank 0 slower for 3 windows, then rank 1 for 3, ...
+
+    assert timed_windows(alternating, 60) == []
+    assert [rank for _, rank, _ in timed_windows(alternating, 60, {"straggler_min_s": 0.0})] == [0, 1] * 10
+    # a rank that stays slower is named once its windows span 30 s: 24 windows of 1.25 s
+    assert timed_windows(lambda w: 1, 30) == [("straggler", 1, 24 * interval - 1)]
+    assert timed_windows(lambda w: 1, 30, {"straggler_min_s": 0.0}) == [("straggler", 1, 2 * interval - 1)]
+
+
 def test_a_slow_loader_is_named_as_phase_data():
     _, out = run_windows({0: {"wait": 8.0}, 1: {"data": 8.0}}, 3)
     alerts = [a for _, found in out for a in found]
@@ -221,6 +253,7 @@ class _RankCore:
         self.current_interval = ""
         self.peers_in_interval: list[tuple[int, float]] = []  # what the exchange told the core
         self.written: list[dict] = []
+        self.clusters: list[dict] = []  # every cluster record written (poll() clears `written`)
 
     def set_peers_in_interval(self, peers: int, notice_s: float) -> None:
         self.peers_in_interval.append((peers, notice_s))
@@ -230,12 +263,15 @@ class _RankCore:
 
     def write_record(self, text: str) -> None:
         self.written.append(json.loads(text))
+        if self.written[-1]["kind"] == "cluster":
+            self.clusters.append(self.written[-1])
 
 
 POLL_S = 0.1  # the two-rank exchanges' poll (cluster_silent_s 1.0)
 
 
-def _two_ranks(tmp_path: Path) -> tuple[list[_RankCore], Callable[[float], list[tuple[str, str, int]]]]:
+def _two_ranks(tmp_path: Path, options: Optional[dict] = None
+               ) -> tuple[list[_RankCore], Callable[[float], list[tuple[str, str, int]]]]:
     """Two ranks' cores and exchanges through one HashStore on a clock the test sets: poll(t)
     runs rank 1's poll, then rank 0's (publish and aggregate), and returns what rank 0 wrote
     other than cluster records, as (kind, type, subject_rank)."""
@@ -243,7 +279,7 @@ def _two_ranks(tmp_path: Path) -> tuple[list[_RankCore], Callable[[float], list[
 
     now = [100.0]
     store = HashStore()
-    options = {**CLUSTER_OPTIONS, "cluster_silent_s": 1.0, "cluster_poll_s": POLL_S}
+    options = {**CLUSTER_OPTIONS, "cluster_silent_s": 1.0, "cluster_poll_s": POLL_S, **(options or {})}
     cores = [_RankCore(r, tmp_path / f"rank{r}.jsonl") for r in (0, 1)]
     exchanges = [ClusterExchange(c, options, store=store, clock=lambda: now[0]) for c in cores]
 
@@ -301,6 +337,36 @@ def test_a_rank_evaluating_alone_is_not_silent_and_the_ranks_waiting_for_it_are_
     assert cores[0].peers_in_interval == []  # rank 0 waited in nothing: never read
 
 
+def test_the_live_view_compares_the_same_window_of_every_rank(tmp_path):
+    # Each rank publishes its latest window summary. Where rank 0 had published two windows
+    # since the aggregator's last poll and rank 1 one, the view set rank 0's newer window
+    # beside rank 1's older one: when the job's steps changed between those windows, a
+    # "straggler" that neither rank was (rank 0 of the GPT-style DDP script, 3 of 4 clean
+    # runs of 1,500 iterations). Here both ranks' steps grow from 20 to 30 ms at window 2.
+    interval = 10
+    cores, poll = _two_ranks(tmp_path, {"cluster_interval": interval, "straggler_windows": 1})
+
+    def write(rank: int, window: int, forward: float) -> None:
+        with open(cores[rank].log_path, "a") as f:
+            for rec in steps(rank, window * interval, interval, forward=forward):
+                f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    write(0, 0, 20.0)
+    write(1, 0, 20.0)
+    assert poll(100.0) == []
+    write(0, 1, 20.0)
+    write(0, 2, 30.0)  # rank 0 two windows on before the next poll, rank 1 one
+    write(1, 1, 20.0)
+    assert poll(100.1) == []  # (was a straggler alert naming rank 0)
+    write(1, 2, 30.0)
+    assert poll(100.2) == []
+    records = cores[0].clusters
+    assert [(r["window"], r["ranks_reporting"], r["stragglers"]) for r in records] == \
+        [(0, 2, []), (1, 1, []), (2, 2, [])]  # rank 0's window 1 was overwritten before it was read
+    for r in records:
+        assert len({row["step_ms"] for row in r["ranks"]}) == 1  # the same steps on both ranks
+
+
 @pytest.mark.parametrize("option,value", [("cluster", "maybe"), ("cluster_interval", 1),
                                           ("straggler_pct", 0), ("cluster_poll_s", -1.0)])
 def test_bad_cluster_options_are_refused_before_any_file(tmp_path, option, value):
@@ -329,7 +395,7 @@ def torchrun(log_dir: Path, *args: str, steps: int = 120, env: Optional[dict] = 
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
          str(EXAMPLE), str(log_dir), "--steps", str(steps), "--work-ms", "20", "--cluster-interval", "20",
-         "--cluster-poll-s", "0.1", *args],
+         "--cluster-poll-s", "0.1", "--straggler-min-s", "0", *args],  # runs of seconds: windows alone
         capture_output=True, text=True, timeout=300, env={**base, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -352,7 +418,7 @@ def test_live_straggler_rank_named_on_rank0_and_by_the_cli(tmp_path, capsys):
     assert records_of(rank0, "run_end")[0]["alerts"]["straggler"] == 1
     assert not [r for r in records_of(tmp_path / "rank1.jsonl", "cluster")]  # rank 0 aggregates
     list(steptrace.read(tmp_path, validate=True))  # the new records follow the schema
-    assert cli(["cluster", str(tmp_path), "--fail-on-straggler"]) == 1
+    assert cli(["cluster", str(tmp_path), "--fail-on-straggler", "--straggler-min-s", "0"]) == 1
     out = capsys.readouterr().out
     assert "STRAGGLER: rank 1" in out and "slower in forward" in out
     per_rank = steptrace.load(tmp_path).per_rank  # the same table for pandas
@@ -366,7 +432,7 @@ def test_live_straggler_named_from_phases_when_communication_is_not_timed(tmp_pa
     assert all("comm" not in s for s in records_of(rank0, "step"))
     alerts = [a for a in records_of(rank0, "alert") if a["type"] == "straggler"]
     assert [(a["subject_rank"], a["phase"], a["details"]["confidence"]) for a in alerts] == [(1, "forward", "low")]
-    assert cli(["cluster", str(tmp_path)]) == 0
+    assert cli(["cluster", str(tmp_path), "--straggler-min-s", "0"]) == 0
     assert "communication timed by: nothing" in capsys.readouterr().out
 
 
@@ -388,7 +454,7 @@ def test_live_clean_run_has_cluster_records_and_no_cluster_alert(tmp_path, capsy
     # each rank's median MFU in the rows: about 1e9 / (20 ms of compute and a little more)
     for row in clusters[-1]["ranks"]:
         assert 0.5 < row["mfu_pct"] < 1e9 / 0.020 / 1e12 * 100 * 1.01, row
-    assert cli(["cluster", str(tmp_path), "--fail-on-straggler"]) == 0
+    assert cli(["cluster", str(tmp_path), "--fail-on-straggler", "--straggler-min-s", "0"]) == 0
     out = capsys.readouterr().out
     assert "no straggler" in out
     head = next(ln for ln in out.splitlines() if ln.split()[:2] == ["rank", "host"])
@@ -447,7 +513,7 @@ def test_live_hang_with_the_flight_recorder_names_the_collective_where_the_ranks
     assert "flight recorder: group 0" in hang[0]["message"] and "not completed" in hang[0]["message"]
     list(steptrace.read(tmp_path, validate=True))
     # afterwards, from the ranks' hang alerts: the same verdict
-    cli(["cluster", str(tmp_path)])
+    cli(["cluster", str(tmp_path), "--straggler-min-s", "0"])
     assert f"HANG: {parted['message']}" in capsys.readouterr().out
 
 
@@ -516,7 +582,7 @@ def test_live_hot_gpu_named_on_rank0_and_shown_by_the_cli(tmp_path, monkeypatch,
     assert [a["subject_rank"] for a in hot] == [1], rank0.read_text()[-2000:]
     assert hot[0]["details"]["delta_c"] == pytest.approx(10.0, abs=1.0)
     assert [a for a in records_of(rank0, "alert") if a["type"] == "straggler"] == []
-    assert cli(["cluster", str(tmp_path)]) == 0
+    assert cli(["cluster", str(tmp_path), "--straggler-min-s", "0"]) == 0
     out = capsys.readouterr().out
     head, row0, row1 = out.splitlines()[1:4]
     assert head.split()[-2:] == ["power", "temp"]

@@ -1,7 +1,8 @@
 """Alert episodes of the cross-rank rules: one tracker serves every rule (the window rules
 and ``rank_silent``), so an episode opens, folds repeats and resolves the same way for all.
 
-A (kind, subject rank) pair opens an episode after ``needed`` hits in a row: one ``alert``
+A (kind, subject rank) pair opens an episode after ``needed`` hits in a row that also
+span at least ``min_ns`` of the windows' own time, where their times are known: one ``alert``
 record. Later hits fold into it (``repeats``); the first miss closes it with a
 ``resolved`` record (``first_step`` .. ``step``), and :meth:`EpisodeTracker.close_all`
 resolves what is still open at the end of the run. A subject rank below 0 is the whole
@@ -14,10 +15,11 @@ from typing import Callable, Iterator, Optional
 
 
 class _Episode:
-    __slots__ = ("streak", "fired", "first_step", "repeats")
+    __slots__ = ("streak", "streak_start_ns", "fired", "first_step", "repeats")
 
     def __init__(self) -> None:
         self.streak = 0
+        self.streak_start_ns: Optional[int] = None  # when the streak's first window began
         self.fired = False
         self.first_step = 0
         self.repeats = 0
@@ -40,10 +42,12 @@ class EpisodeTracker:
         return iter(self._episodes)
 
     def update(self, kind: str, r: int, hit: bool, step: int, needed: int, unix_ns: Optional[int],
-               make: Callable[[], dict], resolved_text: str) -> list[dict]:
+               make: Callable[[], dict], resolved_text: str,
+               span: tuple[Optional[int], Optional[int]] = (None, None), min_ns: int = 0) -> list[dict]:
         """One observation of rule ``kind`` for subject rank ``r``: the ``alert`` record
         (body from ``make()``, called only then) when this hit opens an episode, the
-        ``resolved`` record when this miss closes one, else nothing."""
+        ``resolved`` record when this miss closes one, else nothing. ``span``: when the
+        observed window began and ended (ns; None: unknown, then ``needed`` alone counts)."""
         ep = self._episodes.get((kind, r))
         if ep is None:  # state only for (kind, rank) that ever hit: not 3 per rank of the job
             if not hit:
@@ -56,11 +60,15 @@ class EpisodeTracker:
                 return [self._resolved(kind, r, step, ep, resolved_text)]
             return []
         ep.streak += 1
+        if ep.streak == 1:
+            ep.streak_start_ns = span[0]
         if ep.fired:
             ep.repeats += 1
             return []
         if ep.streak < needed:
             return []
+        if ep.streak_start_ns is not None and span[1] is not None and span[1] - ep.streak_start_ns < min_ns:
+            return []  # not for long enough yet
         ep.fired, ep.first_step, ep.repeats = True, step, 0
         self.alert_counts[kind] = self.alert_counts.get(kind, 0) + 1
         body = make()

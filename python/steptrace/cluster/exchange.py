@@ -122,6 +122,8 @@ class ClusterExchange:
         self._interval_seen = ""
         self._notice_s = peer_notice_s(float(self.options["cluster_poll_s"]))
         self._windows_done = -1
+        # each rank's last two window summaries read, by window: a record compares one window
+        self._summaries: dict[int, dict[int, dict]] = {}
         self._probe = 0
         self.errors = 0
         self._thread = threading.Thread(target=self._run, name="steptrace-cluster", daemon=True)
@@ -291,21 +293,39 @@ class ClusterExchange:
         published = {r: int(hb.get("window", -1)) for r, hb in self._hb.items()}
         if len(published) < 2:
             return
+        self._read_summaries(published)
         # A rank more than one window behind the newest (stopped, or hung: rank_silent says
         # so) does not hold the view back; the record's ranks_reporting shows it is missing.
         newest = max(published.values())
         target = min(w for w in published.values() if w >= newest - 1)
         if target <= self._windows_done:
             return
-        ready = [r for r, w in published.items() if w >= target]
-        fetched = self._fetch("w", ready)
-        parsed = json.loads(b"[" + b",".join(bytes(v) for v in fetched.values()) + b"]")  # one parse
-        summaries = dict(zip(fetched, parsed))
-        for r, summary in summaries.items():
-            self._hosts[r] = summary.get("host", "")
+        # The same window of every rank: a rank already one window further compares its
+        # previous summary. (Each rank's latest, as before, set one rank's window beside the
+        # other's previous one whenever they published in different polls: a "straggler"
+        # in every other window of a 2-rank job in lockstep.) A rank that skipped the window
+        # (too few steps in it) or published two since the last poll sits this record out.
+        summaries = {r: kept[target] for r, kept in self._summaries.items()
+                     if target in kept and published.get(r, -1) >= target}
         record, alerts = self._analyzer.window(summaries, world_size=self.world, unix_ns=unix_ns)
         self._windows_done = target
         self._write_all([record, *alerts])
+
+    def _read_summaries(self, published: dict[int, int]) -> None:
+        """Reads the window summary of each rank that published a newer one than the last
+        read (one multi_get, one parse), keeping the last two of each rank."""
+        newer = [r for r, w in published.items() if w > max(self._summaries.get(r, {-1: None}))]
+        if not newer:
+            return
+        fetched = self._fetch("w", newer)
+        parsed = json.loads(b"[" + b",".join(bytes(v) for v in fetched.values()) + b"]")
+        for r, summary in zip(fetched, parsed):
+            self._hosts[r] = summary.get("host", "")
+            kept = self._summaries.setdefault(r, {})
+            window = int(summary["window"])
+            kept[window] = summary
+            for old in [w for w in kept if w < window - 1]:
+                del kept[old]
 
     def _publish_busy(self, now: float, median_step_s: float) -> None:
         """The ranks in an evaluation or checkpoint, for the ranks that wait for them; a rank

@@ -26,7 +26,7 @@ def _numbers(obj: Any) -> dict[str, float]:
     return {k: float(v) for k, v in obj.items() if _finite(v)} if isinstance(obj, dict) else {}
 
 
-_STEP_GROUPS = ("phases_ms", "memory", "kernels", "hw", "telemetry", "work")
+_STEP_GROUPS = ("phases_ms", "memory", "kernels", "hw", "telemetry", "work", "host")
 _MAX_PHASES = 4096  # as steptrace._table.MAX_KEYS: the profiler writes at most 32
 
 
@@ -39,9 +39,11 @@ def _clean_step(rec: Mapping[str, Any]) -> Optional[dict[str, Any]]:
         return None
     out: dict[str, Any] = {"rank": rank, "step": step, "step_ms": float(step_ms),
                            "status": rec.get("status") if isinstance(rec.get("status"), str) else "ok"}
-    for key in ("host_ms", "data_ms"):
+    for key in ("host_ms", "data_ms", "other_ms"):  # every input the live view's summary reads
         if _finite(rec.get(key)):
             out[key] = float(rec[key])
+    if _whole(rec.get("start_unix_ns")) is not None:
+        out["start_unix_ns"] = int(rec["start_unix_ns"])
     for key in _STEP_GROUPS:
         if isinstance(rec.get(key), dict):
             out[key] = _numbers(rec[key])

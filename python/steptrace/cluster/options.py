@@ -24,6 +24,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "straggler_pct": (0.1, 1000),
     "straggler_windows": (1, 1000),
     "straggler_min_ms": (0, 1e6),
+    "straggler_min_s": (0, 86_400),
     "comm_imbalance_pct": (0.1, 1000),
     "comm_share_pct": (0.1, 100),
     "compute_comm_ratio": (0.01, 1000),

@@ -29,12 +29,25 @@ class ClusterAnalyzer:
         self.options = {**CLUSTER_OPTIONS, **(options or {})}
         self.rank = rank
         self._episodes = EpisodeTracker(rank)
+        self._spans: dict[int, tuple[Optional[int], Optional[int]]] = {}  # the window's, by rank (-1: all)
         self.last_cluster: Optional[dict] = None
 
     @property
     def alert_counts(self) -> dict[str, int]:
         """How many alerts each kind raised (one per episode)."""
         return self._episodes.alert_counts
+
+    def _window_rule(self, kind: str, r: int, hit: bool, step: int, unix_ns: Optional[int],
+                     make: Callable[[], dict], resolved_text: str) -> list[dict]:
+        """One window's observation of a window rule: an episode opens after
+        ``straggler_windows`` windows in a row lasting ``straggler_min_s`` (the subject rank's
+        windows' own times; the job's for ``r`` < 0). A rank slower only for a few seconds,
+        or one that changes every few windows (ranks moved between a VM's slower and faster
+        CPUs), costs the job little and says nothing about a rank."""
+        o = self.options
+        return self._episodes.update(kind, r, hit, step, o["straggler_windows"], unix_ns, make, resolved_text,
+                                     span=self._spans.get(r, (None, None)),
+                                     min_ns=int(o["straggler_min_s"] * 1e9))
 
     # ---- one window ----
     def window(self, summaries: Mapping[int, Mapping[str, Any]], world_size: Optional[int] = None,
@@ -45,6 +58,10 @@ class ClusterAnalyzer:
         o = self.options
         ranks = sorted(summaries)
         s = {r: summaries[r] for r in ranks}
+        self._spans = {r: (s[r].get("start_unix_ns"), s[r].get("end_unix_ns")) for r in ranks}
+        starts, ends = [a for a, _ in self._spans.values()], [b for _, b in self._spans.values()]
+        self._spans[-1] = ((min(starts), max(ends)) if ranks and None not in starts and None not in ends
+                           else (None, None))
         exposed = {r: s[r].get("exposed_ms") for r in ranks}
         shared_exposed = min(exposed.values()) if all(v is not None for v in exposed.values()) else None
         latest_own = max(s[r]["own_ms"] for r in ranks)
@@ -127,14 +144,14 @@ class ClusterAnalyzer:
                 record["stragglers"].append(r)
             advice = _PHASE_ADVICE.get(phase, _COMPUTE_ADVICE)
             if inferred:
-                alerts += self._episodes.update(
-                    "straggler", r, hit, step, o["straggler_windows"], unix_ns,
+                alerts += self._window_rule(
+                    "straggler", r, hit, step, unix_ns,
                     lambda: self._inferred_straggler(row, phase, phase_excess, others_wait, others_step[r],
                                                      pct, advice),
                     f"rank {r} no longer a straggler")
                 continue
-            alerts += self._episodes.update(
-                "straggler", r, hit, step, o["straggler_windows"], unix_ns,
+            alerts += self._window_rule(
+                "straggler", r, hit, step, unix_ns,
                 lambda: {"value": row["own_ms"], "baseline": other_own,
                          "threshold": round(other_own * (1 + o["straggler_pct"] / 100.0), 4), "phase": phase,
                          "message": (f"rank {r} (host {row['host'] or '?'}) is a straggler: its own work "
@@ -153,8 +170,8 @@ class ClusterAnalyzer:
             hit = (row["comm_ms"] is not None and other_comm is not None and other_comm > 0
                    and row["comm_ms"] > other_comm * (1 + o["comm_imbalance_pct"] / 100.0)
                    and row["comm_ms"] - other_comm > o["straggler_min_ms"])
-            alerts += self._episodes.update(
-                "comm_straggler", r, hit, step, o["straggler_windows"], unix_ns,
+            alerts += self._window_rule(
+                "comm_straggler", r, hit, step, unix_ns,
                 lambda: {"value": row["comm_ms"], "baseline": other_comm,
                          "threshold": round(other_comm * (1 + o["comm_imbalance_pct"] / 100.0), 4),
                          "phase": None,
@@ -183,8 +200,8 @@ class ClusterAnalyzer:
             ratio = compute_only / comm_med if comm_med > 0 else None
             hit = share > o["comm_share_pct"] or (ratio is not None and ratio < o["compute_comm_ratio"])
             record["comm_share_pct"] = round(share, 2)
-        alerts += self._episodes.update(
-            "comm_heavy", -1, hit, step, o["straggler_windows"], unix_ns,
+        alerts += self._window_rule(
+            "comm_heavy", -1, hit, step, unix_ns,
             lambda: {"value": share, "baseline": None, "threshold": o["comm_share_pct"], "phase": None,
                      "message": (f"communication takes {share:.0f}% of the step on the median rank "
                                  f"(compute is {ratio:.1f}x communication): accumulate gradients over "
@@ -235,8 +252,8 @@ class ClusterAnalyzer:
                 deltas[str(r)] = delta
             hit = delta is not None and delta > o["hot_gpu_c"]
             host = s[r].get("host", "")
-            alerts += self._episodes.update(
-                "hot_gpu", r, hit, step, o["straggler_windows"], unix_ns,
+            alerts += self._window_rule(
+                "hot_gpu", r, hit, step, unix_ns,
                 lambda: {"value": temp[r], "baseline": base, "threshold": round(base + o["hot_gpu_c"], 2),
                          "phase": None,
                          "message": (f"rank {r}'s GPU (host {host or '?'}) runs {delta:.1f} C hotter than the "

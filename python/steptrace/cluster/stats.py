@@ -113,6 +113,11 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
         "method": method,
         "phases_ms": {n: _median(sp["phases"].get(n, 0.0) for sp in splits) for n in names},
     }
+    # when the window ran (on this rank's clock): how long a rule's streak of windows lasted
+    starts = [s.get("start_unix_ns") for s in (ok[0], ok[-1])]
+    if all(isinstance(t, int) for t in starts):
+        summary["start_unix_ns"] = starts[0]
+        summary["end_unix_ns"] = starts[1] + int(1e6 * step_ms[-1])
     # time the training thread waited for a CPU (run queue, steal), at most the step's own time:
     # a rank slower only for that is on an oversubscribed host, not slower at its work
     waits = [_host_wait_ms(s, sp["compute_ms"] + g) for s, sp, g in zip(ok, splits, gap_ms)]
