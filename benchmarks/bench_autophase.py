@@ -11,7 +11,8 @@ hooks' cost is visible, is run in interleaved rounds (the order rotating each ro
 * ``explicit``: ``with prof.step():`` and the five ``with prof.phase(...)`` blocks;
 * ``watch``: ``prof.watch(model, opt, loss_fn)`` and ``with prof.step():`` only;
 * ``global``: what ``steptrace run`` installs (``GlobalPhaseHooks(steps=True)``: global
-  module and optimizer hooks, steps from optimizer steps) with nothing in the loop.
+  module and optimizer hooks, steps from optimizer steps, with its ``IntervalWatch``) with
+  nothing in the loop.
 
 Each round times ``--steps`` steps per variant with time.perf_counter_ns; the figures are
 the median and the minimum over rounds of the per-step time (the minimum is the round
@@ -37,6 +38,7 @@ from torch import nn
 
 import steptrace
 from steptrace.autophase import GlobalPhaseHooks
+from steptrace.intervals import IntervalWatch
 
 pc = time.perf_counter_ns
 
@@ -193,7 +195,10 @@ def main() -> None:
             return elapsed
 
         def run_global(n: int) -> int:
-            hooks = GlobalPhaseHooks(prof._core, steps=True)  # only one variant's hooks at a time
+            # what steptrace run installs: the interval watch (checkpoints, loader fetches,
+            # evaluation forwards between steps) and the global hooks; only one variant's at a time
+            intervals = IntervalWatch(prof._core, data=True)
+            hooks = GlobalPhaseHooks(prof._core, steps=True, intervals=intervals)
             try:
                 t0 = pc()
                 for _ in range(n):
@@ -201,6 +206,7 @@ def main() -> None:
                 elapsed = pc() - t0
             finally:
                 hooks.remove()
+                intervals.remove()
             prof.flush()
             return elapsed
         return run_global if name == "global" else run

@@ -396,9 +396,10 @@ class GlobalPhaseHooks(_Hooks):
     only for the first ``discover_steps`` optimizer steps: then the modules seen at the
     outermost level get hooks of their own and the global ones are removed (0: keep the
     global hooks for the whole run, for programs that bring in new top-level modules
-    later; a module first called at the top after the discovery is not timed, but a
-    forward without gradients of a module a top-level wrapper runs, ``model.module`` of a
-    DistributedDataParallel model, still opens an evaluation interval).
+    later; a module first called at the top after the discovery is not timed). After the
+    discovery a global pre-hook watches each gap between steps until its first forward, so
+    that an evaluation with any module (an EMA copy, ``model.module`` of a
+    DistributedDataParallel model) still opens an evaluation interval.
 
     With ``steps=True`` it also draws the step boundaries: a step begins at the first
     training activity (a forward with gradients enabled, a backward, an optimizer step)
@@ -431,6 +432,7 @@ class GlobalPhaseHooks(_Hooks):
         tops: dict[int, Any] = {}  # id -> module called at the outermost level so far
         optimizer_steps = [0]
         settled = [discover_steps == 0]  # True: no switch to per-module hooks (any more)
+        between: list[Any] = [None]  # the global hook that watches the time between two steps
 
         def maybe_begin_step() -> None:
             if (begin_step is not None and threading.get_ident() == thread and not core.in_step
@@ -498,9 +500,25 @@ class GlobalPhaseHooks(_Hooks):
             for mod in tops.values():
                 self._handles += [mod.register_forward_pre_hook(top_pre),
                                   mod.register_forward_hook(top_post, always_call=True)]
-                if not any(id(inner) in tops for inner in _wrapped_modules(mod)):
-                    self._wrapped_eval_hooks(mod, without_grad)  # evaluation with model.module
             tops.clear()
+
+        # Between two steps, until the first forward: a global pre-hook, so that an evaluation
+        # with a model never called at the top while the hooks were discovered (an EMA copy,
+        # model.module of a DDP model, a separate eval model) still opens an evaluation
+        # interval. The first forward removes it: with gradients (the next step's) as soon as
+        # it comes, without (an evaluation) once the interval is open. Steps run without it.
+        def between_pre(mod: Any, args: Any) -> None:
+            if _compiling() or threading.get_ident() != thread:
+                return
+            if not grad_enabled() and without_grad is not None:
+                without_grad()
+            handle, between[0] = between[0], None
+            if handle is not None:
+                handle.remove()
+
+        def watch_between() -> None:
+            if without_grad is not None and between[0] is None and not gate.closed:
+                between[0] = module_mod.register_module_forward_pre_hook(between_pre)
 
         def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
             if not _compiling() and threading.get_ident() == thread:
@@ -519,6 +537,8 @@ class GlobalPhaseHooks(_Hooks):
             optimizer_steps[0] += 1
             if not settled[0] and optimizer_steps[0] >= discover_steps and depth[0] == 0 and not gate.closed:
                 settle()
+            if discover_steps and settled[0] and not core.in_step:
+                watch_between()  # (the global hooks see every forward while they discover)
 
         self._handles += [*global_handles,
                           optimizer_mod.register_optimizer_step_pre_hook(opt_pre),
@@ -527,6 +547,7 @@ class GlobalPhaseHooks(_Hooks):
             _BACKWARD.before.append(maybe_begin_step)
             self._undo.append(lambda: _BACKWARD.before.remove(maybe_begin_step))
         self._undo.append(tops.clear)
+        self._undo.append(lambda: between[0] is not None and between[0].remove())
 
     def end_open_step(self, failed: bool = False) -> None:
         """Ends the step in progress (one begun by a forward or backward that no optimizer

@@ -153,19 +153,22 @@ HOOKS_SCRIPT = """
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = []
     for i in range(5):
-        model(torch.randn(4, 8)).sum().backward()
+        out = model(torch.randn(4, 8))
+        during = len(module._global_forward_pre_hooks)  # in the step, after its first forward
+        out.sum().backward()
         opt.step()
         opt.zero_grad()
-        # global hooks while discovering, then hooks on the top-level module only
-        seen.append((len(module._global_forward_pre_hooks), len(model._forward_pre_hooks),
+        # global hooks while discovering, then hooks on the top-level module only, and one
+        # global hook between two steps until the next forward (evaluation with any module)
+        seen.append((during, len(module._global_forward_pre_hooks), len(model._forward_pre_hooks),
                      len(model[0]._forward_pre_hooks)))
     print(seen)
 """
 
 
 @pytest.mark.parametrize("discover, expected", [
-    ("2", [(1, 0, 0), (0, 1, 0), (0, 1, 0), (0, 1, 0), (0, 1, 0)]),
-    ("0", [(1, 0, 0)] * 5),
+    ("2", [(1, 1, 0, 0), (1, 1, 1, 0), (0, 1, 1, 0), (0, 1, 1, 0), (0, 1, 1, 0)]),
+    ("0", [(1, 1, 0, 0)] * 5),
 ])
 def test_global_hooks_only_while_discovering_the_top_level_modules(tmp_path, capsys, discover, expected):
     script = tmp_path / "hooks.py"
@@ -217,12 +220,16 @@ def test_ddp_all_reduces_are_timed_under_global_hooks_and_the_programs_own_hook_
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("how", ["steptrace run", "watch"])
-def test_evaluating_the_model_inside_the_ddp_wrapper_is_an_evaluation(tmp_path, how):
+@pytest.mark.parametrize("how, evaluated", [("steptrace run", "module"), ("steptrace run", "copy"),
+                                            ("watch", "module")])
+def test_evaluating_the_model_inside_the_ddp_wrapper_is_an_evaluation(tmp_path, how, evaluated):
     # Scripts often evaluate (or sample, or save) with the unwrapped model: model.module,
-    # accelerator.unwrap_model(model). Only the wrapper is a top-level module in training,
-    # so that forward was not seen, and its time between steps paged as a stall in `other`
-    # (rank 0 of the GPT-style DDP script with --eval-unwrapped, twice in 130 iterations).
+    # accelerator.unwrap_model(model), or with a copy (an EMA of the weights). Only the
+    # wrapper is a top-level module in training, so that forward was not seen, and its time
+    # between steps paged as a stall in `other` (rank 0 of the GPT-style DDP script with
+    # --eval-unwrapped, twice in 130 iterations). watch() knows only the model it watches.
+    import copy
+
     import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -236,15 +243,19 @@ def test_evaluating_the_model_inside_the_ddp_wrapper_is_an_evaluation(tmp_path, 
         torch.manual_seed(0)
         model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        eval_model = model.module if evaluated == "module" else copy.deepcopy(model.module)
+        # model.module also while steptrace run discovers the top-level modules; the copy only
+        # after (a module first called then is not among them)
+        evaluations = (1, 3, 5) if evaluated == "module" else (3, 5)
         if how == "watch":
             prof.watch(model, opt)
             hooks = None
         else:
             hooks = GlobalPhaseHooks(prof._core, steps=True, intervals=IntervalWatch(prof._core, checkpoints=False))
         for i in range(6):
-            if i in (1, 3, 5):  # while steptrace run discovers the top-level modules, and after
+            if i in evaluations:
                 with torch.no_grad():
-                    model.module(torch.randn(4, 8))
+                    eval_model(torch.randn(4, 8))
             if how == "watch":
                 with prof.step():
                     model(torch.randn(4, 8)).sum().backward()
@@ -257,7 +268,7 @@ def test_evaluating_the_model_inside_the_ddp_wrapper_is_an_evaluation(tmp_path, 
             hooks.remove()
         prof.close()
         recs = list(steptrace.read(prof.log_path, validate=True))
-        assert [(r["interval"], r["step"]) for r in recs if r["kind"] == "interval"] == [("eval", 1), ("eval", 3), ("eval", 5)]
+        assert [(r["interval"], r["step"]) for r in recs if r["kind"] == "interval"] == [("eval", i) for i in evaluations]
         # the wrapper's training forward runs the inner module: one forward phase, timed once
         assert [list(r["phases_ms"]) for r in steps(recs)] == [["forward", "backward", "optimizer"]] * 6
         assert all("micro_steps" not in r.get("meta", {}) for r in steps(recs))

@@ -40,8 +40,9 @@ _WAITED_FOR = ("eval", "checkpoint")
 
 def peer_notice_s(poll_s: float) -> float:
     """How long after a rank's evaluation or checkpoint begins the other ranks know of it, at
-    most: its next tick publishes it, the aggregator's next poll gathers it, the waiting
-    rank's next tick reads it; with a margin for a late thread."""
+    most: its next tick publishes it (a tick), the aggregator's next poll gathers it (a
+    poll), the waiting rank's next tick reads it (a tick); with a margin of another poll
+    and 0.5 s for a late thread."""
     return 2 * poll_s + 2 * min(_TICK_S, poll_s) + 0.5
 
 
