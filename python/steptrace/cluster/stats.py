@@ -115,8 +115,8 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
     }
     # when the window ran (on this rank's clock): how long a rule's streak of windows lasted
     starts = [s.get("start_unix_ns") for s in (ok[0], ok[-1])]
-    if all(isinstance(t, int) for t in starts):
-        summary["start_unix_ns"] = starts[0]
+    if all(isinstance(t, int) and 0 <= t < 1 << 63 for t in starts) and 0 <= step_ms[-1] < 1e9:
+        summary["start_unix_ns"] = starts[0]  # (a corrupt log's odd values: no times, windows alone)
         summary["end_unix_ns"] = starts[1] + int(1e6 * step_ms[-1])
     # time the training thread waited for a CPU (run queue, steal), at most the step's own time:
     # a rank slower only for that is on an oversubscribed host, not slower at its work
