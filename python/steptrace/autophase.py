@@ -204,12 +204,6 @@ def _wrapped_modules(module: Any) -> list[Any]:
         module = inner
 
 
-def _grad_enabled() -> Callable[[], bool]:
-    import torch
-
-    return torch.is_grad_enabled
-
-
 class _Hooks:
     """What :class:`PhaseHooks` and :class:`GlobalPhaseHooks` share: the gate, the
     wrapped backward and clip functions, the handles to remove."""
@@ -233,24 +227,6 @@ class _Hooks:
         """Outermost forward calls in the step in progress (or the last one): the
         micro-steps of gradient accumulation."""
         return self._gate.micro_steps
-
-    def _wrapped_eval_hooks(self, module: Any, forward_without_grad: Optional[Callable[[], None]]) -> None:
-        """A forward pre-hook on each module a wrapper of ``module`` runs (DDP, DataParallel,
-        FSDP, DeepSpeed's engine: ``model.module``), so that an evaluation that calls the
-        unwrapped model (``model.module(x)``, ``accelerator.unwrap_model(model)``) between
-        steps opens an evaluation interval too. It times nothing: inside a training
-        forward (through the wrapper) gradients are enabled and a step is open, and
-        :meth:`~steptrace.intervals.IntervalWatch.forward_without_grad` returns at once."""
-        if forward_without_grad is None:
-            return
-        grad_enabled = _grad_enabled()
-
-        def pre(mod: Any, args: Any) -> None:
-            if not grad_enabled() and not _compiling():
-                forward_without_grad()
-
-        for inner in _wrapped_modules(module):
-            self._handles.append(inner.register_forward_pre_hook(pre))
 
     def _optimizer_hooks(self, optimizer: Any) -> None:
         gates, index = self._gate.gates, _INDEX["optimizer"]
@@ -281,6 +257,22 @@ class _Hooks:
             for wrap in self._wraps:
                 wrap.discard(self._gate)
         self._wraps.clear()
+
+
+def _wrapped_eval_hooks(module: Any, forward_without_grad: Callable[[], None],
+                        grad_enabled: Callable[[], bool]) -> list[Any]:
+    """A forward pre-hook on each module a wrapper of ``module`` runs (DDP, DataParallel,
+    FSDP, DeepSpeed's engine: ``model.module``), so that an evaluation that calls the
+    unwrapped model (``model.module(x)``, ``accelerator.unwrap_model(model)``) between
+    steps opens an evaluation interval too. It times nothing: inside a training forward
+    (through the wrapper) gradients are enabled and a step is open, and
+    :meth:`~steptrace.intervals.IntervalWatch.forward_without_grad` returns at once."""
+
+    def pre(mod: Any, args: Any) -> None:
+        if not grad_enabled() and not _compiling():
+            forward_without_grad()
+
+    return [inner.register_forward_pre_hook(pre) for inner in _wrapped_modules(module)]
 
 
 def _module_phase_hooks(gate: PhaseGate, module: Any, phase: str, count: bool,
@@ -343,7 +335,8 @@ class PhaseHooks(_Hooks):
         gate = self._gate
         without_grad = intervals.forward_without_grad if intervals is not None else None
         self._handles += _module_phase_hooks(gate, model, "forward", count=True, not_opened=without_grad)
-        self._wrapped_eval_hooks(model, without_grad)
+        if without_grad is not None:
+            self._handles += _wrapped_eval_hooks(model, without_grad, torch.is_grad_enabled)
         if optimizer is not None:
             self._optimizer_hooks(optimizer)
         self.loss_fn = loss_fn

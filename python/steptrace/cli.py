@@ -146,24 +146,22 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _nonneg_float(text: str) -> float:
+def _float_at_least(text: str, low: float, inclusive: bool) -> float:
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
+    if not ((v >= low if inclusive else v > low) and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number {'>=' if inclusive else '>'} {low:g}")
     return v
+
+
+def _nonneg_float(text: str) -> float:
+    return _float_at_least(text, 0.0, inclusive=True)
 
 
 def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
-    return v
+    return _float_at_least(text, 0.0, inclusive=False)
 
 
 # --------------------------------------------------------------------------- summary
