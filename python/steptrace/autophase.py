@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 from steptrace.errors import ConfigError, UsageError
@@ -378,6 +379,60 @@ def _timed_call(gate: PhaseGate, phase: str, fn: Callable[..., Any]) -> Callable
     return timed
 
 
+#: Steps in a row before which the same module's forward without gradients opened the
+#: evaluation interval, after which that module runs as part of the step (_FrozenForwards).
+FROZEN_AFTER_STEPS = 3
+
+
+class _FrozenForwards:
+    """Tells a frozen module's forward from an evaluation under ``steptrace run``. A
+    distillation teacher, or a frozen encoder, runs under ``no_grad`` before the student's
+    forward that begins the step: between steps with gradients disabled, as an evaluation
+    does. The first such forward of a gap opens an evaluation interval; a module whose
+    forward did so before FROZEN_AFTER_STEPS steps in a row, and none of whose parameters
+    an optimizer steps, is part of the step from then on (its forward begins the step).
+    An evaluation of the trained model (its parameters are stepped) stays an evaluation at
+    any cadence; an EMA copy or another model stays one unless it runs before every step."""
+
+    def __init__(self) -> None:
+        self.members: dict[int, Any] = {}  # id -> module that runs as part of the step
+        self._opener: Any = None  # the module whose forward opened this gap's interval
+        self._streak_id, self._streak = 0, 0
+        self._stepped: set[int] = set()  # modules found to have stepped parameters
+        self._optimizers: dict[int, Any] = {}  # id -> weak reference, every optimizer that stepped
+
+    def optimizer_stepped(self, opt: Any) -> None:
+        if id(opt) not in self._optimizers:
+            self._optimizers[id(opt)] = weakref.ref(opt)
+
+    def opened_interval(self, module: Any) -> None:
+        self._opener = module
+
+    def step_began(self) -> None:
+        module, self._opener = self._opener, None
+        if module is None:
+            self._streak = 0
+            return
+        self._streak = self._streak + 1 if id(module) == self._streak_id else 1
+        self._streak_id = id(module)
+        if self._streak >= FROZEN_AFTER_STEPS and id(module) not in self._stepped:
+            if self._is_stepped(module):
+                self._stepped.add(id(module))
+            else:
+                self.members[id(module)] = module
+
+    def _is_stepped(self, module: Any) -> bool:
+        stepped = {id(p) for ref in self._optimizers.values() if (opt := ref()) is not None
+                   for group in opt.param_groups for p in group["params"]}
+        parameters = getattr(module, "parameters", None)
+        return callable(parameters) and any(id(p) in stepped for p in parameters())
+
+    def clear(self) -> None:
+        self.members.clear()
+        self._opener = None
+        self._optimizers.clear()
+
+
 class GlobalPhaseHooks(_Hooks):
     """Phases for a program steptrace did not see: every outermost module call on the
     training thread is forward (a ``torch.nn.modules.loss._Loss`` one is loss); every
@@ -401,7 +456,9 @@ class GlobalPhaseHooks(_Hooks):
     next step's ``other_ms`` (``data_ms`` for a DataLoader's fetch, with an
     :class:`steptrace.intervals.IntervalWatch` that times them); forward calls without
     gradients between steps begin no step but, given ``intervals``, an evaluation
-    interval. ``end_open_step()`` ends a step left open at the end of the program.
+    interval, except a frozen module's that runs before every step (a distillation teacher:
+    :class:`_FrozenForwards`), which begins the step. ``end_open_step()`` ends a step left
+    open at the end of the program.
 
     (The gradient all-reduces of DistributedDataParallel models are timed by the
     Profiler itself: steptrace.comm.)
@@ -426,6 +483,8 @@ class GlobalPhaseHooks(_Hooks):
         optimizer_steps = [0]
         settled = [discover_steps == 0]  # True: no switch to per-module hooks (any more)
         between: list[Any] = [None]  # the global hook that watches the time between two steps
+        frozen = _FrozenForwards()
+        in_step_modules = frozen.members
 
         def maybe_begin_step() -> None:
             if (begin_step is not None and threading.get_ident() == thread and not core.in_step
@@ -433,15 +492,24 @@ class GlobalPhaseHooks(_Hooks):
                 try:
                     begin_step()
                 except UsageError:  # closed from another thread meanwhile: never into the script
-                    pass
+                    return
+                frozen.step_began()
 
         without_grad = intervals.forward_without_grad if intervals is not None else None
+
+        def forward_without_grad(mod: Any) -> None:
+            """A top-level forward with gradients disabled: a frozen module's begins the
+            step, another's between steps may open an evaluation interval."""
+            if id(mod) in in_step_modules:
+                maybe_begin_step()
+            elif without_grad is not None and without_grad():
+                frozen.opened_interval(mod)
 
         def outer_pre(mod: Any, args: Any) -> None:
             if grad_enabled():
                 maybe_begin_step()
-            elif without_grad is not None:
-                without_grad()
+            else:
+                forward_without_grad(mod)
             if isinstance(mod, loss_type):
                 gate.begin("loss")
             else:
@@ -503,8 +571,8 @@ class GlobalPhaseHooks(_Hooks):
         def between_pre(mod: Any, args: Any) -> None:
             if _compiling() or threading.get_ident() != thread:
                 return
-            if not grad_enabled() and without_grad is not None:
-                without_grad()
+            if not grad_enabled():
+                forward_without_grad(mod)
             handle, between[0] = between[0], None
             if handle is not None:
                 handle.remove()
@@ -522,6 +590,7 @@ class GlobalPhaseHooks(_Hooks):
             if _compiling() or threading.get_ident() != thread:
                 return
             gate.end("optimizer")
+            frozen.optimizer_stepped(opt)
             if begin_step is not None and core.in_step and not gate.closed:
                 try:
                     core.end_step()
@@ -540,6 +609,7 @@ class GlobalPhaseHooks(_Hooks):
             _BACKWARD.before.append(maybe_begin_step)
             self._undo.append(lambda: _BACKWARD.before.remove(maybe_begin_step))
         self._undo.append(tops.clear)
+        self._undo.append(frozen.clear)
         self._undo.append(lambda: between[0] is not None and between[0].remove())
 
     def end_open_step(self, failed: bool = False) -> None:

@@ -62,17 +62,19 @@ class IntervalWatch:
             self._patch_attr(dataloader._BaseDataLoaderIter, "__next__", self._as_data)
 
     # ---- what the hooks call ----
-    def forward_without_grad(self) -> None:
+    def forward_without_grad(self) -> bool:
         """A forward call began on some thread: between steps, with gradients disabled,
-        on the training thread, it opens an evaluation interval (if none is open)."""
+        on the training thread, it opens an evaluation interval (if none is open). True
+        when it opened one."""
         core = self._core
         if (threading.get_ident() != self._thread or self._grad_enabled() or core.in_step
                 or core.open_interval is not None or core.closed):
-            return
+            return False
         try:
             core.begin_interval("eval")
         except UsageError:  # closed from another thread meanwhile: never into the program
-            pass
+            return False
+        return True
 
     def begin(self, kind: str) -> bool:
         """Opens an interval of ``kind`` on the training thread unless one of that kind is

@@ -274,3 +274,52 @@ def test_evaluating_the_model_inside_the_ddp_wrapper_is_an_evaluation(tmp_path, 
         assert all("micro_steps" not in r.get("meta", {}) for r in steps(recs))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("before_every_step", ["frozen teacher", "teacher", "trained model"])
+def test_a_frozen_teachers_forward_before_every_step_is_part_of_the_step(tmp_path, before_every_step):
+    # Distillation: the teacher runs under no_grad before the student's forward, which
+    # begins the step under steptrace run. Between steps with gradients disabled, it looked
+    # like an evaluation: every step's teacher forward was an evaluation interval, outside
+    # the step and its slow-step rules (a 300-step run: "eval ... 300 intervals"). A module
+    # that opens the gap's interval before three steps in a row and whose parameters no
+    # optimizer steps is part of the step from then on, with requires_grad or without;
+    # the trained model evaluated before every step stays an evaluation.
+    import copy
+
+    from torch import nn
+
+    from steptrace.autophase import FROZEN_AFTER_STEPS, GlobalPhaseHooks
+    from steptrace.intervals import IntervalWatch
+
+    prof = steptrace.Profiler(tmp_path, detect=False)
+    torch.manual_seed(0)
+    student = nn.Linear(8, 2)
+    teacher = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    if before_every_step == "frozen teacher":
+        teacher.requires_grad_(False)
+    ema = copy.deepcopy(student)  # evaluated now and then: never stepped, yet an evaluation
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    hooks = GlobalPhaseHooks(prof._core, steps=True, intervals=IntervalWatch(prof._core, checkpoints=False))
+    evaluations = (6, 9)
+    for i in range(12):
+        x = torch.randn(4, 8)
+        if i in evaluations:
+            with torch.no_grad():
+                ema(x)
+        with torch.no_grad():
+            target = (student if before_every_step == "trained model" else teacher)(x)
+        loss = nn.functional.mse_loss(student(x), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    hooks.remove()
+    prof.close()
+    recs = list(steptrace.read(prof.log_path, validate=True))
+    intervals = [(r["interval"], r["step"]) for r in recs if r["kind"] == "interval"]
+    if before_every_step == "trained model":
+        assert intervals == [("eval", i) for i in range(12)]
+    else:
+        learning = tuple(range(FROZEN_AFTER_STEPS))  # before the rule knows the teacher
+        assert intervals == [("eval", i) for i in learning + evaluations]
+    assert [list(r["phases_ms"]) for r in steps(recs)] == [["forward", "backward", "optimizer"]] * 12
