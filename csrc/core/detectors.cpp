@@ -178,7 +178,8 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   if (r.step < config_.warmup_steps || r.failed) return;
   last_step_ = r.step;
   const double iteration_ms = static_cast<double>(iteration_ns(r)) / kNsPerMs;
-  const double data_ms = static_cast<double>(r.data_ns) / kNsPerMs;
+  // the loader's start at an epoch boundary is not part of the iteration (iteration_ns)
+  const double data_ms = static_cast<double>(r.data_ns - r.data_start_ns) / kNsPerMs;
   const double other_ms = static_cast<double>(r.between.other_ns) / kNsPerMs;
   if (phases_.size() < names_.size()) phases_.resize(names_.size());
 
@@ -318,7 +319,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
 SlowStepDetector::HostWait SlowStepDetector::host_wait_in_iteration(const StepRecord& r) {
   if (r.runq_ns < 0) return {};
   const std::int64_t host_iteration =
-      r.data_ns + r.between.other_ns + r.host_ns - r.between.inside_step_ns;
+      r.data_ns - r.data_start_ns + r.between.other_ns + r.host_ns - r.between.inside_step_ns;
   const std::int64_t before = std::max<std::int64_t>(0, r.runq_span_ns - host_iteration);
   const std::int64_t wait = r.runq_ns + std::max<std::int64_t>(0, r.steal_ns);
   const std::int64_t inside = std::max<std::int64_t>(0, wait - before);

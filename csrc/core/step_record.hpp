@@ -158,6 +158,9 @@ struct StepRecord {
   std::int64_t start_unix_ns = 0;
   std::int64_t step_ns = 0;  // on the record's clock
   std::int64_t data_ns = 0;  // host
+  // Of data_ns: waits that started or ended the loader's iterator (an epoch boundary:
+  // workers stopped and started, a new iterator's first batch). Not part of iteration_ns.
+  std::int64_t data_start_ns = 0;
   std::int64_t host_ns = 0;  // host wall time of the step
   BetweenSteps between;
   // The training thread's run-queue wait (time runnable but not running, Linux schedstat)
@@ -271,9 +274,10 @@ inline void prefetch_step_record(const StepRecord* slot) noexcept {
 
 /// The time a step's training iteration took, for the detectors: the loader's wait, the
 /// rest of the gap before it (other), and the step, less the intervals inside the step.
-/// Evaluation and checkpoint intervals between steps are not part of it.
+/// Evaluation and checkpoint intervals between steps are not part of it, nor the loader's
+/// start at an epoch boundary (data_start_ns: periodic, judged by no slow-step rule).
 inline std::int64_t iteration_ns(const StepRecord& r) noexcept {
-  return r.data_ns + r.between.other_ns + r.step_ns - r.between.inside_step_ns;
+  return r.data_ns - r.data_start_ns + r.between.other_ns + r.step_ns - r.between.inside_step_ns;
 }
 
 /// Bytes each phase added that were still allocated at the end of the step, by slot:

@@ -539,6 +539,7 @@ struct RawDataIterator {
   ProfilerPtr* profiler;                    // owned
   PyObject* inner;                          // the loader's iterator
   PyObject* on_item;                        // called with each item (counts its work); or null
+  bool started;                             // its first item was taken
   // torch.Tensor and torch's integer dtypes (null / none: every item goes to on_item):
   // the common batches (a tensor, or a tuple or list led by one) are counted here, as
   // steptrace.work.batch_counter would, without its Python frames (issue 30: ~6 us per
@@ -691,8 +692,12 @@ void data_iterator_dealloc(PyObject* self) {
     }
   }
   PyObject* item = PyIter_Next(it->inner);  // nullptr: exhausted, or the loader raised
+  // The first item and the end (a DataLoader's workers start, or are joined, in these
+  // waits) are the loader's start at an epoch boundary: data, but no slow step.
+  const bool loader_start = !it->started || (item == nullptr && !PyErr_Occurred());
+  it->started = true;
   try {
-    prof.end_data();  // the loader's exception, if any, stays set
+    prof.end_data(loader_start);  // the loader's exception, if any, stays set
   } catch (const std::exception&) {
   }
   if (item == nullptr) return nullptr;
@@ -739,7 +744,24 @@ py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable, 
   if (int_dtypes.size() > kMaxIntDtypes) {
     throw py::value_error("data: at most " + std::to_string(kMaxIntDtypes) + " int_dtypes");
   }
+  // Making the iterator starts the loader (a DataLoader starts its workers): between steps,
+  // data and the loader's start.
+  steptrace::Profiler& core = *profiler;
+  bool timed = !core.in_step();
+  if (timed) {
+    try {
+      core.begin_data();
+    } catch (const std::exception&) {
+      timed = false;
+    }
+  }
   PyObject* inner = PyObject_GetIter(iterable.ptr());
+  if (timed) {
+    try {
+      core.end_data(/*loader_start=*/true);
+    } catch (const std::exception&) {
+    }
+  }
   if (inner == nullptr) throw py::error_already_set();
   RawDataIterator* it = PyObject_GC_New(RawDataIterator, &g_data_iterator_type);
   if (it == nullptr) {
@@ -750,6 +772,7 @@ py::object make_data_iterator(const ProfilerPtr& profiler, py::handle iterable, 
   it->core = profiler.get();
   it->inner = inner;
   it->on_item = nullptr;
+  it->started = false;
   if (!on_item.is_none()) {
     it->on_item = on_item.ptr();
     Py_INCREF(it->on_item);
@@ -1001,7 +1024,9 @@ PYBIND11_MODULE(_core, m) {
              p.core().end_phase(p.core().phase_id(name));
            })
       .def("begin_data", [](PyProfiler& p) { p.core().begin_data(); })
-      .def("end_data", [](PyProfiler& p) { p.core().end_data(); })
+      .def(
+          "end_data", [](PyProfiler& p, bool loader_start) { p.core().end_data(loader_start); },
+          py::arg("loader_start") = false)
       .def(
           "begin_interval",
           [](PyProfiler& p, const std::string& kind) {
@@ -1154,7 +1179,7 @@ PYBIND11_MODULE(_core, m) {
         "True when the armed signal is back at its default disposition (arm it again)");
   using ReplayTuple = std::tuple<std::int64_t, std::int64_t, double, double, bool,
                                  std::vector<std::pair<std::string, double>>,
-                                 std::array<std::int64_t, 7>, bool, std::array<double, 5>>;
+                                 std::array<std::int64_t, 7>, bool, std::array<double, 6>>;
   m.def(
       "replay_detectors",
       [](const steptrace::Config& config, const std::vector<ReplayTuple>& steps) {
@@ -1170,6 +1195,7 @@ PYBIND11_MODULE(_core, m) {
           s.runq_ms = between[2];
           s.runq_span_ms = between[3];
           s.steal_ms = between[4];
+          s.data_start_ms = between[5];
           const auto& m = std::get<6>(t);
           s.memory.allocated_bytes = m[0];
           s.memory.reserved_bytes = m[1];
@@ -1187,7 +1213,7 @@ PYBIND11_MODULE(_core, m) {
       "The record detectors over steps (step, start_unix_ns, data_ms, step_ms, failed, "
       "[(phase, ms)], (allocated, reserved, peak, rss, heap, device_used, device_total) bytes "
       "or -1, rss_fresh, (other_ms, interval_in_step_ms, runq_ms or -1, runq_span_ms, steal_ms or "
-      "-1)): their records as JSON "
+      "-1, data_start_ms)): their records as JSON "
       "lines");
   m.def(
       "check_metric_set",

@@ -188,9 +188,9 @@ class ProfilerImpl final : public SignalClosable {
     }
     recorder_.begin_data();
   }
-  void end_data() {
+  void end_data(bool loader_start) {
     if (detached_) return;
-    recorder_.end_data();
+    recorder_.end_data(loader_start);
   }
 
   void begin_interval(IntervalKind kind) {
@@ -706,7 +706,7 @@ void Profiler::end_interval(IntervalKind kind) { impl_->end_interval(kind); }
 std::optional<IntervalKind> Profiler::open_interval() const noexcept {
   return impl_->open_interval();
 }
-[[gnu::hot]] void Profiler::end_data() { impl_->end_data(); }
+[[gnu::hot]] void Profiler::end_data(bool loader_start) { impl_->end_data(loader_start); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
 void Profiler::set_step_value(StepValueId id, double value) { impl_->set_step_value(id, value); }
 [[gnu::hot]] void Profiler::add_work(double samples, double tokens, double flops,

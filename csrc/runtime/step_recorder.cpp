@@ -46,6 +46,7 @@ void StepRecorder::bind(const Parts& parts) {
   // The gap since the previous step: the loader's waits (data only when the loader is
   // wrapped), the intervals ended in it, and the rest (other host work).
   current_.data_ns = data_wrapped_ ? data_accum_ns_ : 0;
+  current_.data_start_ns = data_wrapped_ ? data_start_accum_ns_ : 0;
   if (pending_.listed == 0 && pending_.unlisted == 0) {
     // Nothing ended since the last step (the usual case): reset the sums, and leave the
     // list's entries, which nothing reads past `listed`, untouched (two cold lines fewer).
@@ -182,6 +183,7 @@ void StepRecorder::begin_backends_step() noexcept {
   last_step_end_ns_ = now;
   if (STEPTRACE_UNLIKELY(now >= book_.tsc.next_anchor_ns())) anchor_tsc();
   data_accum_ns_ = 0;
+  data_start_accum_ns_ = 0;
   data_wrapped_ = false;
   book_.in_step = false;
   book_.active_depth = 0;

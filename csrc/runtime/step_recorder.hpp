@@ -138,7 +138,7 @@ class StepRecorder {
     data_begin_ns_ = now_ns();
   }
 
-  [[gnu::hot]] void end_data() {
+  [[gnu::hot]] void end_data(bool loader_start) {
     if (data_ignored_) {
       data_ignored_ = false;
       return;
@@ -149,7 +149,9 @@ class StepRecorder {
       return;
     }
     STEPTRACE_CHECK(data_begin_ns_ != kUnset, UsageError, "end_data without begin_data");
-    data_accum_ns_ += now_ns() - data_begin_ns_;
+    const std::int64_t waited = now_ns() - data_begin_ns_;
+    data_accum_ns_ += waited;
+    if (loader_start) data_start_accum_ns_ += waited;
     data_begin_ns_ = kUnset;
     data_wrapped_ = true;
   }
@@ -337,6 +339,8 @@ class StepRecorder {
   std::int64_t last_step_end_ns_ = kUnset;
   std::int64_t data_begin_ns_ = kUnset;
   std::int64_t data_accum_ns_ = 0;
+  std::int64_t data_start_accum_ns_ =
+      0;  // of data_accum_ns_: the loader's iterator started or ended
   bool data_wrapped_ = false;
   int open_interval_ = -1;              // IntervalKind of the open interval, -1: none
   bool data_suspended_ = false;         // a data wait was open when the interval began

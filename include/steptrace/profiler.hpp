@@ -164,9 +164,12 @@ class STEPTRACE_API Profiler {
   /// Brackets a wait on the data loader between steps; the waits add up to the next
   /// step's data_ms. Without them, data_ms is the gap since the previous step ended.
   /// Inside a step they do not throw: the wait stays part of the step, and the call is
-  /// counted (data_inside_step(), run_end's "data_inside_step").
+  /// counted (data_inside_step(), run_end's "data_inside_step"). `loader_start`: the
+  /// wait started or ended the loader's iterator (an epoch boundary: its workers stopped
+  /// or started, or the first batch of a new iterator); it is data_ms and data_start_ms,
+  /// which the slow-step, stall and hang rules leave out of the training iteration.
   void begin_data();
-  void end_data();
+  void end_data(bool loader_start = false);
   /// Time outside training work: evaluation, checkpoint saving, other named host work.
   /// An interval's time is its own kind in the next step's record ("between") and in
   /// run_end's goodput, never data, and the slow-step, stall and hang rules leave it out

@@ -60,6 +60,8 @@ class IntervalWatch:
             from torch.utils.data import dataloader
 
             self._patch_attr(dataloader._BaseDataLoaderIter, "__next__", self._as_data)
+            # making an iterator starts the loader's workers: the loader's start, like its first batch
+            self._patch_attr(dataloader.DataLoader, "__iter__", self._as_loader_start)
 
     # ---- what the hooks call ----
     def forward_without_grad(self) -> bool:
@@ -131,9 +133,19 @@ class IntervalWatch:
         return timed
 
     def _as_data(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        return self._data_wait(original, always_start=False)
+
+    def _as_loader_start(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        return self._data_wait(original, always_start=True)
+
+    def _data_wait(self, original: Callable[..., Any], always_start: bool) -> Callable[..., Any]:
+        """A call that waits on the loader, timed as data between steps. The loader's start
+        at an epoch boundary (``always_start``: making its iterator; a new iterator's first
+        batch; the fetch that ends an iterator, where a DataLoader joins its workers) is
+        data too, and its own figure (``data_start_ms``), which the slow-step rules leave out."""
         core = self._core
 
-        def timed_next(it: Any) -> Any:
+        def timed(it: Any) -> Any:
             if (threading.get_ident() != self._thread or core.in_step or core.open_interval is not None
                     or core.closed):
                 return original(it)
@@ -141,13 +153,17 @@ class IntervalWatch:
                 core.begin_data()
             except UsageError:  # a fetch inside a fetch (a loader in a dataset), or closed
                 return original(it)
+            start = always_start or getattr(it, "_num_yielded", None) == 0
             try:
                 return original(it)
+            except StopIteration:
+                start = True
+                raise
             finally:
                 if not core.closed:
-                    core.end_data()
+                    core.end_data(start)
 
-        return timed_next
+        return timed
 
     def remove(self) -> None:
         """Restores every wrapped function. Idempotent."""

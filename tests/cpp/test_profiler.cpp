@@ -119,6 +119,31 @@ TEST(Profiler, TheGapIsDataOnlyWhenTheLoaderIsWrappedTheRestIsOther) {
   EXPECT_DOUBLE_EQ(steps[2]["other_ms"].get<double>(), 1.0);
 }
 
+// The loader's start at an epoch boundary (ending one iterator, making the next, its first
+// batch) is data and data_start_ms; the other waits are data only, and a step after none
+// has no data_start_ms.
+TEST(Profiler, TheLoadersStartIsDataAndItsOwnFigure) {
+  TempDir tmp;
+  Fixture f(tmp);
+  { auto s = f.prof->step(); }
+  for (const auto& [ms, start] : {std::pair{3, true}, std::pair{20, true}, std::pair{2, false}}) {
+    f.prof->begin_data();
+    f.clock->advance(ms * kMs);
+    f.prof->end_data(start);
+  }
+  { auto s = f.prof->step(); }
+  f.prof->begin_data();
+  f.clock->advance(1 * kMs);
+  f.prof->end_data();
+  { auto s = f.prof->step(); }
+  const auto steps = of_kind(f.close_and_read(), "step");
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 25.0);
+  EXPECT_DOUBLE_EQ(steps[1]["data_start_ms"].get<double>(), 23.0);
+  EXPECT_DOUBLE_EQ(steps[2]["data_ms"].get<double>(), 1.0);
+  EXPECT_FALSE(steps[2].contains("data_start_ms"));
+}
+
 // Evaluation and checkpoint intervals between steps: their own figures in the next step,
 // an interval record each, never data or other; a step ends the interval open before it.
 TEST(Profiler, IntervalsBetweenStepsAreAccountedByKind) {

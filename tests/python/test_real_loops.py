@@ -224,3 +224,74 @@ def test_lightning_with_validation_and_model_checkpoint(tmp_path, records_of):
     goodput = records[-1]["goodput"]
     assert goodput["eval_s"] > 0 and goodput["checkpoint_s"] > 0
     _assert_goodput_accounts(goodput)
+
+
+# ---------------------------------------------------------------- epochs of a DataLoader with workers
+
+
+class _Samples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1600
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(64, generator=g), i % 10
+
+
+def _slow_worker_start(worker_id):
+    # a worker's set-up (opening shards, an index): what makes real epochs start slowly
+    import time
+
+    time.sleep(0.15)
+
+
+@pytest.mark.parametrize("how", ["prof.data", "steptrace run"])
+def test_epochs_of_a_loader_with_workers_raise_nothing(tmp_path, records_of, one_thread, how):
+    # Each epoch of a DataLoader with workers (and no persistent_workers, the default)
+    # starts them again and waits for its first batch: here over 150 ms against 2-3 ms
+    # steps. Before data_start_ms, every epoch from the third on paged a stall that blamed
+    # the input pipeline. The wait is data (the loader's start), not a slow step.
+    from torch import nn
+
+    from steptrace.autophase import GlobalPhaseHooks
+    from steptrace.intervals import IntervalWatch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(_Samples(), batch_size=16, shuffle=True, num_workers=2,
+                                         worker_init_fn=_slow_worker_start)
+    epochs = 4
+    with steptrace.Profiler(tmp_path / "run", warmup_steps=5) as prof:
+        if how == "prof.data":
+            for _ in range(epochs):
+                for x, y in prof.data(loader):
+                    with prof.step():
+                        nn.functional.cross_entropy(model(x), y).backward()
+                        opt.step()
+                        opt.zero_grad()
+        else:  # what steptrace run installs, around the same unmodified loop
+            intervals = IntervalWatch(prof._core, data=True)
+            hooks = GlobalPhaseHooks(prof._core, steps=True, intervals=intervals)
+            try:
+                for _ in range(epochs):
+                    for x, y in loader:
+                        nn.functional.cross_entropy(model(x), y).backward()
+                        opt.step()
+                        opt.zero_grad()
+            finally:
+                hooks.end_open_step()
+                hooks.remove()
+                intervals.remove()
+    records = records_of(prof.log_path)
+    steps = [r for r in records if r["kind"] == "step"]
+    per_epoch = len(loader)
+    assert len(steps) == epochs * per_epoch
+    firsts = {e * per_epoch for e in range(epochs)}
+    for r in steps:
+        if r["step"] in firsts:  # the workers' start, at least: their 150 ms set-up
+            assert r["data_start_ms"] >= 150 and r["data_start_ms"] <= r["data_ms"], r
+        else:
+            assert "data_start_ms" not in r, r
+    epoch_alerts = [a for a in _alerts(records) if a["step"] in firsts]
+    assert epoch_alerts == [], _explain(records, epoch_alerts)

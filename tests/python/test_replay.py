@@ -64,6 +64,21 @@ def test_a_slow_loader_is_one_regression_naming_data_with_its_repeats():
     assert (r["step"], r["first_step"], r["repeats"]) == (280, 200, 79)
 
 
+def test_the_loaders_start_at_each_epoch_is_data_but_no_stall():
+    # Epochs of 100 steps of 5 ms whose first step waits 300 ms for the loader's workers to
+    # start: a stall at every epoch where that wait is plain data, none where it is the
+    # loader's start (data_start_ms, left out of the iteration), however large.
+    start = lambda i: 300.0 if i % 100 == 0 and i > 0 else 0.0
+    plain = steps([5.0] * 600, data=start)
+    assert [(a["type"], a["step"], a["phase"]) for a in alerts(steptrace.detect(plain))] == [
+        ("stall", i, "data") for i in (100, 200, 300, 400, 500)]
+    marked = [dict(r, data_start_ms=r["data_ms"]) for r in plain]
+    assert steptrace.detect(marked) == []
+    # a slow loader inside the epoch is still the input pipeline's regression
+    slow = [dict(r, data_ms=r["data_ms"] + (10.0 if 250 <= r["step"] < 350 else 0.0)) for r in marked]
+    assert [(a["type"], a["phase"]) for a in alerts(steptrace.detect(slow))] == [("step_regression", "data")]
+
+
 def test_tuning_the_floor_on_a_recorded_run():
     data = lambda i: 3.0 if 200 <= i < 340 else 0.0  # +3 ms on 5 ms: 1.6x, above the 2 ms floor
     recs = steps([5.0] * 450, data=data)  # 140 slow steps of 8 ms: 1.12 s
