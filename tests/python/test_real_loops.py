@@ -245,16 +245,13 @@ def _slow_worker_start(worker_id):
     time.sleep(0.15)
 
 
-@pytest.mark.parametrize("how", ["prof.data", "steptrace run"])
+@pytest.mark.parametrize("how", ["prof.data", "steptrace run", "lightning"])
 def test_epochs_of_a_loader_with_workers_raise_nothing(tmp_path, records_of, one_thread, how):
     # Each epoch of a DataLoader with workers (and no persistent_workers, the default)
     # starts them again and waits for its first batch: here over 150 ms against 2-3 ms
-    # steps. Before data_start_ms, every epoch from the third on paged a stall that blamed
+    # steps. Before data_start_ms, every epoch after the first paged a stall that blamed
     # the input pipeline. The wait is data (the loader's start), not a slow step.
     from torch import nn
-
-    from steptrace.autophase import GlobalPhaseHooks
-    from steptrace.intervals import IntervalWatch
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
@@ -262,6 +259,54 @@ def test_epochs_of_a_loader_with_workers_raise_nothing(tmp_path, records_of, one
     loader = torch.utils.data.DataLoader(_Samples(), batch_size=16, shuffle=True, num_workers=2,
                                          worker_init_fn=_slow_worker_start)
     epochs = 4
+    if how == "lightning":  # its callback brackets the waits between batches itself
+        log_path = _lightning_epochs(tmp_path, model, loader, epochs)
+    else:
+        log_path = _loop_epochs(tmp_path, model, opt, loader, epochs, how)
+    records = records_of(log_path)
+    steps = [r for r in records if r["kind"] == "step"]
+    per_epoch = len(loader)
+    assert len(steps) == epochs * per_epoch
+    firsts = {e * per_epoch for e in range(epochs)}
+    for r in steps:
+        if r["step"] in firsts and (r["step"] or how != "lightning"):  # (Lightning: no data before the first step)
+            # the workers' start, at least: their 150 ms set-up
+            assert r["data_start_ms"] >= 150 and r["data_start_ms"] <= r["data_ms"], r
+        elif how != "lightning" or (r["step"] + 1) % per_epoch:  # (Lightning: the last batch's wait ends the loader)
+            assert "data_start_ms" not in r, r
+    epoch_alerts = [a for a in _alerts(records) if a["step"] in firsts]
+    assert epoch_alerts == [], _explain(records, epoch_alerts)
+
+
+def _lightning_epochs(tmp_path, model, loader, epochs):
+    L = pytest.importorskip("lightning.pytorch")
+    from steptrace.integrations.lightning import SteptraceCallback
+
+    class Classifier(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, max_epochs=epochs,
+                        callbacks=[SteptraceCallback(tmp_path / "run", warmup_steps=5)], default_root_dir=str(tmp_path))
+    trainer.fit(Classifier(), loader)
+    return tmp_path / "run" / "rank0.jsonl"
+
+
+def _loop_epochs(tmp_path, model, opt, loader, epochs, how):
+    from torch import nn
+
+    from steptrace.autophase import GlobalPhaseHooks
+    from steptrace.intervals import IntervalWatch
+
     with steptrace.Profiler(tmp_path / "run", warmup_steps=5) as prof:
         if how == "prof.data":
             for _ in range(epochs):
@@ -283,15 +328,4 @@ def test_epochs_of_a_loader_with_workers_raise_nothing(tmp_path, records_of, one
                 hooks.end_open_step()
                 hooks.remove()
                 intervals.remove()
-    records = records_of(prof.log_path)
-    steps = [r for r in records if r["kind"] == "step"]
-    per_epoch = len(loader)
-    assert len(steps) == epochs * per_epoch
-    firsts = {e * per_epoch for e in range(epochs)}
-    for r in steps:
-        if r["step"] in firsts:  # the workers' start, at least: their 150 ms set-up
-            assert r["data_start_ms"] >= 150 and r["data_start_ms"] <= r["data_ms"], r
-        else:
-            assert "data_start_ms" not in r, r
-    epoch_alerts = [a for a in _alerts(records) if a["step"] in firsts]
-    assert epoch_alerts == [], _explain(records, epoch_alerts)
+    return prof.log_path

@@ -145,7 +145,12 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
             return
         core = prof._core
         if not core.in_step:
-            self._end_data()
+            # An epoch's first batch waited for the loader's start (its workers start), and
+            # its last for the loader's end (Lightning fetches a batch ahead, so the fetch
+            # that ends the iterator, where a DataLoader joins its workers, comes before it):
+            # data, but the loader's own periodic cost, not a slow step (data_start_ms).
+            progress = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "batch_progress", None)
+            self._end_data(loader_start=batch_idx == 0 or bool(getattr(progress, "is_last_batch", False)))
             core.begin_step()
             self._global_step_at_begin = trainer.global_step
             self._micro_steps, self._loss = 0, 0.0
@@ -228,10 +233,10 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
             self._end_step(trainer)  # batches accumulated when training stopped: no optimizer step followed
 
     # ---- internals ----
-    def _end_data(self) -> None:
+    def _end_data(self, loader_start: bool = False) -> None:
         if self._data_open:
             self._data_open = False
-            self.profiler._core.end_data()
+            self.profiler._core.end_data(loader_start)
 
     def _remove_hooks(self) -> None:
         handles, self._handles = self._handles, []
