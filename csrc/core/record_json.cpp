@@ -301,6 +301,10 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   append_ms(out, r.step_ns);
   out.append(std::string_view(",\"data_ms\":"));
   append_ms(out, r.data_ns);
+  if (r.compile_ns > 0) {
+    out.append(std::string_view(",\"compile_ms\":"));
+    append_ms(out, r.compile_ns);
+  }
   if (r.data_start_ns > 0) {
     out.append(std::string_view(",\"data_start_ms\":"));
     append_ms(out, r.data_start_ns);

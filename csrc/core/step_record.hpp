@@ -161,6 +161,8 @@ struct StepRecord {
   // Of data_ns: waits that started or ended the loader's iterator (an epoch boundary:
   // workers stopped and started, a new iterator's first batch). Not part of iteration_ns.
   std::int64_t data_start_ns = 0;
+  // Of step_ns: compiling (torch.compile) inside the step. Not part of iteration_ns.
+  std::int64_t compile_ns = 0;
   std::int64_t host_ns = 0;  // host wall time of the step
   BetweenSteps between;
   // The training thread's run-queue wait (time runnable but not running, Linux schedstat)
@@ -275,9 +277,11 @@ inline void prefetch_step_record(const StepRecord* slot) noexcept {
 /// The time a step's training iteration took, for the detectors: the loader's wait, the
 /// rest of the gap before it (other), and the step, less the intervals inside the step.
 /// Evaluation and checkpoint intervals between steps are not part of it, nor the loader's
-/// start at an epoch boundary (data_start_ns: periodic, judged by no slow-step rule).
+/// start at an epoch boundary (data_start_ns: periodic), nor compiling inside the step
+/// (compile_ns: a new shape's graph); no slow-step rule judges those.
 inline std::int64_t iteration_ns(const StepRecord& r) noexcept {
-  return r.data_ns - r.data_start_ns + r.between.other_ns + r.step_ns - r.between.inside_step_ns;
+  return r.data_ns - r.data_start_ns + r.between.other_ns + r.step_ns - r.between.inside_step_ns -
+         r.compile_ns;
 }
 
 /// Bytes each phase added that were still allocated at the end of the step, by slot:

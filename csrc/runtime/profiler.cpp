@@ -193,6 +193,12 @@ class ProfilerImpl final : public SignalClosable {
     recorder_.end_data(loader_start);
   }
 
+  void begin_compile() {
+    if (!detached_) recorder_.begin_compile();
+  }
+  void end_compile() {
+    if (!detached_) recorder_.end_compile();
+  }
   void begin_interval(IntervalKind kind) {
     if (detached_) return;
     check_open();
@@ -702,6 +708,8 @@ Interval Profiler::interval(IntervalKind kind) {
   return Interval(this, kind);
 }
 void Profiler::begin_interval(IntervalKind kind) { impl_->begin_interval(kind); }
+void Profiler::begin_compile() { impl_->begin_compile(); }
+void Profiler::end_compile() { impl_->end_compile(); }
 void Profiler::end_interval(IntervalKind kind) { impl_->end_interval(kind); }
 std::optional<IntervalKind> Profiler::open_interval() const noexcept {
   return impl_->open_interval();

@@ -47,6 +47,7 @@ void StepRecorder::bind(const Parts& parts) {
   // wrapped), the intervals ended in it, and the rest (other host work).
   current_.data_ns = data_wrapped_ ? data_accum_ns_ : 0;
   current_.data_start_ns = data_wrapped_ ? data_start_accum_ns_ : 0;
+  current_.compile_ns = 0;
   if (pending_.listed == 0 && pending_.unlisted == 0) {
     // Nothing ended since the last step (the usual case): reset the sums, and leave the
     // list's entries, which nothing reads past `listed`, untouched (two cold lines fewer).
@@ -110,6 +111,7 @@ void StepRecorder::begin_backends_step() noexcept {
 [[gnu::hot]] void StepRecorder::end_step(bool failed) {
   STEPTRACE_CHECK(book_.in_step, UsageError,
                   "end of a step without its start (no step is running)");
+  if (STEPTRACE_UNLIKELY(compile_begin_ns_ != kUnset)) end_compile();  // (a compile that raised)
   const std::int64_t now = now_ns();
   const std::uint8_t phases = book_.phase_count;
   for (std::uint8_t i = 0; i < phases; ++i) {
@@ -341,7 +343,8 @@ void StepRecorder::end_open_interval(std::int64_t now) noexcept {
   into.interval_ns[static_cast<std::size_t>(kind)] += duration;
   if (inside && kind != IntervalKind::kOther) {  // other host work inside a step is the step's
     into.inside_step_ns += duration;
-    inflight_.excluded_ns.store(into.inside_step_ns, std::memory_order_relaxed);
+    inflight_.excluded_ns.store(into.inside_step_ns + current_.compile_ns,
+                                std::memory_order_relaxed);
   }
   if (into.listed < kMaxStepIntervals) {
     into.intervals[into.listed++] =

@@ -156,6 +156,22 @@ class StepRecorder {
     data_wrapped_ = true;
   }
 
+  // Compiling inside the step in progress (torch.compile's callbacks); nothing outside a
+  // step. Its time is the step's and compile_ns; the hang clock stops while it runs.
+  void begin_compile() noexcept {
+    if (!book_.in_step || compile_begin_ns_ != kUnset) return;
+    compile_begin_ns_ = now_ns();
+    inflight_.compiling.store(true, std::memory_order_relaxed);
+  }
+  void end_compile() noexcept {
+    if (compile_begin_ns_ == kUnset) return;
+    current_.compile_ns += now_ns() - compile_begin_ns_;
+    compile_begin_ns_ = kUnset;
+    inflight_.excluded_ns.store(current_.between.inside_step_ns + current_.compile_ns,
+                                std::memory_order_relaxed);
+    inflight_.compiling.store(false, std::memory_order_relaxed);
+  }
+
   void begin_interval(IntervalKind kind);
   void end_interval(IntervalKind kind) {
     if (open_interval_ != static_cast<int>(kind)) return;
@@ -339,8 +355,9 @@ class StepRecorder {
   std::int64_t last_step_end_ns_ = kUnset;
   std::int64_t data_begin_ns_ = kUnset;
   std::int64_t data_accum_ns_ = 0;
-  std::int64_t data_start_accum_ns_ =
-      0;  // of data_accum_ns_: the loader's iterator started or ended
+  // of data_accum_ns_: the loader's iterator started or ended
+  std::int64_t data_start_accum_ns_ = 0;
+  std::int64_t compile_begin_ns_ = kUnset;  // a compile in progress inside the step
   bool data_wrapped_ = false;
   int open_interval_ = -1;              // IntervalKind of the open interval, -1: none
   bool data_suspended_ = false;         // a data wait was open when the interval began

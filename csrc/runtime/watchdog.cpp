@@ -133,7 +133,10 @@ void Watchdog::loop() {
     in_interval.closing = last;
     // An interval inside the step in flight is not training work: the step's hang clock
     // stops while it runs (interval_hang watches it) and leaves its time out afterwards.
-    if (in_interval.kind >= 0) poll.step = -1;
+    // So does a compile (a new shape's graph: seconds to minutes, not a hang).
+    if (in_interval.kind >= 0 || inflight.compiling.load(std::memory_order_relaxed)) {
+      poll.step = -1;
+    }
     poll.start_ns += inflight.excluded_ns.load(std::memory_order_relaxed);
     for (auto event : {hang.check(poll), interval_hang.check(in_interval)}) {
       if (!event) continue;

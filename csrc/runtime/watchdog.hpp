@@ -31,7 +31,8 @@ class RecordPipeline;
 struct InflightState {
   std::atomic<std::int64_t> step{-1};
   std::atomic<std::int64_t> start_ns{0};
-  std::atomic<std::int64_t> excluded_ns{0};  // intervals inside the step in flight
+  std::atomic<std::int64_t> excluded_ns{0};  // intervals and compiles inside the step in flight
+  std::atomic<bool> compiling{false};        // the step in flight is compiling (begin_compile)
   std::atomic<int> phase{-1};
   std::atomic<std::int64_t> last_done_step{-1};  // the last step that ended, and its host time
   std::atomic<std::int64_t> last_done_ns{0};

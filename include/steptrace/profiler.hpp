@@ -178,6 +178,13 @@ class STEPTRACE_API Profiler {
   /// written as an `interval` record. Intervals do not nest: beginning one while another
   /// is open ends that one; a step beginning ends the open one; end_interval(kind) ends
   /// the open interval when it is of `kind` and does nothing otherwise. Training thread.
+  /// Compiling inside the step in progress (a JIT: torch.compile's graph for a new shape,
+  /// its lazily compiled backward): part of step_ms and the step's compile_ms, which the
+  /// slow-step and stall rules leave out of the training iteration; the hang clock stops
+  /// while it runs. Nested calls count once; outside a step they do nothing. Training
+  /// thread.
+  void begin_compile();
+  void end_compile();
   [[nodiscard]] Interval interval(IntervalKind kind);
   void begin_interval(IntervalKind kind);
   void end_interval(IntervalKind kind);

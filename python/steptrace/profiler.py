@@ -414,14 +414,18 @@ def _log_record(record: dict, limiter: _LogLimiter) -> None:
         logger.info("%s at step %d: %s%s", record["type"], record["step"], record["message"], more)
 
 
-def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_warning: list) -> None:
+def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_warning: list,
+                    compiles: Any = None) -> None:
     """The alert thread: logs alerts to the ``steptrace`` logger (rate-limited), calls
     ``on_alert`` with every record, answers the watchdog's requests for stacks, and warns
-    once when the log cannot be written. Ends once the core is closed and everything
-    queued is delivered."""
+    once when the log cannot be written; registers ``compiles``' callbacks once dynamo is
+    loaded (:class:`steptrace.compiles.CompileWatch`). Ends once the core is closed and
+    everything queued is delivered."""
     limiter = _LogLimiter()
     while True:
         _warn_write_errors(core, write_warning)
+        if compiles is not None and compiles.install_if_loaded():
+            compiles = None  # dynamo was loaded after the profiler began: its compiles are timed from now
         event = core.wait_event(200)
         if event is None:
             if core.closed:
@@ -571,6 +575,9 @@ class Profiler:
         self._tensor_warned: set = set()  # set_step_values names warned about a device tensor
         self._count_work = bool(python_options["count_work"])
         self._work_handles: list = []  # steptrace.work.ModelWork hooks that watch() installed
+        from steptrace.compiles import CompileWatch  # noqa: PLC0415
+
+        self._compiles = CompileWatch(self._core)  # torch.compile's compiles in a step: compile_ms
         # Bound C++ methods: calling them runs no Python code of ours.
         self.step = self._core.step_function()
         """``with prof.step():`` times one step."""
@@ -594,7 +601,8 @@ class Profiler:
             _arm_stack_dump()
             self._core.subscribe_events()
             self._alert_thread = threading.Thread(
-                target=_deliver_alerts, args=(self._core, python_options["on_alert"], self._write_warning),
+                target=_deliver_alerts, args=(self._core, python_options["on_alert"], self._write_warning,
+                                              self._compiles),
                 name="steptrace-alerts", daemon=True)
             self._alert_thread.start()
         if python_options["handle_signals"]:
@@ -809,6 +817,7 @@ class Profiler:
         work_handles, self._work_handles = self._work_handles, []
         for handle in work_handles:
             handle.remove()
+        self._compiles.remove()
         comm, self._comm = self._comm, None
         if comm is not None:
             comm.uninstall()  # collectives still outstanding end now, in the last step

@@ -51,7 +51,8 @@ def _step_tuple(rec: dict, where: str, previous_rss: Any) -> tuple:
             # a live run re-reads RSS at most every 10 ms and repeats it in between
             memory.get("rss_bytes") != previous_rss,
             (float(_number(rec, "other_ms", where, 0.0)), float(_number(rec, "interval_in_step_ms", where, 0.0)),
-             *_host(rec, where), float(_number(rec, "data_start_ms", where, 0.0))))
+             *_host(rec, where), float(_number(rec, "data_start_ms", where, 0.0)),
+             float(_number(rec, "compile_ms", where, 0.0))))
 
 
 def _host(rec: dict, where: str) -> tuple[float, float, float]:

@@ -144,6 +144,33 @@ TEST(Profiler, TheLoadersStartIsDataAndItsOwnFigure) {
   EXPECT_FALSE(steps[2].contains("data_start_ms"));
 }
 
+// Compiling inside a step is the step's time and its compile_ms; a nested begin counts
+// once, and outside a step the calls do nothing.
+TEST(Profiler, CompilingInsideAStepIsItsCompileTime) {
+  TempDir tmp;
+  Fixture f(tmp);
+  {
+    auto s = f.prof->step();
+    f.clock->advance(1 * kMs);
+    f.prof->begin_compile();
+    f.clock->advance(30 * kMs);
+    f.prof->begin_compile();
+    f.clock->advance(10 * kMs);
+    f.prof->end_compile();
+    f.clock->advance(2 * kMs);
+    f.prof->end_compile();  // no compile open: nothing
+  }
+  f.prof->begin_compile();  // between steps: nothing
+  f.clock->advance(5 * kMs);
+  f.prof->end_compile();
+  { auto s = f.prof->step(); }
+  const auto steps = of_kind(f.close_and_read(), "step");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(steps[0]["step_ms"].get<double>(), 43.0);
+  EXPECT_DOUBLE_EQ(steps[0]["compile_ms"].get<double>(), 40.0);
+  EXPECT_FALSE(steps[1].contains("compile_ms"));
+}
+
 // Evaluation and checkpoint intervals between steps: their own figures in the next step,
 // an interval record each, never data or other; a step ends the interval open before it.
 TEST(Profiler, IntervalsBetweenStepsAreAccountedByKind) {

@@ -329,3 +329,44 @@ def _loop_epochs(tmp_path, model, opt, loader, epochs, how):
                 hooks.remove()
                 intervals.remove()
     return prof.log_path
+
+
+# ---------------------------------------------------------------- torch.compile
+
+
+def test_a_recompile_for_a_new_shape_is_compile_time_not_a_stall_or_hang(tmp_path, records_of, one_thread):
+    # torch.compile builds a graph for each new input shape: here the short last batch of
+    # the first epoch (1000 samples in batches of 32). With inductor on this CPU that
+    # recompile took 2.3 s against 2 ms steps and paged a hang while it ran and a stall
+    # after. The backend below stands for a compiler that takes 1.2 s, so the test is fast.
+    import time
+
+    from torch import nn
+
+    compiles = []
+
+    def slow_backend(gm, example_inputs):
+        compiles.append(time.perf_counter())
+        time.sleep(1.2)  # the compiler's work, not a wait for anything
+        return gm.forward
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(1000, 64), torch.randint(0, 10, (1000,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=32)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    compiled = torch.compile(model, backend=slow_backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with steptrace.Profiler(tmp_path / "run", warmup_steps=5) as prof:
+        for _ in range(2):
+            for x, y in prof.data(loader):
+                with prof.step():
+                    nn.functional.cross_entropy(compiled(x), y).backward()
+                    opt.step()
+                    opt.zero_grad()
+    records = records_of(prof.log_path)
+    steps = {r["step"]: r for r in records if r["kind"] == "step"}
+    compiled_steps = sorted(s for s, r in steps.items() if "compile_ms" in r)
+    assert len(compiles) >= 2 and compiled_steps[:2] == [0, 31], (len(compiles), compiled_steps)
+    for s in compiled_steps[:2]:
+        assert 1200 <= steps[s]["compile_ms"] <= steps[s]["step_ms"], steps[s]
+    assert _alerts(records) == [], _explain(records, _alerts(records))

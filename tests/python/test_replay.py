@@ -79,6 +79,16 @@ def test_the_loaders_start_at_each_epoch_is_data_but_no_stall():
     assert [(a["type"], a["phase"]) for a in alerts(steptrace.detect(slow))] == [("step_regression", "data")]
 
 
+def test_compiling_inside_a_step_is_no_stall():
+    # a 2 s recompile (torch.compile meeting a new shape) in a 5 ms loop: a stall as plain
+    # step time, nothing as the step's compile_ms
+    recs = steps([5.0] * 300)
+    recs[200] = dict(recs[200], step_ms=2005.0, phases_ms={"forward": 2002.0, "backward": 3.0})
+    assert [(a["type"], a["step"]) for a in alerts(steptrace.detect(recs))] == [("stall", 200)]
+    recs[200]["compile_ms"] = 2000.0
+    assert steptrace.detect(recs) == []
+
+
 def test_tuning_the_floor_on_a_recorded_run():
     data = lambda i: 3.0 if 200 <= i < 340 else 0.0  # +3 ms on 5 ms: 1.6x, above the 2 ms floor
     recs = steps([5.0] * 450, data=data)  # 140 slow steps of 8 ms: 1.12 s
