@@ -38,10 +38,14 @@ table. Two families:
   where rank 0 alone evaluates (60 batches) and saves while rank 1 waits for it in the
   next all-reduce, as nanoGPT does (both ranks' steps and alerts counted); ``hf``: the
   Hugging Face Trainer on a tiny GPT-2 (evaluation every 50 steps, a save every 100,
-  ``SteptraceCallback``); ``lightning``: Lightning with a validation loop every 50
+  ``SteptraceCallback``); ``distill-run``: benchmarks/distill_epochs.py under ``steptrace
+  run`` (a frozen teacher under ``no_grad`` before each student forward, a ``DataLoader``
+  with two workers started again every 32-step epoch, ``torch.compile`` recompiling for
+  each epoch's short last batch, an evaluation and a ``torch.save`` per epoch);
+  ``lightning``: Lightning with a validation loop every 50
   steps and ``ModelCheckpoint(every_n_train_steps=100)`` (its ``SteptraceCallback``).
-  Steps: 1,500 / 1,500 / 1,500 / 2,000 / 5,000 at ``--scale`` 1, never fewer than 150 /
-  150 / 150 / 150 / 300 (so a quick run still evaluates and saves a few times). All run in
+  Steps: 1,500 / 1,500 / 1,500 / 1,600 / 2,000 / 5,000 at ``--scale`` 1, never fewer than
+  150 / 150 / 150 / 192 / 150 / 300 (so a quick run still evaluates and saves a few times). All run in
   this process except ``gpt-run`` and ``gpt-ddp`` (child processes, which include
   interpreter start-up).
 
@@ -539,6 +543,19 @@ def train_gpt_ddp(steps: int, tmp: Path) -> Path:
     return tmp / "logs"
 
 
+def train_distill_run(steps: int, tmp: Path) -> Path:
+    """benchmarks/distill_epochs.py unmodified under `steptrace run`: a frozen teacher under
+    no_grad before each student forward, a DataLoader with two workers restarted every
+    epoch (32 steps), torch.compile recompiling for each epoch's short last batch, an
+    evaluation and a torch.save after every epoch."""
+    cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp / "logs"),
+           str(REPO / "benchmarks" / "distill_epochs.py"), "--epochs", str(max(1, steps // 32)), "--out", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"steptrace run exited with {proc.returncode}: {proc.stderr[-2000:]}")
+    return tmp / "logs"
+
+
 def train_hf(steps: int, tmp: Path) -> Path:
     """The Hugging Face Trainer on a tiny GPT-2: evaluation every 50 steps, a save every 100
     (the last two kept), the train loader's fetches as data (tests/python/framework_loops.py)."""
@@ -563,6 +580,9 @@ REAL_LOOPS = (
     RealLoop("gpt-run", "the same script unmodified under `steptrace run`", 1500, 150, train_gpt_run),
     RealLoop("gpt-ddp", "the same script under DDP, 2 ranks, rank 0 alone evaluates (60 batches) and saves; "
              "steps of both ranks", 1500, 150, train_gpt_ddp),
+    RealLoop("distill-run", "distillation under `steptrace run`: frozen teacher, DataLoader workers restarted "
+             "every 32-step epoch, torch.compile recompiling, eval + torch.save per epoch", 1600, 192,
+             train_distill_run),
     RealLoop("hf", "HF Trainer, tiny GPT-2, eval every 50, save every 100, SteptraceCallback", 2000, 150, train_hf),
     RealLoop("lightning", "Lightning, validation every 50, ModelCheckpoint every 100, SteptraceCallback",
              5000, 300, train_lightning),

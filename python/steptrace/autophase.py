@@ -390,12 +390,16 @@ class _FrozenForwards:
     forward that begins the step: between steps with gradients disabled, as an evaluation
     does. The first such forward of a gap opens an evaluation interval; a module whose
     forward did so before FROZEN_AFTER_STEPS steps in a row, and none of whose parameters
-    an optimizer steps, is part of the step from then on (its forward begins the step).
-    An evaluation of the trained model (its parameters are stepped) stays an evaluation at
-    any cadence; an EMA copy or another model stays one unless it runs before every step."""
+    an optimizer steps, opens none from then on: its time between steps is the next step's
+    ``other_ms``, part of the iteration the slow-step rules judge. (It does not begin the
+    step: the same module may open an evaluation, teacher first, and an evaluation inside
+    a step would be a stall.) An evaluation of the trained model (its parameters are
+    stepped) stays an evaluation at any cadence; an EMA copy or another model stays one
+    unless it runs before every step."""
 
-    def __init__(self) -> None:
-        self.members: dict[int, Any] = {}  # id -> module that runs as part of the step
+    def __init__(self, on_member: Callable[[Any], None]) -> None:
+        self.members: dict[int, Any] = {}  # id -> module whose forward opens no evaluation
+        self._on_member = on_member  # called with each new member
         self._opener: Any = None  # the module whose forward opened this gap's interval
         self._streak_id, self._streak = 0, 0
         self._stepped: set[int] = set()  # modules found to have stepped parameters
@@ -420,6 +424,7 @@ class _FrozenForwards:
                 self._stepped.add(id(module))
             else:
                 self.members[id(module)] = module
+                self._on_member(module)
 
     def _is_stepped(self, module: Any) -> bool:
         stepped = {id(p) for ref in self._optimizers.values() if (opt := ref()) is not None
@@ -457,8 +462,8 @@ class GlobalPhaseHooks(_Hooks):
     :class:`steptrace.intervals.IntervalWatch` that times them); forward calls without
     gradients between steps begin no step but, given ``intervals``, an evaluation
     interval, except a frozen module's that runs before every step (a distillation teacher:
-    :class:`_FrozenForwards`), which begins the step. ``end_open_step()`` ends a step left
-    open at the end of the program.
+    :class:`_FrozenForwards`). ``end_open_step()`` ends a step left open at the end of
+    the program.
 
     (The gradient all-reduces of DistributedDataParallel models are timed by the
     Profiler itself: steptrace.comm.)
@@ -483,8 +488,15 @@ class GlobalPhaseHooks(_Hooks):
         optimizer_steps = [0]
         settled = [discover_steps == 0]  # True: no switch to per-module hooks (any more)
         between: list[Any] = [None]  # the global hook that watches the time between two steps
-        frozen = _FrozenForwards()
-        in_step_modules = frozen.members
+        def after_frozen(mod: Any, args: Any, output: Any) -> None:
+            # The gap's watch (between_pre) ended at this forward: it goes on after it, so
+            # that an evaluation calling the teacher first is still seen.
+            if not _compiling() and threading.get_ident() == thread and not core.in_step:
+                watch_between()
+
+        frozen = _FrozenForwards(
+            on_member=lambda mod: self._handles.append(mod.register_forward_hook(after_frozen, always_call=True)))
+        frozen_modules = frozen.members
 
         def maybe_begin_step() -> None:
             if (begin_step is not None and threading.get_ident() == thread and not core.in_step
@@ -498,11 +510,9 @@ class GlobalPhaseHooks(_Hooks):
         without_grad = intervals.forward_without_grad if intervals is not None else None
 
         def forward_without_grad(mod: Any) -> None:
-            """A top-level forward with gradients disabled: a frozen module's begins the
-            step, another's between steps may open an evaluation interval."""
-            if id(mod) in in_step_modules:
-                maybe_begin_step()
-            elif without_grad is not None and without_grad():
+            """A top-level forward with gradients disabled: between steps it may open an
+            evaluation interval, unless it is a frozen module's (_FrozenForwards)."""
+            if id(mod) not in frozen_modules and without_grad is not None and without_grad():
                 frozen.opened_interval(mod)
 
         def outer_pre(mod: Any, args: Any) -> None:

@@ -277,14 +277,15 @@ def test_evaluating_the_model_inside_the_ddp_wrapper_is_an_evaluation(tmp_path, 
 
 
 @pytest.mark.parametrize("before_every_step", ["frozen teacher", "teacher", "trained model"])
-def test_a_frozen_teachers_forward_before_every_step_is_part_of_the_step(tmp_path, before_every_step):
+def test_a_frozen_teachers_forward_before_every_step_is_no_evaluation(tmp_path, before_every_step):
     # Distillation: the teacher runs under no_grad before the student's forward, which
     # begins the step under steptrace run. Between steps with gradients disabled, it looked
     # like an evaluation: every step's teacher forward was an evaluation interval, outside
-    # the step and its slow-step rules (a 300-step run: "eval ... 300 intervals"). A module
-    # that opens the gap's interval before three steps in a row and whose parameters no
-    # optimizer steps is part of the step from then on, with requires_grad or without;
-    # the trained model evaluated before every step stays an evaluation.
+    # the iteration the slow-step rules judge (a 300-step run: "eval ... 300 intervals"). A
+    # module that opens the gap's interval before three steps in a row and whose parameters
+    # no optimizer steps opens none from then on, with requires_grad or without; an
+    # evaluation that calls it first is still one (it must not begin a step there); the
+    # trained model evaluated before every step stays an evaluation.
     import copy
 
     from torch import nn
@@ -306,6 +307,7 @@ def test_a_frozen_teachers_forward_before_every_step_is_part_of_the_step(tmp_pat
         x = torch.randn(4, 8)
         if i in evaluations:
             with torch.no_grad():
+                teacher(x)  # the evaluation compares the copy with the teacher, teacher first
                 ema(x)
         with torch.no_grad():
             target = (student if before_every_step == "trained model" else teacher)(x)
