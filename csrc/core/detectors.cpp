@@ -62,6 +62,7 @@ SlowStepDetector::SlowStepDetector(const Config& config, const PhaseNames& names
     : config_(config),
       names_(names),
       iteration_(static_cast<std::size_t>(config.window)),
+      work_(static_cast<std::size_t>(config.window)),
       data_(static_cast<std::size_t>(config.window)),
       other_(static_cast<std::size_t>(config.window)) {
   scratch_.reserve(static_cast<std::size_t>(config.window));
@@ -139,8 +140,9 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
   a.phase = *grew.name;
   a.message = fmt::format(
       "step {} took {:.1f}x the trailing median ({:.2f} ms vs {:.2f} ms over {} steps, noise "
-      "{:.2f} ms, limit {:.2f} ms){}; {} grew most ({:.2f} ms vs its median {:.2f} ms): {}",
+      "{:.2f} ms, limit {:.2f} ms){}{}; {} grew most ({:.2f} ms vs its median {:.2f} ms): {}",
       r.step, ratio, iteration_ms, median, iteration_.size(), noise.sigma_ms, limit,
+      work_ratio_ > 1 ? fmt::format(", per unit of its work ({:.1f}x the usual)", work_ratio_) : "",
       slow_streak_ > 1 ? fmt::format(", slow since step {}", streak_start_) : "", *grew.name,
       grew.ms, grew.median_ms, advice_for(*grew.name));
   a.details = {{"ratio", ratio},
@@ -156,6 +158,7 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
                {"slow_ms", stall ? iteration_ms : slow_streak_ms_},
                {"slow_ms_needed", stall ? 0.0 : config_.regression_min_ms},
                {"slow_since_step", stall && level_ == 0 ? r.step : streak_start_},
+               {"work_ratio", work_ratio_},
                {"comm_blocked_ms",
                 r.comm.count > 0 ? nlohmann::ordered_json(blocked_ms) : nlohmann::ordered_json()}};
   return a;
@@ -177,7 +180,18 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   // Warmup steps and failed (partial) steps say nothing about steady-state speed.
   if (r.step < config_.warmup_steps || r.failed) return;
   last_step_ = r.step;
-  const double iteration_ms = static_cast<double>(iteration_ns(r)) / kNsPerMs;
+  // A step with more work than usual (a long batch under dynamic padding: its tokens, else
+  // its samples, where counted) takes longer for it: it is judged per unit of that work
+  // against the usual amount; a step with less work is judged as it is.
+  const double work = r.work.tokens > 0 ? r.work.tokens : r.work.samples;
+  work_ratio_ = 1;
+  if (work > 0) {
+    const double usual =
+        work_.size() >= static_cast<std::size_t>(config_.min_history) ? work_.median() : 0;
+    if (usual > 0 && work > usual) work_ratio_ = work / usual;
+    work_.push(work);
+  }
+  const double iteration_ms = static_cast<double>(iteration_ns(r)) / kNsPerMs / work_ratio_;
   // the loader's start at an epoch boundary is not part of the iteration (iteration_ns)
   const double data_ms = static_cast<double>(r.data_ns - r.data_start_ns) / kNsPerMs;
   const double other_ms = static_cast<double>(r.between.other_ns) / kNsPerMs;

@@ -88,6 +88,8 @@ class SlowStepDetector {
   const Config& config_;
   const PhaseNames& names_;
   RollingMedian iteration_;
+  RollingMedian work_;     // the steps' work (tokens, else samples) where it is counted
+  double work_ratio_ = 1;  // this step's work over the usual, where more (else 1)
   RollingMedian data_;
   RollingMedian other_;                                 // the gap's other host work
   std::vector<std::unique_ptr<RollingMedian>> phases_;  // by phase id, created when first seen

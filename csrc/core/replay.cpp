@@ -40,6 +40,8 @@ std::vector<std::string> replay_detectors(const Config& config,
     r.data_ns = ns(s.data_ms);
     r.data_start_ns = ns(s.data_start_ms);
     r.compile_ns = ns(s.compile_ms);
+    r.work.tokens = s.tokens;
+    r.work.samples = s.samples;
     r.between.other_ns = ns(s.other_ms);
     r.between.inside_step_ns = ns(s.interval_in_step_ms);
     r.runq_ns = s.runq_ms >= 0 ? ns(s.runq_ms) : -1;

@@ -1181,7 +1181,7 @@ PYBIND11_MODULE(_core, m) {
         "True when the armed signal is back at its default disposition (arm it again)");
   using ReplayTuple = std::tuple<std::int64_t, std::int64_t, double, double, bool,
                                  std::vector<std::pair<std::string, double>>,
-                                 std::array<std::int64_t, 7>, bool, std::array<double, 7>>;
+                                 std::array<std::int64_t, 7>, bool, std::array<double, 9>>;
   m.def(
       "replay_detectors",
       [](const steptrace::Config& config, const std::vector<ReplayTuple>& steps) {
@@ -1199,6 +1199,8 @@ PYBIND11_MODULE(_core, m) {
           s.steal_ms = between[4];
           s.data_start_ms = between[5];
           s.compile_ms = between[6];
+          s.tokens = between[7];
+          s.samples = between[8];
           const auto& m = std::get<6>(t);
           s.memory.allocated_bytes = m[0];
           s.memory.reserved_bytes = m[1];
@@ -1216,7 +1218,7 @@ PYBIND11_MODULE(_core, m) {
       "The record detectors over steps (step, start_unix_ns, data_ms, step_ms, failed, "
       "[(phase, ms)], (allocated, reserved, peak, rss, heap, device_used, device_total) bytes "
       "or -1, rss_fresh, (other_ms, interval_in_step_ms, runq_ms or -1, runq_span_ms, steal_ms or "
-      "-1, data_start_ms, compile_ms)): their records as JSON "
+      "-1, data_start_ms, compile_ms, tokens or -1, samples or -1)): their records as JSON "
       "lines");
   m.def(
       "check_metric_set",

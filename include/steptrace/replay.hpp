@@ -20,8 +20,10 @@ struct ReplayStep {
   std::int64_t step = 0;
   std::int64_t start_unix_ns = 0;
   double data_ms = 0;
-  double data_start_ms = 0;        // of data_ms: the loader's iterator started or ended
-  double compile_ms = 0;           // of step_ms: compiling inside the step
+  double data_start_ms = 0;  // of data_ms: the loader's iterator started or ended
+  double compile_ms = 0;     // of step_ms: compiling inside the step
+  double tokens = -1;        // the step's work (work.tokens, work.samples); -1: unknown
+  double samples = -1;
   double other_ms = 0;             // the rest of the gap before the step (not data, not intervals)
   double interval_in_step_ms = 0;  // evaluation / checkpoint intervals inside the step
   double runq_ms = -1;             // run-queue wait read at this step; -1: none

@@ -52,7 +52,16 @@ def _step_tuple(rec: dict, where: str, previous_rss: Any) -> tuple:
             memory.get("rss_bytes") != previous_rss,
             (float(_number(rec, "other_ms", where, 0.0)), float(_number(rec, "interval_in_step_ms", where, 0.0)),
              *_host(rec, where), float(_number(rec, "data_start_ms", where, 0.0)),
-             float(_number(rec, "compile_ms", where, 0.0))))
+             float(_number(rec, "compile_ms", where, 0.0)), *_work(rec, where)))
+
+
+def _work(rec: dict, where: str) -> tuple[float, float]:
+    """The step's work: (tokens, samples), -1 for a figure it lacks."""
+    work = rec.get("work")
+    if not isinstance(work, dict):
+        return -1.0, -1.0
+    at = f"{where}: work"
+    return float(_number(work, "tokens", at, -1.0)), float(_number(work, "samples", at, -1.0))
 
 
 def _host(rec: dict, where: str) -> tuple[float, float, float]:

@@ -370,3 +370,37 @@ def test_a_recompile_for_a_new_shape_is_compile_time_not_a_stall_or_hang(tmp_pat
     for s in compiled_steps[:2]:
         assert 1200 <= steps[s]["compile_ms"] <= steps[s]["step_ms"], steps[s]
     assert _alerts(records) == [], _explain(records, _alerts(records))
+
+
+# ---------------------------------------------------------------- dynamic padding
+
+
+def test_long_batches_of_dynamic_padding_are_judged_per_token(tmp_path, records_of, one_thread):
+    # Token batches padded to their longest sequence: most of 32 tokens, one in 33 of 128 to
+    # 256, which takes 4-10x as long. As plain time each such step paged a stall (6 in 600
+    # steps of this loop); per token against the usual batch, none. The loader's batches
+    # give each step its tokens (prof.data).
+    import random
+
+    gpt_loop = pytest.importorskip("gpt_loop")
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    model = gpt_loop.GPT(block=256, dim=96, layers=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    lengths = [32 if rng.random() < 0.97 else 32 * rng.choice([4, 6, 8]) for _ in range(600)]
+    batches = [(torch.randint(0, 65, (8, t)), torch.randint(0, 65, (8, t))) for t in lengths]
+    with steptrace.Profiler(tmp_path / "run") as prof:
+        for x, y in prof.data(batches):
+            with prof.step():
+                _, loss = model(x, y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    records = records_of(prof.log_path)
+    steps = {r["step"]: r for r in records if r["kind"] == "step"}
+    long = [i for i, t in enumerate(lengths) if t > 32]
+    assert len(long) >= 10 and all(steps[i]["work"]["tokens"] == 8 * lengths[i] for i in long)
+    # the long steps took their work's time: most of them several times the median step
+    median = sorted(r["step_ms"] for r in steps.values())[len(steps) // 2]
+    assert sum(steps[i]["step_ms"] > 3 * median for i in long) >= len(long) // 2
+    assert _alerts(records) == [], _explain(records, _alerts(records))

@@ -89,6 +89,23 @@ def test_compiling_inside_a_step_is_no_stall():
     assert steptrace.detect(recs) == []
 
 
+def test_a_long_batch_is_judged_per_token_and_a_slow_one_still_pages():
+    # Dynamic padding: most batches 256 tokens (10 ms), one in 50 has 2,048 and takes 8x as
+    # long. As plain time each is a stall; per token against the usual amount, none. A step
+    # 8x as long with the usual tokens is still a stall, and a short batch gets no slack.
+    long = lambda i: i % 50 == 25
+    recs = [dict(r, work={"tokens": 2048 if long(r["step"]) else 256}) for r in
+            steps([80.0 if long(i) else 10.0 for i in range(400)])]
+    plain = [{k: v for k, v in r.items() if k != "work"} for r in recs]
+    assert [a["step"] for a in alerts(steptrace.detect(plain))] == [i for i in range(400) if long(i) and i > 50]
+    assert steptrace.detect(recs) == []
+    recs[310] = dict(recs[310], step_ms=80.0, phases_ms={"forward": 32.0, "backward": 48.0})
+    recs[330] = dict(recs[330], step_ms=80.0, work={"tokens": 64})
+    (a, b) = alerts(steptrace.detect(recs))
+    assert (a["type"], a["step"], a["details"]["work_ratio"]) == ("stall", 310, 1.0)
+    assert (b["type"], b["step"], b["details"]["work_ratio"]) == ("stall", 330, 1.0)
+
+
 def test_tuning_the_floor_on_a_recorded_run():
     data = lambda i: 3.0 if 200 <= i < 340 else 0.0  # +3 ms on 5 ms: 1.6x, above the 2 ms floor
     recs = steps([5.0] * 450, data=data)  # 140 slow steps of 8 ms: 1.12 s
