@@ -380,7 +380,7 @@ def _timed_call(gate: PhaseGate, phase: str, fn: Callable[..., Any]) -> Callable
 
 
 #: Steps in a row before which the same module's forward without gradients opened the
-#: evaluation interval, after which that module runs as part of the step (_FrozenForwards).
+#: evaluation interval, after which that module's forward opens none (_FrozenForwards).
 FROZEN_AFTER_STEPS = 3
 
 
@@ -488,6 +488,7 @@ class GlobalPhaseHooks(_Hooks):
         optimizer_steps = [0]
         settled = [discover_steps == 0]  # True: no switch to per-module hooks (any more)
         between: list[Any] = [None]  # the global hook that watches the time between two steps
+
         def after_frozen(mod: Any, args: Any, output: Any) -> None:
             # The gap's watch (between_pre) ended at this forward: it goes on after it, so
             # that an evaluation calling the teacher first is still seen.
