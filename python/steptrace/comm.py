@@ -361,15 +361,19 @@ class CollectiveTiming:
         self.by_future += 1
 
     def _track(self, token: int, work: Any, fut: Any, size: tuple[int, int], group: Any) -> None:
+        # The future is read once: gloo's work may complete between two reads, and a future
+        # done at the second read only would pass for NCCL's (complete at launch), leaving
+        # the collective to end after DDP went on, in the next step (1 in 8 runs beside a hog).
+        fut_done = fut is not None and fut.done()
         try:
-            completed = work.is_completed() or (fut is not None and fut.done() and _future_is_completion(group))
+            completed = work.is_completed() or (fut_done and _future_is_completion(group))
         except Exception:  # noqa: BLE001 - an aborted group: the work is over
             completed = True
         if completed:
             self._end(token, True, *size)
             return
         # a future complete before its work is: the host does not wait for it (NCCL)
-        host_blocked = fut is None or not fut.done()
+        host_blocked = not fut_done
         if host_blocked:
             self.by_future += 1
         else:
