@@ -23,11 +23,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_overhead as B  # noqa: E402
+from bench_host_clock import profiled_arm  # noqa: E402
 
 from steptrace.profiler import Profiler  # noqa: E402
 
@@ -57,7 +59,6 @@ def main() -> int:
     nops = [(nop, c, nop) for _, c in scopes]
     thread_ns = time.thread_time_ns
     prof = Profiler(Path(tempfile.mkdtemp(prefix="api-floor-")) / "run", overwrite=True)
-    step, phase = prof.step, prof.phase
 
     def bare() -> int:
         c0 = thread_ns()
@@ -71,13 +72,7 @@ def main() -> int:
             call()
         return thread_ns() - c0
 
-    def floor() -> int:
-        c0 = thread_ns()
-        with clock_step():
-            for name, call in named:
-                with clock_phase(name):
-                    call()
-        return thread_ns() - c0
+    floor = profiled_arm(SimpleNamespace(step=clock_step, phase=clock_phase), named)  # steptrace's shape
 
     def calls_without_with() -> int:
         c0 = thread_ns()
@@ -106,18 +101,10 @@ def main() -> int:
                 call()
         return thread_ns() - c0
 
-    def steptrace_step() -> int:
-        c0 = thread_ns()
-        with step():
-            for name, call in named:
-                with phase(name):
-                    call()
-        return thread_ns() - c0
-
     arms = [("bare", bare), ("the loop's shape, no call", shape), ("six `with` on clock-only C scopes (floor)", floor),
             ("the same 12 calls without `with`", calls_without_with), ("12 calls of a C builtin doing nothing", nop_calls),
             ("one `with` around the step", step_only), ("bare again (A/A)", bare),
-            ("steptrace, 5 phases, default options", steptrace_step)]
+            ("steptrace, 5 phases, default options", profiled_arm(prof, named))]
     last = len(arms) - 1
     for _ in range(300):
         for _, run in arms:

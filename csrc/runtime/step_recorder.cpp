@@ -342,9 +342,8 @@ void StepRecorder::end_open_interval(std::int64_t now) noexcept {
   }
   into.interval_ns[static_cast<std::size_t>(kind)] += duration;
   if (inside && kind != IntervalKind::kOther) {  // other host work inside a step is the step's
-    into.inside_step_ns += duration;
-    inflight_.excluded_ns.store(into.inside_step_ns + current_.compile_ns,
-                                std::memory_order_relaxed);
+    into.inside_step_ns += duration;             // (`into` is the step's own account here)
+    publish_excluded();
   }
   if (into.listed < kMaxStepIntervals) {
     into.intervals[into.listed++] =

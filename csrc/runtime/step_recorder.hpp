@@ -167,9 +167,14 @@ class StepRecorder {
     if (compile_begin_ns_ == kUnset) return;
     current_.compile_ns += now_ns() - compile_begin_ns_;
     compile_begin_ns_ = kUnset;
+    publish_excluded();
+    inflight_.compiling.store(false, std::memory_order_relaxed);
+  }
+  // For the watchdog: the step's time that is not training work so far (intervals and
+  // compiles inside it), which its hang clock leaves out.
+  void publish_excluded() noexcept {
     inflight_.excluded_ns.store(current_.between.inside_step_ns + current_.compile_ns,
                                 std::memory_order_relaxed);
-    inflight_.compiling.store(false, std::memory_order_relaxed);
   }
 
   void begin_interval(IntervalKind kind);
