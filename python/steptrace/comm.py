@@ -583,7 +583,11 @@ class _DdpAdoption:
             import gc
 
             for obj in gc.get_objects():
-                if isinstance(obj, ddp_class):
+                try:
+                    found = isinstance(obj, ddp_class)
+                except ReferenceError:  # a dead weakref.proxy (dynamo leaves some): no model
+                    continue
+                if found:
                     adopt_ddp(obj)
 
     def uninstall(self) -> None:

@@ -193,3 +193,29 @@ def test_a_synchronous_gloo_collective_is_timed_in_the_calling_thread(tmp_path):
     [first] = out["comm"]
     assert not out["poller_after_sync"]  # no thread started, no 0.5 ms polls
     assert first["collectives"] == 1 and first["bytes"] == 32 and first["exposed_ms"] == first["comm_ms"]
+
+
+def test_a_dead_weakref_proxy_in_the_process_does_not_stop_the_profiler(tmp_path):
+    # At its start in a process group the Profiler looks for DDP models among every object;
+    # isinstance on a weakref.proxy whose referent is gone raises ReferenceError (dynamo
+    # leaves such proxies: a DDP test after a torch.compile one failed in the Profiler's
+    # constructor).
+    import weakref
+
+    import torch.distributed as dist
+
+    import steptrace
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    held = [weakref.proxy(gone)]
+    del gone
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        prof = steptrace.Profiler(tmp_path, detect=False)
+        prof.close()
+    finally:
+        dist.destroy_process_group()
+    assert len(held) == 1
