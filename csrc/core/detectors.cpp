@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "work.hpp"
+
 namespace steptrace::detail {
 namespace {
 
@@ -332,8 +334,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
 // at least this much of the wait fell inside it (all of the rest may have fallen before).
 SlowStepDetector::HostWait SlowStepDetector::host_wait_in_iteration(const StepRecord& r) {
   if (r.runq_ns < 0) return {};
-  const std::int64_t host_iteration =
-      r.data_ns - r.data_start_ns + r.between.other_ns + r.host_ns - r.between.inside_step_ns;
+  const std::int64_t host_iteration = wall_iteration_ns(r) - r.data_start_ns;
   const std::int64_t before = std::max<std::int64_t>(0, r.runq_span_ns - host_iteration);
   const std::int64_t wait = r.runq_ns + std::max<std::int64_t>(0, r.steal_ns);
   const std::int64_t inside = std::max<std::int64_t>(0, wait - before);
