@@ -5,6 +5,7 @@ callback into ``<tmp>/run``. Small enough for the CPU."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -12,15 +13,19 @@ from torch import nn
 
 
 def hf_trainer_run(tmp: Path, *, max_steps: int, eval_steps: int, save_steps: int, save_total_limit=None,
-                   **options) -> Path:
+                   loader_workers: int = 0, train_samples: int = 640, epochs: float = 3.0, **options) -> Path:
     """The Trainer on a tiny GPT-2 built from a config: evaluation every ``eval_steps``, a
-    checkpoint every ``save_steps``; ``options`` go to the profiler. Returns the log
-    folder."""
+    checkpoint every ``save_steps`` (0: neither); ``options`` go to the profiler. With
+    ``loader_workers`` the train loader has that many workers, each of which takes 150 ms
+    over its first sample (a worker's set-up: opening shards, an index), and ``max_steps``
+    -1 trains ``epochs`` epochs of ``train_samples``. Returns the log folder."""
     import transformers
 
     from steptrace.integrations.transformers import SteptraceCallback
 
     class Tokens(torch.utils.data.Dataset):
+        started = False
+
         def __init__(self, n: int) -> None:
             g = torch.Generator().manual_seed(n)
             self.ids = torch.randint(0, 64, (n, 16), generator=g)
@@ -29,6 +34,9 @@ def hf_trainer_run(tmp: Path, *, max_steps: int, eval_steps: int, save_steps: in
             return len(self.ids)
 
         def __getitem__(self, i: int) -> dict:
+            if torch.utils.data.get_worker_info() is not None and not Tokens.started:
+                Tokens.started = True  # in this worker process only
+                time.sleep(0.15)
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
     torch.manual_seed(0)
@@ -36,10 +44,11 @@ def hf_trainer_run(tmp: Path, *, max_steps: int, eval_steps: int, save_steps: in
                                                                  n_layer=2, n_head=2))
     args = transformers.TrainingArguments(
         output_dir=str(tmp / "hf"), per_device_train_batch_size=4, per_device_eval_batch_size=8,
-        learning_rate=1e-3, logging_steps=10, report_to=[], eval_strategy="steps", eval_steps=eval_steps,
-        save_strategy="steps", save_steps=save_steps, save_total_limit=save_total_limit, use_cpu=True,
-        disable_tqdm=True, dataloader_num_workers=0, max_steps=max_steps)
-    transformers.Trainer(model=model, args=args, train_dataset=Tokens(640), eval_dataset=Tokens(96),
+        learning_rate=1e-3, logging_steps=10, report_to=[], eval_strategy="steps" if eval_steps else "no",
+        eval_steps=eval_steps or None, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+        save_total_limit=save_total_limit, use_cpu=True, disable_tqdm=True, dataloader_num_workers=loader_workers,
+        max_steps=max_steps, num_train_epochs=epochs)
+    transformers.Trainer(model=model, args=args, train_dataset=Tokens(train_samples), eval_dataset=Tokens(96),
                          callbacks=[SteptraceCallback(tmp / "run", **options)]).train()
     return tmp / "run"
 

@@ -278,6 +278,23 @@ def test_epochs_of_a_loader_with_workers_raise_nothing(tmp_path, records_of, one
     assert epoch_alerts == [], _explain(records, epoch_alerts)
 
 
+def test_hf_trainer_epochs_of_a_loader_with_workers_raise_nothing(tmp_path, records_of, one_thread):
+    # The same through the Trainer's callback: accelerate's loader starts its workers
+    # (dataloader_num_workers=2, 150 ms each over its first sample) at each epoch and
+    # fetches a batch ahead, so each epoch's last step waits for the loader's end too.
+    pytest.importorskip("transformers")
+    epochs, per_epoch = 4, 30
+    log_dir = framework_loops.hf_trainer_run(tmp_path, max_steps=-1, eval_steps=0, save_steps=0, loader_workers=2,
+                                             train_samples=4 * per_epoch, epochs=epochs, warmup_steps=5)
+    records = records_of(log_dir / "rank0.jsonl")
+    steps = [r for r in records if r["kind"] == "step"]
+    assert len(steps) == epochs * per_epoch
+    for e in range(epochs):
+        first = steps[e * per_epoch]
+        assert first["data_start_ms"] >= 150 and first["data_start_ms"] <= first["data_ms"], first
+    assert _alerts(records) == [], _explain(records, _alerts(records))
+
+
 def _lightning_epochs(tmp_path, model, loader, epochs):
     L = pytest.importorskip("lightning.pytorch")
     from steptrace.integrations.lightning import SteptraceCallback
