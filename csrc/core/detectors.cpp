@@ -34,9 +34,9 @@ std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1024.0
 
 double median_of(std::vector<double> v) {
   if (v.empty()) return 0.0;
-  const std::size_t mid = v.size() / 2;
+  const auto mid = static_cast<std::ptrdiff_t>(v.size() / 2);
   std::nth_element(v.begin(), v.begin() + mid, v.end());
-  double m = v[mid];
+  double m = v[static_cast<std::size_t>(mid)];
   if (v.size() % 2 == 0) m = 0.5 * (m + *std::max_element(v.begin(), v.begin() + mid));
   return m;
 }

@@ -7,7 +7,7 @@
 
 namespace steptrace::detail {
 namespace {
-constexpr std::size_t kBufBytes = 64 * 1024;  // cpuN lines come first: ~1000 CPUs
+constexpr std::size_t kBufBytes = std::size_t{64} * 1024;  // cpuN lines come first: ~1000 CPUs
 constexpr int kMaxCpus = 4096;
 constexpr int kStealField = 8;  // user nice system idle iowait irq softirq steal
 

@@ -66,7 +66,8 @@ void after_fork_in_child() noexcept {
   const int fd = g_pipe_write.exchange(-1, std::memory_order_relaxed);
   if (fd >= 0) ::close(fd);
   if (g_state->pipe_read >= 0) ::close(g_state->pipe_read);
-  g_state = new State;
+  // An allocation failure here ends the child (noexcept), as it would at its next one.
+  g_state = new State;  // NOLINT(bugprone-unhandled-exception-at-new)
 }
 
 [[maybe_unused]] const int g_atfork_registered =

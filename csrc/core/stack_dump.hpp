@@ -18,7 +18,7 @@ bool arm_stack_dump(int signum, int fd) noexcept;
 /// The stacks the armed handler writes, at most max_bytes; "" when nothing is armed, in a
 /// forked child of the process that armed it, or when the handler in place is no longer
 /// the one armed (raising the signal then could end the process).
-std::string dump_stacks(std::size_t max_bytes = 256 * 1024) noexcept;
+std::string dump_stacks(std::size_t max_bytes = std::size_t{256} * 1024) noexcept;
 /// True when the signal armed in this process is back at its default disposition (someone
 /// restored it, as Lightning's Trainer does for every signal at the end of fit): arm again.
 bool armed_signal_reset() noexcept;

@@ -76,7 +76,7 @@ const char* reason_name(EndReason r) {
 
 class ProfilerImpl final : public SignalClosable {
  public:
-  ProfilerImpl(Config config, RunInfo info, Backends backends)
+  ProfilerImpl(Config config, const RunInfo& info, Backends backends)
       : config_(std::move(config)), pid_(getpid()), fork_generation_(fork_generation()) {
     config_.validate();
     resolve(config_);

@@ -95,7 +95,7 @@ class StepRecorder {
     STEPTRACE_CHECK(book_.in_step, UsageError,
                     "phase {:?} started outside a step; start phases inside a step",
                     parts_.names->name(id));
-    int slot = book_.slot_of[id];
+    int slot = book_.slot_of[id];  // NOLINT(bugprone-signed-char-misuse): a slot, -1 for none
     STEPTRACE_CHECK(slot < 0 || book_.start_ns[slot] == kUnset, UsageError,
                     "phase {:?} started while it is already running; a phase cannot be "
                     "nested in itself",
@@ -115,7 +115,7 @@ class StepRecorder {
 
   [[gnu::hot]] void end_phase(PhaseId id) {
     check_known_phase(id);
-    const int slot = book_.slot_of[id];
+    const int slot = book_.slot_of[id];  // NOLINT(bugprone-signed-char-misuse): as in begin_phase
     STEPTRACE_CHECK(book_.in_step && slot >= 0 && book_.start_ns[slot] != kUnset, UsageError,
                     "end of phase {:?} without its start", parts_.names->name(id));
     close_phase(slot, now_ns());

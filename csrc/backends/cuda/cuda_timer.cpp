@@ -117,7 +117,8 @@ class CudaTimer final : public DeviceTimer {
       fail("cuCtxPushCurrent", scope.result());
       return -1;
     }
-    const auto s = reinterpret_cast<CUstream>(stream.handle);
+    // torch's cudaStream_t comes as an integer
+    const auto s = reinterpret_cast<CUstream>(stream.handle);  // NOLINT(performance-no-int-to-ptr)
     int status = kCaptureStatusNone;
     const CUresult c = d_.cuStreamIsCapturing(s, &status);
     if (c == kStreamCaptureImplicit || (c == kSuccess && status != kCaptureStatusNone)) {
@@ -202,6 +203,8 @@ class CudaTimer final : public DeviceTimer {
   bool stream_context(DeviceStream stream, CUcontext* ctx) noexcept {
     if (!default_stream(stream.handle)) {
       if (stream.handle != known_stream_) {
+        // torch's cudaStream_t comes as an integer
+        // NOLINTNEXTLINE(performance-no-int-to-ptr)
         const CUresult r = d_.cuStreamGetCtx(reinterpret_cast<CUstream>(stream.handle), ctx);
         if (r != kSuccess) {
           fail("cuStreamGetCtx", r);

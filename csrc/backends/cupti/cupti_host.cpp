@@ -304,6 +304,11 @@ std::string HostApi::error(CUptiResult r) const {
   return fmt::format("CUPTI error {}", static_cast<int>(r));
 }
 
+// Our spelling of CUPTI's struct-size macro gives its value (profiler_host.hpp).
+static_assert(STEPTRACE_CUPTI_STRUCT_SIZE(CUpti_Profiler_Host_Initialize_Params, pHostObject) ==
+              CUPTI_PROFILER_STRUCT_SIZE(  // NOLINT(bugprone-sizeof-expression): CUPTI's own
+                  CUpti_Profiler_Host_Initialize_Params, pHostObject));
+
 HostObject::HostObject(const HostApi& api, const std::string& chip, ProfilerMode mode,
                        const std::uint8_t* counter_availability)
     : api_(api) {

@@ -11,8 +11,10 @@
 #include <cupti_result.h>
 #include <cupti_target.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "metric_sets.hpp"
@@ -20,8 +22,14 @@
 
 // structSize up to and including `last`, the last field CUPTI 12.6 (the oldest CUPTI
 // steptrace supports) defines: a newer header that appends fields then still talks to an
-// older libcupti. The 12.8 and 13.0 headers have the same layouts.
-#define STEPTRACE_CUPTI_STRUCT_SIZE(type, last) CUPTI_PROFILER_STRUCT_SIZE(type, last)
+// older libcupti. The 12.8 and 13.0 headers have the same layouts. The value of CUPTI's
+// CUPTI_PROFILER_STRUCT_SIZE(type, last) (offsetof + sizeof of that field), spelled with the
+// field's type: CUPTI's `sizeof(((type*)0)->last)` of a pointer field reads as a likely
+// mistake to clang-tidy (bugprone-sizeof-expression).
+// (`type` is a type name, which cannot be parenthesized in a template argument.)
+#define STEPTRACE_CUPTI_STRUCT_SIZE(type, last) \
+  (offsetof(type, last) +                       \
+   sizeof(decltype(std::declval<type&>().last)))  // NOLINT(bugprone-macro-parentheses)
 
 namespace steptrace::detail::cupti {
 

@@ -494,7 +494,9 @@ class NvmlTelemetry final : public TelemetrySource {
     }
     s.power_w = v / 1000.0;
     unsigned long long mj = 0;
-    s.energy_j = api_.energy != nullptr && api_.energy(dev_, &mj) == kSuccess ? mj / 1000.0 : kNaN;
+    s.energy_j = api_.energy != nullptr && api_.energy(dev_, &mj) == kSuccess
+                     ? static_cast<double>(mj) / 1000.0
+                     : kNaN;
     // the reading's time: power and energy's, taken right after them (the other fast
     // figures follow within microseconds; the slow ones come after, held until read again)
     s.t_ns = now_ns();
