@@ -25,7 +25,7 @@ inline pybind11::capsule make_backends_capsule(std::unique_ptr<Backends> backend
     delete static_cast<Backends*>(PyCapsule_GetPointer(self, kBackendsCapsule));
   });
   if (cap == nullptr) throw pybind11::error_already_set();
-  backends.release();
+  static_cast<void>(backends.release());  // the capsule owns them now
   return pybind11::reinterpret_steal<pybind11::capsule>(cap);
 }
 

@@ -89,8 +89,14 @@ class PyLiveBytesSource final : public steptrace::MemorySource {
  public:
   explicit PyLiveBytesSource(py::object live) : live_(std::move(live)) {}
   ~PyLiveBytesSource() override {
-    py::gil_scoped_acquire gil;
-    live_ = py::object();
+    try {
+      py::gil_scoped_acquire gil;
+      live_ = py::object();
+    } catch (...) {
+      // pybind11 may throw taking the GIL, and a destructor must not: leak the reference
+      // rather than drop it without the GIL
+      static_cast<void>(live_.release());
+    }
   }
   const char* name() const noexcept override { return "torch_cuda_allocator"; }
   void sample(steptrace::MemorySample& /*out*/) noexcept override {}  // the step hook does it
