@@ -43,6 +43,7 @@ void DeviceTiming::begin_step() noexcept {
   building_.waited = false;
   building_.captured = false;
   building_.clamped = 0;
+  building_.host_lead_ns = 0;
   step_stream_ = stream_;
   step_ok_ = true;
   building_.begin = record();
@@ -179,7 +180,7 @@ bool DeviceTiming::resolve(Pending& p, StepRecordQueue& writer) noexcept {
     fail(r.step, writer);
     return false;
   }
-  r.step_ns = interval_ns(ms, p);
+  r.step_ns = interval_ns(ms, p) + p.host_lead_ns;
   for (std::uint16_t i = 0; i < r.phase_count; ++i) r.phase_ns[i] = p.folded_ns[i];
   for (std::size_t i = 0; i < p.interval_count; ++i) {
     const Interval& iv = p.intervals[i];

@@ -49,6 +49,13 @@ class DeviceTiming {
   void begin_step() noexcept;
   void begin_phase(std::uint16_t slot) noexcept;
   void end_phase(std::uint16_t slot) noexcept;
+  /// Host time of the step being built that no event brackets, counted into its device
+  /// times as it is: the part before begin_step of a step begun late, and a phase added
+  /// afterwards (StepRecorder::begin_step_at, add_phase).
+  void add_host_step_ns(std::int64_t ns) noexcept { building_.host_lead_ns += ns; }
+  void add_host_phase_ns(std::uint16_t slot, std::int64_t ns) noexcept {
+    building_.folded_ns[slot] += ns;
+  }
   /// Ends the step and queues it with its host record; writes every step whose events
   /// have completed, waiting for the oldest when the ring is full.
   void end_step(const StepRecord& host_record, StepRecordQueue& writer) noexcept;
@@ -79,9 +86,10 @@ class DeviceTiming {
     StepRecord record;
     int begin = -1;
     int end = -1;
-    bool waited = false;        // the step waited for the device to make room for intervals
-    bool captured = false;      // the stream captured a CUDA graph: host times, no events
-    std::uint16_t clamped = 0;  // negative intervals written as 0
+    bool waited = false;            // the step waited for the device to make room for intervals
+    bool captured = false;          // the stream captured a CUDA graph: host times, no events
+    std::uint16_t clamped = 0;      // negative intervals written as 0
+    std::int64_t host_lead_ns = 0;  // the step's host time before its begin event
     std::size_t interval_count = 0;
     std::array<Interval, kMaxIntervals> intervals;
     std::array<std::int64_t, kMaxPhases> folded_ns{};  // per slot: intervals already resolved

@@ -40,16 +40,19 @@ struct StepHooks {
 // A step's begin and end, with the CUDA path's hooks when set (the step scope and the
 // explicit begin_step/end_step both come here). [[gnu::hot]] here and below: the step's
 // path is laid out together with the core's (see profiler.cpp).
-[[gnu::hot]] void begin_step_with_hooks(steptrace::Profiler& profiler, const StepHooks& hooks) {
-  if (hooks.begin) {
-    const py::object stream = hooks.begin();
-    if (stream.is_none()) {
-      profiler.clear_stream();
-    } else {
-      const auto [handle, device] = stream.cast<std::pair<std::uintptr_t, int>>();
-      profiler.set_stream(handle, device);
-    }
+// The stream of the step about to begin, from the CUDA path's begin hook.
+[[gnu::hot]] void set_step_stream(steptrace::Profiler& profiler, const StepHooks& hooks) {
+  const py::object stream = hooks.begin();
+  if (stream.is_none()) {
+    profiler.clear_stream();
+  } else {
+    const auto [handle, device] = stream.cast<std::pair<std::uintptr_t, int>>();
+    profiler.set_stream(handle, device);
   }
+}
+
+[[gnu::hot]] void begin_step_with_hooks(steptrace::Profiler& profiler, const StepHooks& hooks) {
+  if (hooks.begin) set_step_stream(profiler, hooks);
   profiler.begin_step();
 }
 
@@ -325,6 +328,30 @@ PyObject* phase_gates_end(PyObject* self, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+// add(index, begin_ns, end_ns[, module]): the phase ran between two clock_ns readings in
+// the step in progress (one begun late: Profiler::add_phase); `module` as in begin.
+PyObject* phase_gates_add(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  auto& g = *reinterpret_cast<RawPhaseGates*>(self);
+  if (nargs < 3 || nargs > 4) {
+    PyErr_SetString(PyExc_TypeError,
+                    "add(index, begin_ns, end_ns[, module]) takes 3 or 4 arguments");
+    return nullptr;
+  }
+  const Py_ssize_t i = gate_index(g, args[0]);
+  if (i < 0) return nullptr;
+  const long long begin = PyLong_AsLongLong(args[1]);
+  if (begin == -1 && PyErr_Occurred()) return nullptr;
+  const long long end = PyLong_AsLongLong(args[2]);
+  if (end == -1 && PyErr_Occurred()) return nullptr;
+  try {
+    (*g.profiler)->add_phase(g.ids[static_cast<std::size_t>(i)], begin, end);
+  } catch (const std::exception& e) {
+    return raise_python(e);
+  }
+  if (nargs == 4 && args[3] != Py_None) count_forward(g, args[3]);
+  Py_RETURN_NONE;
+}
+
 PyObject* phase_gates_close(PyObject* self, PyObject* /*unused*/) {
   reinterpret_cast<RawPhaseGates*>(self)->closed = true;
   Py_RETURN_NONE;
@@ -350,6 +377,10 @@ PyMethodDef g_phase_gates_methods[] = {
      "begin(index[, module]) -> bool: opens the phase when on the training thread, inside a "
      "step and outside any phase; `module` counts an outermost forward (micro-steps)."},
     {"end", phase_gates_end, METH_O, "end(index): closes the phase if begin opened it."},
+    {"add", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(phase_gates_add)),
+     METH_FASTCALL,
+     "add(index, begin_ns, end_ns[, module]): the phase ran between two clock_ns readings "
+     "in the step in progress; `module` counts an outermost forward (micro-steps)."},
     {"close", phase_gates_close, METH_NOARGS, "From now on begin opens nothing."},
     {nullptr, nullptr, 0, nullptr}};
 PyGetSetDef g_phase_gates_getset[] = {
@@ -1004,6 +1035,23 @@ PYBIND11_MODULE(_core, m) {
       .def("phase_function", &make_phase_function,
            "prof.phase as a builtin function (cheaper to call than the method)")
       .def("begin_step", [](PyProfiler& p) { p.step_scope().enter(); })
+      .def_property_readonly(
+          "clock_ns", [](PyProfiler& p) { return p.core().clock_ns(); },
+          "The profiler's clock (monotonic ns) as steps and phases read it")
+      .def(
+          "begin_step_at",
+          [](PyProfiler& p, std::int64_t start_ns) {
+            if (p.hooks().begin) set_step_stream(p.core(), p.hooks());
+            p.core().begin_step_at(start_ns);
+          },
+          py::arg("start_ns"), "Begins a step that began at a clock_ns reading")
+      .def(
+          "add_phase",
+          [](PyProfiler& p, const std::string& name, std::int64_t begin_ns, std::int64_t end_ns) {
+            p.core().add_phase(p.core().phase_id(name), begin_ns, end_ns);
+          },
+          py::arg("name"), py::arg("begin_ns"), py::arg("end_ns"),
+          "Adds a phase that ran between two clock_ns readings to the step in progress")
       .def(
           "end_step", [](PyProfiler& p, bool failed) { p.step_scope().exit(failed); },
           py::arg("failed") = false)

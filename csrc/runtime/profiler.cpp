@@ -150,16 +150,15 @@ class ProfilerImpl final : public SignalClosable {
   // The lifecycle checks (a close from another thread, a fork) are here; the step's own
   // bookkeeping is the recorder's.
   void begin_step() {
-    if (detached_) return;
-    if (close_requested_.load(std::memory_order_relaxed) || fork_generation() != fork_generation_) {
-      detached_ = true;  // closed from another thread, or a forked child: record nothing
-      return;
-    }
-    check_open();
-    recorder_.check_can_begin();
-    if (!enter_step()) return;
-    recorder_.begin_step();
+    if (may_begin_step()) recorder_.begin_step();
   }
+  void begin_step_at(std::int64_t start_ns) {
+    if (may_begin_step()) recorder_.begin_step_at(start_ns);
+  }
+  void add_phase(PhaseId id, std::int64_t begin_ns, std::int64_t end_ns) {
+    if (!detached_) recorder_.add_phase(id, begin_ns, end_ns);
+  }
+  std::int64_t clock_ns() const noexcept { return recorder_.clock_ns(); }
 
   void end_step(bool failed) {
     if (detached_) return;
@@ -450,6 +449,17 @@ class ProfilerImpl final : public SignalClosable {
   // The training thread is inside a step from here to leave_step(): a close from another
   // thread waits for that (Dekker-style: each side stores its flag, then reads the other's).
   // False when such a close was requested first: the step is not recorded.
+  // False where the step is not recorded (detached); UsageError out of order.
+  bool may_begin_step() {
+    if (detached_) return false;
+    if (close_requested_.load(std::memory_order_relaxed) || fork_generation() != fork_generation_) {
+      detached_ = true;  // closed from another thread, or a forked child: record nothing
+      return false;
+    }
+    check_open();
+    recorder_.check_can_begin();
+    return enter_step();
+  }
   bool enter_step() noexcept {
     owner_.store(this_thread_token(), std::memory_order_relaxed);
     busy_.store(true, std::memory_order_seq_cst);
@@ -700,6 +710,11 @@ const std::string& Profiler::phase_name(PhaseId id) const { return impl_->phase_
 // recorder's and the Python module's, so a cold step touches fewer code lines and pages.
 [[gnu::hot]] void Profiler::begin_step() { impl_->begin_step(); }
 [[gnu::hot]] void Profiler::end_step(bool failed) { impl_->end_step(failed); }
+void Profiler::begin_step_at(std::int64_t start_ns) { impl_->begin_step_at(start_ns); }
+void Profiler::add_phase(PhaseId id, std::int64_t begin_ns, std::int64_t end_ns) {
+  impl_->add_phase(id, begin_ns, end_ns);
+}
+std::int64_t Profiler::clock_ns() const noexcept { return impl_->clock_ns(); }
 [[gnu::hot]] void Profiler::begin_phase(PhaseId id) { impl_->begin_phase(id); }
 [[gnu::hot]] void Profiler::end_phase(PhaseId id) { impl_->end_phase(id); }
 [[gnu::hot]] void Profiler::begin_data() { impl_->begin_data(); }

@@ -33,16 +33,27 @@ void StepRecorder::bind(const Parts& parts) {
 // (memory sources, the run queue), is out of line: the code a step runs stays a few
 // contiguous lines, and it runs when the caches are cold (issue 30).
 // [[gnu::hot]]: laid out with the rest of a step's path (see profiler.cpp).
-[[gnu::hot]] void StepRecorder::begin_step() {
+[[gnu::always_inline]] inline void StepRecorder::start_step(std::int64_t at) {
   if (STEPTRACE_UNLIKELY(has_backends_)) prepare_backends_step();
   if (STEPTRACE_UNLIKELY(parts_.host_readings != nullptr &&
                          stepping_thread_ != this_thread_token())) {
     watch_this_thread();
   }
   const std::int64_t now = now_ns();
+  std::int64_t start = now;
+  if (at != kUnset) {
+    start = std::min(at, now);
+    if (last_step_end_ns_ != kUnset) start = std::max(start, last_step_end_ns_);
+  }
   current_.step = step_index_++;
-  current_.start_unix_ns = unix_ns_at(now);
-  if (open_interval_ >= 0) end_open_interval(now);  // a step ends the interval before it
+  current_.start_unix_ns = unix_ns_at(start);
+  if (open_interval_ >= 0) {  // a step ends the interval before it
+    if (at != kUnset && interval_start_ns_ >= start) {
+      drop_open_interval();
+    } else {
+      end_open_interval(start);
+    }
+  }
   // The gap since the previous step: the loader's waits (data only when the loader is
   // wrapped), the intervals ended in it, and the rest (other host work).
   current_.data_ns = data_wrapped_ ? data_accum_ns_ : 0;
@@ -59,7 +70,7 @@ void StepRecorder::bind(const Parts& parts) {
     current_.between = pending_;
     pending_ = BetweenSteps{};
   }
-  const std::int64_t gap = last_step_end_ns_ == kUnset ? 0 : now - last_step_end_ns_;
+  const std::int64_t gap = last_step_end_ns_ == kUnset ? 0 : start - last_step_end_ns_;
   current_.between.other_ns = std::max<std::int64_t>(
       0, gap - current_.data_ns - current_.between.eval_ns() - current_.between.checkpoint_ns());
   book_.phase_count = 0;
@@ -68,14 +79,43 @@ void StepRecorder::bind(const Parts& parts) {
   book_.phase_memory = current_.phase_memory;
   if (STEPTRACE_UNLIKELY(current_.phase_memory)) current_.memory_at_start = attribution_level();
   ended_phases_ = 0;
-  step_start_ns_ = now;
+  step_start_ns_ = start;
   book_.in_step = true;
   current_.activity_begin_ns = -1;  // no kernels for this step
   current_.telemetry_begin_ns = -1;
-  if (STEPTRACE_UNLIKELY(has_backends_)) begin_backends_step();
-  inflight_.start_ns.store(now, std::memory_order_relaxed);
+  if (STEPTRACE_UNLIKELY(has_backends_)) {
+    begin_backends_step();
+    if (at != kUnset && book_.on_device) parts_.device->add_host_step_ns(now - start);
+  }
+  inflight_.start_ns.store(start, std::memory_order_relaxed);
   inflight_.excluded_ns.store(0, std::memory_order_relaxed);
   inflight_.step.store(current_.step, std::memory_order_release);
+}
+
+[[gnu::hot]] void StepRecorder::begin_step() { start_step(kUnset); }
+
+void StepRecorder::begin_step_at(std::int64_t start_ns) { start_step(start_ns); }
+
+void StepRecorder::add_phase(PhaseId id, std::int64_t begin_ns, std::int64_t end_ns) {
+  check_known_phase(id);
+  STEPTRACE_CHECK(book_.in_step, UsageError,
+                  "phase {:?} added outside a step; add phases inside a step",
+                  parts_.names->name(id));
+  int slot = book_.slot_of[id];  // NOLINT(bugprone-signed-char-misuse): as in begin_phase
+  STEPTRACE_CHECK(slot < 0 || book_.start_ns[slot] == kUnset, UsageError,
+                  "phase {:?} added while it is running", parts_.names->name(id));
+  STEPTRACE_CHECK(begin_ns <= end_ns, UsageError,
+                  "phase {:?} added with its end ({}) before its begin ({})",
+                  parts_.names->name(id), end_ns, begin_ns);
+  const std::int64_t now = now_ns();
+  const std::int64_t begin = std::clamp(begin_ns, step_start_ns_, now);
+  const std::int64_t end = std::clamp(end_ns, begin, now);
+  if (slot < 0) slot = new_slot(id);
+  book_.elapsed_ns[slot] += end - begin;
+  if (book_.on_device) {
+    parts_.device->add_host_phase_ns(static_cast<std::uint16_t>(slot), end - begin);
+  }
+  if (book_.phase_memory) note_phase_memory(slot);
 }
 
 void StepRecorder::prepare_backends_step() {
@@ -321,6 +361,13 @@ void StepRecorder::read_memory_sources(std::int64_t now) noexcept {
 void StepRecorder::merge_sources() noexcept {
   sources_sample_ = host_memory_;  // the training thread's sources first in the merge
   for (const MemorySample& s : source_samples_) merge_memory_sample(sources_sample_, s);
+}
+
+// Forgets the open interval: a step begun at or before its start (begin_step_at) makes
+// it empty.
+void StepRecorder::drop_open_interval() noexcept {
+  open_interval_ = -1;
+  inflight_.interval.store(-1, std::memory_order_release);
 }
 
 // Ends the open interval at `now`: into the step in progress when it began inside it,

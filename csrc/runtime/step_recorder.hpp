@@ -86,7 +86,18 @@ class StepRecorder {
                     "step begun while waiting on the data loader (begin_data without end_data)");
   }
   void begin_step();
+  // A step that began at `start_ns` (now_ns()'s clock), for a caller that learns only
+  // afterwards that the time since then was training (a forward in eval mode with
+  // gradients that a backward follows): clamped to [the previous step's end, now]. The
+  // open interval ends there, or is dropped when it began there or later (it held nothing).
+  void begin_step_at(std::int64_t start_ns);
   void end_step(bool failed);
+  // A phase of the step in progress that ran from begin_ns to end_ns (clamped to the
+  // step's start and now), added to the phase's time: the host's, as no device event
+  // brackets it. UsageError outside a step or while that phase runs.
+  void add_phase(PhaseId id, std::int64_t begin_ns, std::int64_t end_ns);
+  // The clock steps and phases are timed with. Training thread.
+  std::int64_t clock_ns() const noexcept { return now_ns(); }
 
   // A phase boundary touches the phase book's lines, the clock and the watchdog's line,
   // nothing else: after a training step every line is a cache miss (issue 30).
@@ -101,12 +112,7 @@ class StepRecorder {
                     "nested in itself",
                     parts_.names->name(id));
     const std::int64_t now = now_ns();
-    if (slot < 0) {
-      slot = book_.phase_count++;
-      book_.slot_of[id] = static_cast<std::int8_t>(slot);
-      book_.id_of[slot] = id;
-      book_.elapsed_ns[slot] = 0;
-    }
+    if (slot < 0) slot = new_slot(id);
     book_.active[book_.active_depth++] = static_cast<std::uint8_t>(slot);
     inflight_.phase.store(id, std::memory_order_relaxed);
     book_.start_ns[slot] = now;
@@ -295,15 +301,26 @@ class StepRecorder {
   // A (counter, kernel clock) pair for the TSC map: its first rate, then its check every
   // second (at a step's end, after the step's own readings).
   [[gnu::cold, gnu::noinline]] void anchor_tsc() noexcept;
+  // begin_step's body; `at` kUnset: now (begin_step_at's start otherwise).
+  inline void start_step(std::int64_t at);
+  void drop_open_interval() noexcept;
+  int new_slot(PhaseId id) noexcept {
+    const int slot = book_.phase_count++;
+    book_.slot_of[id] = static_cast<std::int8_t>(slot);
+    book_.id_of[slot] = id;
+    book_.elapsed_ns[slot] = 0;
+    return slot;
+  }
+  void note_phase_memory(int slot) noexcept {
+    // A phase that runs again ends later: keep its last level and place.
+    current_.phase_memory_end[slot] = attribution_level();
+    current_.phase_end_order[slot] = static_cast<std::uint8_t>(ended_phases_++);
+  }
   void close_phase(int slot, std::int64_t now) noexcept {
     book_.elapsed_ns[slot] += now - book_.start_ns[slot];
     book_.start_ns[slot] = kUnset;
     if (book_.on_device) parts_.device->end_phase(static_cast<std::uint16_t>(slot));
-    if (book_.phase_memory) {
-      // A phase that runs again ends later: keep its last level and place.
-      current_.phase_memory_end[slot] = attribution_level();
-      current_.phase_end_order[slot] = static_cast<std::uint8_t>(ended_phases_++);
-    }
+    if (book_.phase_memory) note_phase_memory(slot);
     // Phases usually end innermost first; the explicit API may end them in any order.
     for (std::size_t i = book_.active_depth; i-- > 0;) {
       if (book_.active[i] == slot) {

@@ -161,6 +161,17 @@ class STEPTRACE_API Profiler {
   void end_step(bool failed = false);
   void begin_phase(PhaseId id);
   void end_phase(PhaseId id);
+  /// For hooks that learn only afterwards that the time since a moment was training (a
+  /// forward in eval mode with gradients enabled, which a backward then follows): the
+  /// profiler's clock (monotonic nanoseconds, as steps and phases are timed), a step
+  /// begun at such a reading (clamped to [the previous step's end, now]; the open interval
+  /// ends there, or is dropped when it began there or later), and a phase of the step in
+  /// progress that ran between two readings (clamped to the step's start and now; its
+  /// time is the host's, as no device event brackets it). Training thread; the UsageErrors
+  /// of begin_step, and of begin_phase for a phase that is running.
+  std::int64_t clock_ns() const noexcept;
+  void begin_step_at(std::int64_t start_ns);
+  void add_phase(PhaseId id, std::int64_t begin_ns, std::int64_t end_ns);
   /// Brackets a wait on the data loader between steps; the waits add up to the next
   /// step's data_ms. Without them, data_ms is the gap since the previous step ended.
   /// Inside a step they do not throw: the wait stays part of the step, and the call is

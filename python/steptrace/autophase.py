@@ -24,8 +24,11 @@ Phases never nest: a hook opens its phase only inside a step, on the training th
 (the one that created the hooks), and while no other phase is open, so the user's own
 ``with prof.phase(...)`` blocks win and a loss computed inside ``forward`` (a Hugging
 Face model given labels) stays part of forward. Outside a step a forward with gradients
-disabled opens an evaluation interval (:meth:`steptrace.intervals.IntervalWatch.forward_without_grad`),
-which the next step ends; other calls outside a step do nothing. A phase that runs several times in one step (gradient
+disabled, or of a module in eval mode, opens an evaluation interval
+(:meth:`steptrace.intervals.IntervalWatch.evaluation_forward`), which the next step ends;
+other calls outside a step do nothing. (Under ``steptrace run``, where the hooks draw the
+steps, a forward in eval mode with gradients is training after all when a backward
+follows it: :class:`GlobalPhaseHooks`.) A phase that runs several times in one step (gradient
 accumulation: several forward / backward micro-steps before one optimizer step)
 accumulates its time in the step record, and from the second outermost forward of the
 same module on, the record's ``meta`` says how many there were (``micro_steps``).
@@ -260,31 +263,40 @@ class _Hooks:
         self._wraps.clear()
 
 
-def _wrapped_eval_hooks(module: Any, forward_without_grad: Callable[[], None],
-                        grad_enabled: Callable[[], bool]) -> list[Any]:
+def _wrapped_eval_hooks(module: Any, evaluation: Callable[[Any], None]) -> list[Any]:
     """A forward pre-hook on each module a wrapper of ``module`` runs (DDP, DataParallel,
     FSDP, DeepSpeed's engine: ``model.module``), so that an evaluation that calls the
     unwrapped model (``model.module(x)``, ``accelerator.unwrap_model(model)``) between
     steps opens an evaluation interval too. It times nothing: inside a training forward
-    (through the wrapper) gradients are enabled and a step is open, and
-    :meth:`~steptrace.intervals.IntervalWatch.forward_without_grad` returns at once."""
+    (through the wrapper) a step is open, and ``evaluation`` returns at once."""
 
     def pre(mod: Any, args: Any) -> None:
-        if not grad_enabled() and not _compiling():
-            forward_without_grad()
+        if not _compiling():
+            evaluation(mod)
 
     return [inner.register_forward_pre_hook(pre) for inner in _wrapped_modules(module)]
 
 
+def _outside_steps_evaluation(intervals: Any, grad_enabled: Callable[[], bool]) -> Callable[[Any], None]:
+    """For steps the program draws itself (:class:`PhaseHooks`): a forward of the model
+    between steps with gradients disabled, or in eval mode, is an evaluation."""
+
+    def evaluation(mod: Any) -> None:
+        if not grad_enabled() or not mod.training:
+            intervals.evaluation_forward()
+
+    return evaluation
+
+
 def _module_phase_hooks(gate: PhaseGate, module: Any, phase: str, count: bool,
-                        not_opened: Optional[Callable[[], None]] = None) -> list[Any]:
+                        not_opened: Optional[Callable[[Any], None]] = None) -> list[Any]:
     # the C gates called directly: these run at every call of the module
     begin, end, index = gate.gates.begin, gate.gates.end, _INDEX[phase]
 
     if count and not_opened is not None:
         def pre(mod: Any, args: Any) -> None:  # a forward the gate did not open may be evaluation
             if not _compiling() and not begin(index, mod):
-                not_opened()
+                not_opened(mod)
     elif count:
         def pre(mod: Any, args: Any) -> None:
             if not _compiling():
@@ -334,10 +346,10 @@ class PhaseHooks(_Hooks):
             patch = _loss_site(loss_fn)  # raises before anything is installed
         super().__init__(core, backward=backward, clip=clip)
         gate = self._gate
-        without_grad = intervals.forward_without_grad if intervals is not None else None
-        self._handles += _module_phase_hooks(gate, model, "forward", count=True, not_opened=without_grad)
-        if without_grad is not None:
-            self._handles += _wrapped_eval_hooks(model, without_grad, torch.is_grad_enabled)
+        evaluation = _outside_steps_evaluation(intervals, torch.is_grad_enabled) if intervals is not None else None
+        self._handles += _module_phase_hooks(gate, model, "forward", count=True, not_opened=evaluation)
+        if evaluation is not None:
+            self._handles += _wrapped_eval_hooks(model, evaluation)
         if optimizer is not None:
             self._optimizer_hooks(optimizer)
         self.loss_fn = loss_fn
@@ -438,6 +450,41 @@ class _FrozenForwards:
         self._optimizers.clear()
 
 
+class _EvalModeForwards:
+    """Under ``steptrace run``: the top-level calls, between steps, of a module in eval mode
+    with gradients enabled, and the loss calls after them. Such a forward is an evaluation
+    written without ``no_grad`` (``model.eval()`` alone) unless a backward follows it:
+    fine-tuning with frozen batch norm, or a loop that forgot ``model.train()`` after its
+    evaluation. So it begins no step; it opens an evaluation interval and its span is kept
+    on the core's clock. A backward or an optimizer step then begins the step at the first
+    span (the interval ends there: GlobalPhaseHooks ``begin_late``), with the spans as its
+    forward and loss phases; a forward of the same module first (the next evaluation
+    batch, or the training forward after ``model.train()``) shows that they were
+    evaluation."""
+
+    def __init__(self) -> None:
+        self.spans: list[list[Any]] = []  # [phase, begin_ns, end_ns or None, module, args]
+        self.running: Optional[list[Any]] = None  # the span whose call has not returned
+
+    def holds(self, module: Any) -> bool:
+        return any(span[3] is module for span in self.spans)
+
+    def begin(self, phase: str, begin_ns: int, module: Any, args: Any) -> None:
+        if phase == "forward" and self.holds(module):
+            self.spans.clear()  # the same module again without a backward: those were evaluation
+        self.running = [phase, begin_ns, None, module, args]
+        self.spans.append(self.running)
+
+    def end(self, module: Any, end_ns: int) -> None:
+        if self.running is not None and self.running[3] is module:
+            self.running[2] = end_ns
+            self.running = None
+
+    def take(self) -> list[list[Any]]:
+        spans, self.spans, self.running = self.spans, [], None
+        return spans
+
+
 class GlobalPhaseHooks(_Hooks):
     """Phases for a program steptrace did not see: every outermost module call on the
     training thread is forward (a ``torch.nn.modules.loss._Loss`` one is loss); every
@@ -462,8 +509,10 @@ class GlobalPhaseHooks(_Hooks):
     :class:`steptrace.intervals.IntervalWatch` that times them); forward calls without
     gradients between steps begin no step but, given ``intervals``, an evaluation
     interval, except a frozen module's that runs before every step (a distillation teacher:
-    :class:`_FrozenForwards`). ``end_open_step()`` ends a step left open at the end of
-    the program.
+    :class:`_FrozenForwards`). A forward of a module in eval mode with gradients enabled
+    opens an evaluation interval too, until a backward shows it was training: the step
+    then begins where that forward began (:class:`_EvalModeForwards`). ``end_open_step()``
+    ends a step left open at the end of the program.
 
     (The gradient all-reduces of DistributedDataParallel models are timed by the
     Profiler itself: steptrace.comm.)
@@ -499,14 +548,49 @@ class GlobalPhaseHooks(_Hooks):
             on_member=lambda mod: self._handles.append(mod.register_forward_hook(after_frozen, always_call=True)))
         frozen_modules = frozen.members
 
+        eval_mode = _EvalModeForwards()
+        self._eval_mode = eval_mode
+
         def maybe_begin_step() -> None:
             if (begin_step is not None and threading.get_ident() == thread and not core.in_step
                     and not gate.closed):
+                spans = eval_mode.take()
                 try:
-                    begin_step()
+                    if spans and core.open_interval in (None, "eval"):
+                        begin_late(spans)
+                    else:
+                        begin_step()
                 except UsageError:  # closed from another thread meanwhile: never into the script
                     return
                 frozen.step_began()
+
+        def begin_late(spans: list[list[Any]]) -> None:
+            """The forwards in eval mode were training after all: the step began at the
+            first of them, and they are its forward and loss phases."""
+            core.begin_step_at(spans[0][1])
+            for phase, begin_ns, end_ns, mod, args in spans:
+                if end_ns is None:  # still running (a backward inside its forward)
+                    end_ns = core.clock_ns
+                forward = phase == "forward"
+                gate.gates.add(_INDEX[phase], begin_ns, end_ns, mod if forward else None)
+                if forward and work is not None:
+                    work.pre(mod, args, count=False)  # its FLOPs where its shape was counted before
+
+        def eval_mode_forward(mod: Any, args: Any, is_loss: bool) -> bool:
+            """A top-level call with gradients enabled between steps: True when it is kept
+            as a span of _EvalModeForwards rather than beginning the step."""
+            if not eval_mode.spans and (is_loss or mod.training):
+                return False  # training, as before (the cheap test first: every forward comes here)
+            if begin_step is None or core.in_step or gate.closed:
+                return False
+            if not is_loss and mod.training:
+                if eval_mode.holds(mod):
+                    eval_mode.take()  # the evaluation is over: this module trains again
+                return False  # (else it is a second model: maybe_begin_step begins late)
+            eval_mode.begin("loss" if is_loss else "forward", core.clock_ns, mod, args)
+            if intervals is not None and not is_loss:  # read after the span's start: it is dropped
+                intervals.evaluation_forward()          # if the step begins there
+            return True
 
         without_grad = intervals.forward_without_grad if intervals is not None else None
 
@@ -517,11 +601,14 @@ class GlobalPhaseHooks(_Hooks):
                 frozen.opened_interval(mod)
 
         def outer_pre(mod: Any, args: Any) -> None:
+            is_loss = isinstance(mod, loss_type)
             if grad_enabled():
+                if eval_mode_forward(mod, args, is_loss):
+                    return
                 maybe_begin_step()
             else:
                 forward_without_grad(mod)
-            if isinstance(mod, loss_type):
+            if is_loss:
                 gate.begin("loss")
             else:
                 gate.begin("forward", mod)
@@ -529,6 +616,8 @@ class GlobalPhaseHooks(_Hooks):
                     work.pre(mod, args)
 
         def outer_post(mod: Any) -> None:
+            if eval_mode.running is not None:
+                eval_mode.end(mod, core.clock_ns)
             gate.end("loss" if isinstance(mod, loss_type) else "forward")
 
         def global_pre(mod: Any, args: Any) -> None:
@@ -621,6 +710,7 @@ class GlobalPhaseHooks(_Hooks):
             self._undo.append(lambda: _BACKWARD.before.remove(maybe_begin_step))
         self._undo.append(tops.clear)
         self._undo.append(frozen.clear)
+        self._undo.append(eval_mode.take)  # (the spans hold the batches they saw)
         self._undo.append(lambda: between[0] is not None and between[0].remove())
 
     def end_open_step(self, failed: bool = False) -> None:

@@ -12,7 +12,9 @@ on the training thread (the thread that makes it):
   data wait (the framework's own fetch); inside a step or an interval it is not data.
 - eval: :meth:`forward_without_grad` is called by the forward hooks (see
   :mod:`steptrace.autophase`): a forward with gradients disabled between steps opens an
-  evaluation interval, which the next step (or a checkpoint, or the end of the run) ends.
+  evaluation interval, which the next step (or a checkpoint, or the end of the run) ends;
+  under ``steptrace run`` a forward of a module in eval mode with gradients enabled
+  (:meth:`evaluation_forward`) does too, until a backward shows it was training.
 
 Every wrapper passes through untouched on other threads, inside dynamo tracing, and once
 the profiler is closed; none raises into the program.
@@ -68,8 +70,15 @@ class IntervalWatch:
         """A forward call began on some thread: between steps, with gradients disabled,
         on the training thread, it opens an evaluation interval (if none is open). True
         when it opened one."""
+        return not self._grad_enabled() and self.evaluation_forward()
+
+    def evaluation_forward(self) -> bool:
+        """A forward call that is not training began on some thread (one in eval mode
+        with gradients enabled, under ``steptrace run``, until a backward says otherwise):
+        between steps, on the training thread, it opens an evaluation interval (if none is
+        open). True when it opened one."""
         core = self._core
-        if (threading.get_ident() != self._thread or self._grad_enabled() or core.in_step
+        if (threading.get_ident() != self._thread or core.in_step
                 or core.open_interval is not None or core.closed):
             return False
         try:

@@ -332,7 +332,9 @@ class ModelWork:
         """Registers the forward pre-hook on ``module``; returns its handle in a list."""
         return [module.register_forward_pre_hook(self.pre, with_kwargs=True)]
 
-    def pre(self, module: Any, args: Any, kwargs: Any) -> None:
+    def pre(self, module: Any, args: Any, kwargs: Any, count: bool = True) -> None:
+        """``count=False``: a forward that has already run (a step begun after it): its
+        samples and tokens, and its FLOPs where its input shape was counted before."""
         if self._compiling() or not self._grad_enabled():
             return
         if self._mode is not None:  # the model called inside its own counted forward
@@ -343,7 +345,7 @@ class ModelWork:
         if self._count_flops:
             key = _shape_key(args, kwargs, self._tensor)
             flops = self._flops.get(key, -1.0)
-            if flops < 0:
+            if flops < 0 and count:
                 self._start_count(module, key)
         if samples >= 0 or tokens >= 0 or flops >= 0:
             self._add(samples, tokens, flops, SOURCE_MODEL)
@@ -394,11 +396,11 @@ class TopLevelWork:
         self._core = core
         self._models: dict = {}  # id(module) -> ModelWork
 
-    def pre(self, module: Any, args: Any) -> None:
+    def pre(self, module: Any, args: Any, count: bool = True) -> None:
         work = self._models.get(id(module))
         if work is None:
             work = self._models[id(module)] = ModelWork(self._core, module)
-        work.pre(module, args, {})
+        work.pre(module, args, {}, count)
 
 
 class BatchWork:

@@ -54,6 +54,32 @@ TEST(DeviceTiming, StepsAreWrittenOnceTheirEventsComplete) {
   EXPECT_EQ(f.device->syncs, 0);
 }
 
+// A step begun late has no events before its begin, and a phase added afterwards none at
+// all: their host time is counted into the device times as it is.
+TEST(DeviceTiming, AStepBegunLateCountsItsHostLeadAndAddedPhases) {
+  TempDir tmp;
+  DeviceFixture f(tmp);
+  const std::int64_t forward_begin = f.prof->clock_ns();
+  f.clock->advance(4 * kMs);
+  f.prof->begin_step_at(forward_begin);
+  f.prof->add_phase(f.prof->phase_id("forward"), forward_begin, f.prof->clock_ns());
+  {
+    auto p = f.prof->phase("backward");
+    f.clock->advance(1 * kMs);
+    f.work(5);
+  }
+  f.prof->end_step();
+  f.device->complete_all();
+  f.step();
+  const auto steps = f.steps_written();
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]["clock"], "cuda");
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["backward"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(steps[0]["step_ms"].get<double>(), 9.0);
+  EXPECT_DOUBLE_EQ(steps[0]["host_ms"].get<double>(), 5.0);
+}
+
 TEST(DeviceTiming, AtTheInFlightBoundTheProfilerWaitsAndSaysSo) {
   TempDir tmp;
   DeviceFixture f(tmp, /*max_inflight=*/2);

@@ -218,6 +218,59 @@ TEST(Profiler, IntervalsBetweenStepsAreAccountedByKind) {
             intervals[0]["start_unix_ns"].get<std::int64_t>());
 }
 
+// A step begun late (a hook that learns only after a forward that it was training): it
+// starts at the given reading, the interval open before it ends there or is dropped when
+// it began there, and the phases that ran since are added at their readings.
+TEST(Profiler, AStepBegunLateStartsAtItsReadingWithItsPhases) {
+  TempDir tmp;
+  Fixture f(tmp);
+  { auto s = f.prof->step(); }
+  f.clock->advance(4 * kMs);  // logging: other
+  f.prof->begin_interval(IntervalKind::kEval);
+  f.clock->advance(30 * kMs);  // evaluation forwards
+  const std::int64_t forward_begin = f.prof->clock_ns();
+  f.clock->advance(6 * kMs);  // the forward a backward then follows
+  const std::int64_t forward_end = f.prof->clock_ns();
+  f.clock->advance(1 * kMs);  // the loss
+  f.prof->begin_step_at(forward_begin);
+  EXPECT_FALSE(f.prof->open_interval().has_value());
+  const PhaseId forward = f.prof->phase_id("forward");
+  f.prof->add_phase(forward, forward_begin, forward_end);
+  f.prof->add_phase(f.prof->phase_id("loss"), forward_end, f.prof->clock_ns());
+  EXPECT_THROW(f.prof->add_phase(forward, forward_end, forward_begin), UsageError);  // backwards
+  {
+    auto p = f.prof->phase("backward");
+    f.clock->advance(8 * kMs);
+    EXPECT_THROW(f.prof->add_phase(f.prof->phase_id("backward"), forward_end, forward_end),
+                 UsageError);  // while it runs
+  }
+  f.prof->end_step();
+  // the interval began where the step did (it held nothing): dropped, and a step begun
+  // "before" the previous step's end starts at that end
+  f.prof->begin_interval(IntervalKind::kEval);
+  const std::int64_t at = f.prof->clock_ns();
+  f.clock->advance(2 * kMs);
+  f.prof->begin_step_at(at - 1000 * kMs);
+  f.prof->add_phase(forward, at - 1000 * kMs, at + 1000 * kMs);  // clamped to [start, now]
+  f.prof->end_step();
+  EXPECT_THROW(f.prof->add_phase(forward, at, at), UsageError);  // outside a step
+  const auto recs = f.close_and_read();
+  const auto steps = of_kind(recs, "step");
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_DOUBLE_EQ(steps[1]["step_ms"].get<double>(), 15.0);
+  EXPECT_DOUBLE_EQ(steps[1]["phases_ms"]["forward"].get<double>(), 6.0);
+  EXPECT_DOUBLE_EQ(steps[1]["phases_ms"]["loss"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(steps[1]["phases_ms"]["backward"].get<double>(), 8.0);
+  EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 30.0);
+  EXPECT_DOUBLE_EQ(steps[1]["other_ms"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(steps[2]["step_ms"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(steps[2]["phases_ms"]["forward"].get<double>(), 2.0);
+  EXPECT_FALSE(steps[2].contains("eval_ms"));
+  const auto intervals = of_kind(recs, "interval");
+  ASSERT_EQ(intervals.size(), 1u);
+  EXPECT_DOUBLE_EQ(intervals[0]["duration_ms"].get<double>(), 30.0);
+}
+
 // The run queue's wait is host time: on another clock (this fake one) it could not be
 // compared with the steps, so none is written (a real wait would judge fake steps).
 TEST(Profiler, OnAnotherClockNoRunQueueFigureIsWritten) {

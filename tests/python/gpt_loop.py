@@ -82,11 +82,12 @@ def get_batch(data: torch.Tensor, batch: int, block: int, gen: torch.Generator) 
 def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_iters: int = 20,
           accumulation: int = 2, out_dir: Optional[str] = None, stall_at: int = -1, stall_s: float = 1.5,
           intervals: bool = True, log_interval: int = 10, stall_rank: int = -1,
-          eval_unwrapped: bool = False) -> GPT:
+          eval_unwrapped: bool = False, eval_with_grad: bool = False) -> GPT:
     """nanoGPT's loop in small. With ``prof``, each iteration is a step with explicit
     phases; with ``intervals`` the evaluation and the checkpoint are marked as such. With
     ``eval_unwrapped`` the evaluation calls the model inside the DDP wrapper
-    (``model.module``), as scripts that unwrap it for evaluation or sampling do."""
+    (``model.module``), as scripts that unwrap it for evaluation or sampling do; with
+    ``eval_with_grad`` it runs without ``no_grad`` (``model.eval()`` alone, a common slip)."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     data = torch.randint(65, (20_000,), generator=gen)
@@ -109,8 +110,11 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
     def phase(name: str) -> Any:
         return prof.phase(name) if prof is not None else nothing
 
-    @torch.no_grad()
     def estimate_loss() -> dict:
+        with nothing if eval_with_grad else torch.no_grad():
+            return evaluate()
+
+    def evaluate() -> dict:
         model.eval()  # nanoGPT evaluates through the DDP wrapper (no_grad: no all-reduce)
         evaluated = raw if eval_unwrapped else model
         out = {}
@@ -167,11 +171,12 @@ if __name__ == "__main__":
     p.add_argument("--stall-at", type=int, default=-1)
     p.add_argument("--stall-rank", type=int, default=-1)
     p.add_argument("--eval-unwrapped", action="store_true", help="evaluate with model.module, not the DDP wrapper")
+    p.add_argument("--eval-with-grad", action="store_true", help="evaluate without no_grad (model.eval() alone)")
     a = p.parse_args()
     torch.set_num_threads(1)
     if "RANK" in os.environ and not dist.is_initialized():  # under torchrun
         dist.init_process_group("gloo")
     train(iters=a.iters, eval_interval=a.eval_interval, eval_iters=a.eval_iters, out_dir=a.out, stall_at=a.stall_at,
-          stall_rank=a.stall_rank, eval_unwrapped=a.eval_unwrapped)
+          stall_rank=a.stall_rank, eval_unwrapped=a.eval_unwrapped, eval_with_grad=a.eval_with_grad)
     if dist.is_initialized():
         dist.destroy_process_group()

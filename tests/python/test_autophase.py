@@ -181,6 +181,30 @@ def test_hooks_outside_a_step_do_nothing_and_close_removes_them(tmp_path):
     model(x).sum().backward()  # after close: plain torch again
 
 
+def test_a_watched_models_forward_in_eval_mode_between_steps_is_an_evaluation(tmp_path):
+    # With the program's own steps, a forward of the model between them in eval mode is an
+    # evaluation also with gradients enabled (model.eval() without no_grad); in training
+    # mode it is nothing steptrace can name (other host work).
+    model = Work()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, _ = batches(1)[0]
+    with steptrace.Profiler(tmp_path, detect=False) as prof:
+        prof.watch(model, opt)
+        for i in range(4):
+            if i in (1, 3):
+                model.eval()
+                model(x)  # gradients enabled
+                model.train()
+            if i == 2:
+                model(x)  # training mode, outside a step: no interval
+            with prof.step():
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    recs = list(steptrace.read(prof.log_path, validate=True))
+    assert [(r["interval"], r["step"]) for r in recs if r["kind"] == "interval"] == [("eval", 1), ("eval", 3)]
+
+
 def test_the_gate_opens_only_on_its_thread_inside_a_step_and_closes_only_its_own(tmp_path):
     import threading
 

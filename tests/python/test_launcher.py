@@ -325,3 +325,81 @@ def test_a_frozen_teachers_forward_before_every_step_is_no_evaluation(tmp_path, 
         learning = tuple(range(FROZEN_AFTER_STEPS))  # before the rule knows the teacher
         assert intervals == [("eval", i) for i in learning + evaluations]
     assert [list(r["phases_ms"]) for r in steps(recs)] == [["forward", "backward", "optimizer"]] * 12
+
+
+EVAL_MODE_SCRIPT = textwrap.dedent("""
+    import argparse, time
+    import torch
+    from torch import nn
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--loop", required=True)
+    a = p.parse_args()
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+        def forward(self, x):
+            if not self.training:
+                time.sleep(0.01)  # the work of a bigger model's forward (the evaluation's, here)
+            return self.body(x)
+
+    model, crit = Net(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    accumulate = 2 if a.loop == "frozen batch norm" else 1
+
+    def evaluate():  # written without no_grad: model.eval() alone
+        model.eval()
+        for _ in range(4):
+            crit(model(torch.randn(16, 8)), torch.randint(0, 4, (16,)))
+
+    if a.loop != "eval without no_grad":
+        evaluate()  # then training goes on in eval mode: model.train() forgotten, or on purpose
+    for step in range(12):
+        if a.loop == "eval without no_grad":
+            model.train()
+        for _ in range(accumulate):
+            crit(model(torch.randn(16, 8)), torch.randint(0, 4, (16,))).backward()
+        opt.step()
+        opt.zero_grad()
+        if a.loop == "eval without no_grad" and step in (3, 7):
+            evaluate()
+            torch.save(model.state_dict(), "/dev/null")
+""")
+
+
+@pytest.mark.parametrize("loop", ["eval without no_grad", "forgot model.train()", "frozen batch norm"])
+def test_forwards_in_eval_mode_with_gradients_are_training_only_when_a_backward_follows(tmp_path, loop):
+    # A forward of a model in eval mode with gradients enabled, between steps, is an
+    # evaluation written without no_grad (model.eval() alone) unless a backward follows it.
+    # Under steptrace run such an evaluation's forwards began the next step and became its
+    # forward phase: micro_steps 5 and 40 ms of "forward" in a 1 ms step, the goodput
+    # counting evaluation as training. A loop that trains in eval mode (model.train()
+    # forgotten after an evaluation; frozen batch norm) must still get steps that begin at
+    # their forward, with every phase and their micro-steps.
+    script = tmp_path / "train_eval_mode.py"
+    script.write_text(EVAL_MODE_SCRIPT)
+    assert cli(["run", "--log-dir", str(tmp_path / "log"), str(script), "--loop", loop]) == 0
+    recs = records(tmp_path / "log")
+    found = steps(recs)
+    intervals = [(r["interval"], r["step"]) for r in recs if r["kind"] == "interval"]
+    assert [r["step"] for r in found] == list(range(12))
+    assert all(list(r["phases_ms"]) == list(PHASES[:3]) + ["optimizer"] for r in found)  # no clip here
+    if loop == "eval without no_grad":
+        assert intervals == [("eval", 4), ("checkpoint", 4), ("eval", 8), ("checkpoint", 8)]
+        evals = [r for r in recs if r["kind"] == "interval" and r["interval"] == "eval"]
+        assert all(r["duration_ms"] >= 4 * 10 for r in evals)  # every evaluation forward is in it
+        assert all("micro_steps" not in r.get("meta", {}) for r in found)
+        assert all(r["phases_ms"]["forward"] < 10 for r in found)  # none of evaluation's
+    else:
+        # the first evaluation (before the first step): its last forward trained after all?
+        # No: the training forward of the same module came next without a backward between
+        assert intervals == [("eval", 0)]
+        expected = 2 if loop == "frozen batch norm" else None
+        assert [r.get("meta", {}).get("micro_steps") for r in found] == [expected] * 12
+        for r in found:  # each step begins at its first forward (eval mode: 10 ms each)
+            assert r["phases_ms"]["forward"] >= 10 * (expected or 1)
+            assert r["step_ms"] >= sum(r["phases_ms"].values()) * 0.9999
