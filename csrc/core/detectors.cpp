@@ -110,6 +110,51 @@ SlowStepDetector::Noise SlowStepDetector::window_noise() {
   return n;
 }
 
+// Periodic host work between steps (logging every N steps, a callback, a metric computed
+// on the side) makes a lone slow iteration each time it runs, of about the same size: as
+// stalls they paged at every occurrence (a 50 ms log every 50 steps of a 3 ms loop: 29
+// stalls in 1,500 steps). A lone spike of a new size is held (release_held_spike); one
+// within kSpikeSize of it is the same work again: the held stall is dropped, and neither
+// it nor later ones alert. A lasting slowdown of that work is no lone spike (slow steps in
+// a row take the usual path).
+SlowStepDetector::Spike SlowStepDetector::host_work_spike(const StepRecord& r, const Grew& grew,
+                                                          double excess) {
+  if (grew.name == nullptr || *grew.name != "other" ||
+      grew.ms - grew.median_ms < kSpikeShare * excess) {
+    return Spike::kNone;
+  }
+  const bool lone = r.step - last_spike_step_ > 1 && slow_streak_ == 0 && level_ == 0;
+  last_spike_step_ = r.step;
+  if (!lone) {
+    // the held one began a lasting slowdown of that work, which the usual path judges
+    if (held_spike_ && r.step == held_spike_->step + 1) held_spike_.reset();
+    return Spike::kNone;
+  }
+  if (spike_ms_ > 0 && grew.ms <= kSpikeSize * spike_ms_ && grew.ms * kSpikeSize >= spike_ms_) {
+    recurring_spikes_ += held_spike_ ? 2 : 1;  // (the held one was the first of them)
+    held_spike_.reset();
+    return Spike::kRecurring;
+  }
+  spike_ms_ = grew.ms;
+  return Spike::kNew;
+}
+
+void SlowStepDetector::release_held_spike(std::vector<AlertEvent>& out, const char* why) {
+  if (!held_spike_) return;
+  AlertEvent alert = std::move(*held_spike_);
+  held_spike_.reset();
+  alert.message += fmt::format(
+      " (held to see whether host work of this size recurs, as periodic logging does: {})", why);
+  AlertEvent done;
+  done.resolved = true;
+  done.type = alert.type;
+  done.step = alert.step;
+  done.first_step = alert.step;
+  done.message = fmt::format("step {} was a lone stall (1 slow step)", alert.step);
+  out.push_back(std::move(alert));
+  out.push_back(std::move(done));
+}
+
 // A run of slow steps is long enough for an alert once it has regression_min_steps steps
 // and regression_min_ms of their own (wall) time, or kMaxRegressionSteps steps.
 bool SlowStepDetector::long_enough(int steps, double ms) const {
@@ -182,6 +227,9 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   // Warmup steps and failed (partial) steps say nothing about steady-state speed.
   if (r.step < config_.warmup_steps || r.failed) return;
   last_step_ = r.step;
+  if (held_spike_ && r.step >= held_spike_until_) {
+    release_held_spike(out, fmt::format("not in the {} steps after it", config_.window).c_str());
+  }
   // A step with more work than usual (a long batch under dynamic padding: its tokens, else
   // its samples, where counted) takes longer for it: it is judged per unit of that work
   // against the usual amount; a step with less work is judged as it is.
@@ -203,6 +251,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   bool slow = false;
   bool contended = false;    // slow, and mostly the host's doing
   bool peer_waited = false;  // slow, and mostly blocked waiting for another rank
+  bool recurring = false;    // slow only by the loop's recurring host work between steps
   if (judged) {
     const double median = iteration_.median();
     const double excess = iteration_ms - median;
@@ -253,6 +302,15 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
         out.push_back(contention_end(r.step));
       }
     }
+    const Spike spike = slow ? host_work_spike(r, grew, excess) : Spike::kNone;
+    if (spike == Spike::kNew && stall) {  // held: it may be the first of a periodic kind
+      held_spike_ = slow_alert(r, 2, iteration_ms, median, grew, noise);
+      held_spike_until_ = r.step + config_.window;
+    }
+    if (spike == Spike::kRecurring || (spike == Spike::kNew && stall)) {
+      slow = stall = false;
+      recurring = true;
+    }
     if (slow) {
       if (slow_streak_++ == 0) {
         streak_start_ = r.step;
@@ -298,7 +356,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   // raise its own baseline or noise; they join it when the streak or the episode ends, so
   // the window still samples every step. The parts' windows (data, other, phases) skip the
   // held steps, so a slow phase stays slow against its own median while the streak runs.
-  const bool hold = slow || contended || peer_waited;
+  const bool hold = slow || contended || peer_waited || recurring;
   const auto hold_limit = static_cast<std::size_t>(
       level_ > 0 ? config_.window : std::max(config_.window, kMaxRegressionSteps));
   const bool held = hold && held_.size() < hold_limit;
@@ -400,6 +458,7 @@ AlertEvent SlowStepDetector::contention_end(std::int64_t step) {
 }
 
 void SlowStepDetector::finish(std::vector<AlertEvent>& out) {
+  release_held_spike(out, "the run ended first");
   if (contention_active_) out.push_back(contention_end(last_step_));
   if (level_ == 0) return;
   out.push_back(episode_end(last_step_, "the run ended during the episode"));

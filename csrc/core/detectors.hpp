@@ -53,6 +53,8 @@ class SlowStepDetector {
   /// Median iteration time of the window (ms), and how many steps it holds.
   double median_iteration_ms() const { return iteration_.median(); }
   std::size_t history() const { return iteration_.size(); }
+  /// Slow steps not alerted as recurring host work between steps (host_work_spike).
+  std::int64_t recurring_spikes() const { return recurring_spikes_; }
 
  private:
   struct Noise {
@@ -80,6 +82,16 @@ class SlowStepDetector {
     double runq_ms = 0;
   };
   static HostWait host_wait_in_iteration(const StepRecord& r);
+  // A lone slow step whose excess is mostly host work between steps (`other`): a new
+  // size of it, or one within kSpikeSize of the last new one (the loop's own recurring
+  // work: logging, a callback every N steps). See the definition.
+  enum class Spike { kNone, kNew, kRecurring };
+  Spike host_work_spike(const StepRecord& r, const Grew& grew, double excess);
+  // The held stall of a new spike: written once `window` steps passed without it coming
+  // again (with its resolved record), or at the end of the run.
+  void release_held_spike(std::vector<AlertEvent>& out, const char* why);
+  static constexpr double kSpikeShare = 0.5;  // of the excess, at least, in `other`
+  static constexpr double kSpikeSize = 2.0;   // within this factor of the earlier one's
   bool long_enough(int steps, double ms) const;
   AlertEvent slow_alert(const StepRecord& r, int level, double iteration_ms, double median,
                         const Grew& grew, const Noise& noise) const;
@@ -107,6 +119,11 @@ class SlowStepDetector {
   int streak_gaps_ = 0;                   // all of them in the streak
   static constexpr int kSlowPerGap = 10;  // and one per this many slow steps
   std::int64_t streak_start_ = 0;
+  double spike_ms_ = 0;  // `other` of the last new lone host-work spike (0: none yet)
+  std::int64_t last_spike_step_ = -2;
+  std::int64_t recurring_spikes_ = 0;     // slow steps folded as recurring host work
+  std::optional<AlertEvent> held_spike_;  // a new spike's stall, held for `window` steps
+  std::int64_t held_spike_until_ = 0;
   bool contention_active_ = false;  // a host_contention episode is open
   std::int64_t contention_start_ = 0;
   std::int64_t contention_last_ = 0;

@@ -26,7 +26,7 @@ import contextlib
 import math
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -82,12 +82,14 @@ def get_batch(data: torch.Tensor, batch: int, block: int, gen: torch.Generator) 
 def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_iters: int = 20,
           accumulation: int = 2, out_dir: Optional[str] = None, stall_at: int = -1, stall_s: float = 1.5,
           intervals: bool = True, log_interval: int = 10, stall_rank: int = -1,
-          eval_unwrapped: bool = False, eval_with_grad: bool = False) -> GPT:
+          eval_unwrapped: bool = False, eval_with_grad: bool = False,
+          after_step: Optional[Callable[[GPT, int], None]] = None) -> GPT:
     """nanoGPT's loop in small. With ``prof``, each iteration is a step with explicit
     phases; with ``intervals`` the evaluation and the checkpoint are marked as such. With
     ``eval_unwrapped`` the evaluation calls the model inside the DDP wrapper
     (``model.module``), as scripts that unwrap it for evaluation or sampling do; with
-    ``eval_with_grad`` it runs without ``no_grad`` (``model.eval()`` alone, a common slip)."""
+    ``eval_with_grad`` it runs without ``no_grad`` (``model.eval()`` alone, a common slip).
+    ``after_step(model, it)`` runs after each iteration's step (logging of the script's own)."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     data = torch.randint(65, (20_000,), generator=gen)
@@ -159,6 +161,8 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
                 opt.zero_grad(set_to_none=True)
         if it % log_interval == 0 and master:
             print(f"iter {it}: loss {loss.item() * accumulation:.4f}", flush=True)
+        if after_step is not None:
+            after_step(raw, it)
     return raw
 
 
