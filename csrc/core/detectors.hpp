@@ -295,7 +295,8 @@ class IntervalHangDetector {
 };
 
 /// The record detectors together, in the order the writer thread (and an offline
-/// replay) runs them on each step record. Events about a step carry its end as unix_ns.
+/// replay) runs them on each step record. Events about a step carry its end as unix_ns
+/// (a stall held for a while, that of its own step).
 class RecordDetectors {
  public:
   RecordDetectors(const Config& config, const PhaseNames& names, std::int64_t host_limit_bytes)
@@ -310,7 +311,10 @@ class RecordDetectors {
     device_.observe(r, out);
     hw_.observe(r, out);
     checkpoints_.observe(r, out);
-    for (std::size_t i = first; i < out.size(); ++i) out[i].unix_ns = r.start_unix_ns + r.host_ns;
+    for (std::size_t i = first; i < out.size(); ++i) {
+      if (out[i].unix_ns == 0)
+        out[i].unix_ns = r.start_unix_ns + r.host_ns;  // (a held one has its own)
+    }
   }
   /// The run ended: resolves the episodes still open that count repeats.
   void finish(std::vector<AlertEvent>& out) { slow_.finish(out); }

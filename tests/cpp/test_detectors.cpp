@@ -429,21 +429,22 @@ TEST(SlowStepDetector, EvaluationAndCheckpointIntervalsAreNotPartOfTheIteration)
 // step (a phase) stalls however often it comes.
 TEST(SlowStepDetector, PeriodicHostWorkBetweenStepsIsNoStall) {
   Timeline t;
-  SlowStepDetector d(t.config, t.names);
+  RecordDetectors d(t.config, t.names, 0);
   Events events;
   std::int64_t i = 0;
   auto run = [&](std::int64_t until, double other_ms, std::int64_t every) {
     for (; i < until; ++i) {
       StepRecord r = t.step(i, 1, 4, 5);
+      r.start_unix_ns = i * kMs;
       if (i % every == 0) r.between.other_ns = static_cast<std::int64_t>(other_ms * kMs);
       d.observe(r, events);
     }
   };
   run(1000, 60, 50);
   EXPECT_TRUE(events.empty()) << events[0].message;
-  EXPECT_EQ(d.recurring_spikes(), 19);  // every one from step 50 on
-  run(1100, 100, 50);                   // within twice the size: the same work
-  run(1200, 300, 50);                   // five times it: held, then another of its size
+  EXPECT_EQ(d.slow().recurring_spikes(), 19);  // every one from step 50 on
+  run(1100, 100, 50);                          // within twice the size: the same work
+  run(1200, 300, 50);                          // five times it: held, then another of its size
   EXPECT_TRUE(events.empty()) << events[0].message;
   run(1310, 1000, 1250);  // one at 1250 that does not come again: a stall at 1350
   EXPECT_TRUE(events.empty());
@@ -453,6 +454,7 @@ TEST(SlowStepDetector, PeriodicHostWorkBetweenStepsIsNoStall) {
   EXPECT_EQ(events[0].step, 1250);
   EXPECT_EQ(events[0].phase, "other");
   EXPECT_NE(events[0].message.find("not in the 100 steps after it"), std::string::npos);
+  EXPECT_EQ(events[0].unix_ns, 1250 * kMs + 9 * kMs);  // its own step's end, not the writing one's
   EXPECT_TRUE(events[1].resolved);
   events.clear();
   for (; i < 1430; ++i) {  // that work now runs at every step: a lasting slowdown
