@@ -549,7 +549,6 @@ class GlobalPhaseHooks(_Hooks):
         frozen_modules = frozen.members
 
         eval_mode = _EvalModeForwards()
-        self._eval_mode = eval_mode
 
         def maybe_begin_step() -> None:
             if (begin_step is not None and threading.get_ident() == thread and not core.in_step
