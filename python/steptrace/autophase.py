@@ -573,7 +573,7 @@ class GlobalPhaseHooks(_Hooks):
                 forward = phase == "forward"
                 gate.gates.add(_INDEX[phase], begin_ns, end_ns, mod if forward else None)
                 if forward and work is not None:
-                    work.pre(mod, args, count=False)  # its FLOPs where its shape was counted before
+                    work.pre(mod, args, count=False)  # its samples, tokens and (counted as it ran) FLOPs
 
         def eval_mode_forward(mod: Any, args: Any, is_loss: bool) -> bool:
             """A top-level call with gradients enabled between steps: True when it is kept
@@ -589,6 +589,8 @@ class GlobalPhaseHooks(_Hooks):
             eval_mode.begin("loss" if is_loss else "forward", core.clock_ns, mod, args)
             if intervals is not None and not is_loss:  # read after the span's start: it is dropped
                 intervals.evaluation_forward()          # if the step begins there
+            if work is not None and not is_loss:
+                work.pre(mod, args, add=False)  # a new input shape's FLOPs counted, not added
             return True
 
         without_grad = intervals.forward_without_grad if intervals is not None else None

@@ -322,6 +322,7 @@ class ModelWork:
         self._mode: Any = None  # the count running over the forward in progress
         self._post_handle: Any = None
         self._key: Any = None
+        self._adding = True  # the count's FLOPs go to the step (else they are only kept)
         self._nested = 0  # calls of the model inside the counted one
         self._warned_shapes = False
         self._grad_enabled = torch.is_grad_enabled
@@ -332,25 +333,29 @@ class ModelWork:
         """Registers the forward pre-hook on ``module``; returns its handle in a list."""
         return [module.register_forward_pre_hook(self.pre, with_kwargs=True)]
 
-    def pre(self, module: Any, args: Any, kwargs: Any, count: bool = True) -> None:
-        """``count=False``: a forward that has already run (a step begun after it): its
-        samples and tokens, and its FLOPs where its input shape was counted before."""
+    def pre(self, module: Any, args: Any, kwargs: Any, count: bool = True, add: bool = True) -> None:
+        """A training forward begins: its work is added to the step. Under ``steptrace run``
+        a forward in eval mode may be training or evaluation, which a backward tells
+        afterwards (:class:`steptrace.autophase.GlobalPhaseHooks`): it comes with
+        ``add=False`` (a new input shape is counted as it runs and kept, nothing is added)
+        and, once it shows it was training, again with ``count=False`` (its samples and
+        tokens, and its FLOPs where its shape was counted)."""
         if self._compiling() or not self._grad_enabled():
             return
         if self._mode is not None:  # the model called inside its own counted forward
             self._nested += 1
             return
-        samples, tokens = batch_work(args[0] if args else kwargs)
+        samples, tokens = batch_work(args[0] if args else kwargs) if add else (-1.0, -1.0)
         flops = -1.0
         if self._count_flops:
             key = _shape_key(args, kwargs, self._tensor)
             flops = self._flops.get(key, -1.0)
             if flops < 0 and count:
-                self._start_count(module, key)
-        if samples >= 0 or tokens >= 0 or flops >= 0:
+                self._start_count(module, key, add)
+        if add and (samples >= 0 or tokens >= 0 or flops >= 0):
             self._add(samples, tokens, flops, SOURCE_MODEL)
 
-    def _start_count(self, module: Any, key: Any) -> None:
+    def _start_count(self, module: Any, key: Any, add: bool) -> None:
         if len(self._flops) >= MAX_SHAPES:
             if not self._warned_shapes:
                 self._warned_shapes = True
@@ -359,6 +364,7 @@ class ModelWork:
             return
         self._tell_dtype()
         self._key = key
+        self._adding = add
         # runs when this forward returns, or raises
         self._post_handle = module.register_forward_hook(self.post, with_kwargs=True, always_call=True)
         self._mode = _flop_mode()
@@ -377,7 +383,8 @@ class ModelWork:
         mode.__exit__(None, None, None)
         flops = 3.0 * mode.total  # forward, and backward as twice it
         self._flops[self._key] = flops
-        self._add(-1.0, -1.0, flops, SOURCE_MODEL)
+        if self._adding:
+            self._add(-1.0, -1.0, flops, SOURCE_MODEL)
 
     def _tell_dtype(self) -> None:
         if self._dtype_told:
@@ -396,11 +403,11 @@ class TopLevelWork:
         self._core = core
         self._models: dict = {}  # id(module) -> ModelWork
 
-    def pre(self, module: Any, args: Any, count: bool = True) -> None:
+    def pre(self, module: Any, args: Any, count: bool = True, add: bool = True) -> None:
         work = self._models.get(id(module))
         if work is None:
             work = self._models[id(module)] = ModelWork(self._core, module)
-        work.pre(module, args, {}, count)
+        work.pre(module, args, {}, count, add)
 
 
 class BatchWork:

@@ -83,13 +83,15 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
           accumulation: int = 2, out_dir: Optional[str] = None, stall_at: int = -1, stall_s: float = 1.5,
           intervals: bool = True, log_interval: int = 10, stall_rank: int = -1,
           eval_unwrapped: bool = False, eval_with_grad: bool = False,
-          after_step: Optional[Callable[[GPT, int], None]] = None) -> GPT:
+          after_step: Optional[Callable[[GPT, int], None]] = None, eval_mode_training: bool = False) -> GPT:
     """nanoGPT's loop in small. With ``prof``, each iteration is a step with explicit
     phases; with ``intervals`` the evaluation and the checkpoint are marked as such. With
     ``eval_unwrapped`` the evaluation calls the model inside the DDP wrapper
     (``model.module``), as scripts that unwrap it for evaluation or sampling do; with
     ``eval_with_grad`` it runs without ``no_grad`` (``model.eval()`` alone, a common slip).
-    ``after_step(model, it)`` runs after each iteration's step (logging of the script's own)."""
+    ``after_step(model, it)`` runs after each iteration's step (logging of the script's own).
+    ``eval_mode_training``: the model trains in eval mode throughout, as a custom loop over
+    a Hugging Face ``from_pretrained`` model that never calls ``model.train()`` does."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     data = torch.randint(65, (20_000,), generator=gen)
@@ -126,10 +128,12 @@ def train(prof: Any = None, *, iters: int = 300, eval_interval: int = 50, eval_i
                 _, loss = evaluated(*get_batch(source, 8, 32, gen))
                 losses[k] = loss.item()
             out[name] = losses.mean().item()
-        model.train()
+        model.train(not eval_mode_training)
         return out
 
     best = math.inf
+    if eval_mode_training:
+        model.eval()
     for it in range(iters + 1):
         if it % eval_interval == 0 and it > 0 and master:  # nanoGPT: rank 0 alone
             with scope("eval"):
@@ -176,11 +180,13 @@ if __name__ == "__main__":
     p.add_argument("--stall-rank", type=int, default=-1)
     p.add_argument("--eval-unwrapped", action="store_true", help="evaluate with model.module, not the DDP wrapper")
     p.add_argument("--eval-with-grad", action="store_true", help="evaluate without no_grad (model.eval() alone)")
+    p.add_argument("--eval-mode-training", action="store_true", help="train in eval mode (model.train() never called)")
     a = p.parse_args()
     torch.set_num_threads(1)
     if "RANK" in os.environ and not dist.is_initialized():  # under torchrun
         dist.init_process_group("gloo")
     train(iters=a.iters, eval_interval=a.eval_interval, eval_iters=a.eval_iters, out_dir=a.out, stall_at=a.stall_at,
-          stall_rank=a.stall_rank, eval_unwrapped=a.eval_unwrapped, eval_with_grad=a.eval_with_grad)
+          stall_rank=a.stall_rank, eval_unwrapped=a.eval_unwrapped, eval_with_grad=a.eval_with_grad,
+          eval_mode_training=a.eval_mode_training)
     if dist.is_initialized():
         dist.destroy_process_group()

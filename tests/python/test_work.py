@@ -219,11 +219,15 @@ def test_count_work_off_counts_nothing(tmp_path, records_of):
     assert steps and all("work" not in s for s in steps)
 
 
-def test_gpt_script_under_steptrace_run_reports_work(tmp_path, records_of):
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_gpt_script_under_steptrace_run_reports_work(tmp_path, records_of, mode):
+    # mode "eval": the model trains in eval mode throughout (a from_pretrained model that
+    # never gets model.train()): each step begins after its first forward shows it was
+    # training (steptrace.autophase._EvalModeForwards), and its work is still counted
     log_dir = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(log_dir),
                            "-o", f"peak_tflops={PEAK_TFLOPS}", str(HERE / "gpt_loop.py"), "--iters", "30",
-                           "--eval-interval", "10"],
+                           "--eval-interval", "10"] + (["--eval-mode-training"] if mode == "eval" else []),
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     records = records_of(log_dir / "rank0.jsonl")
