@@ -123,7 +123,8 @@ SlowStepDetector::Spike SlowStepDetector::host_work_spike(const StepRecord& r, c
       grew.ms - grew.median_ms < kSpikeShare * excess) {
     return Spike::kNone;
   }
-  const bool lone = r.step - last_spike_step_ > 1 && slow_streak_ == 0 && level_ == 0;
+  // (a slow streak that has not alerted yet may run on beside it: a busy host's)
+  const bool lone = r.step - last_spike_step_ > 1 && level_ == 0;
   last_spike_step_ = r.step;
   if (!lone) {
     // the held one began a lasting slowdown of that work, which the usual path judges
