@@ -304,12 +304,14 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
       }
     }
     const Spike spike = slow ? host_work_spike(r, grew, excess) : Spike::kNone;
-    if (spike == Spike::kNew && stall) {  // held: it may be the first of a periodic kind
+    const bool hold_stall =
+        spike == Spike::kNew && stall;  // it may be the first of a periodic kind
+    if (hold_stall) {
       held_spike_ = slow_alert(r, 2, iteration_ms, median, grew, noise);
       held_spike_->unix_ns = r.start_unix_ns + r.host_ns;  // when it happened, not when written
       held_spike_until_ = r.step + config_.window;
     }
-    if (spike == Spike::kRecurring || (spike == Spike::kNew && stall)) {
+    if (hold_stall || spike == Spike::kRecurring) {
       slow = stall = false;
       recurring = true;
     }

@@ -446,9 +446,6 @@ class ProfilerImpl final : public SignalClosable {
   }
 
  private:
-  // The training thread is inside a step from here to leave_step(): a close from another
-  // thread waits for that (Dekker-style: each side stores its flag, then reads the other's).
-  // False when such a close was requested first: the step is not recorded.
   // False where the step is not recorded (detached); UsageError out of order.
   bool may_begin_step() {
     if (detached_) return false;
@@ -460,6 +457,9 @@ class ProfilerImpl final : public SignalClosable {
     recorder_.check_can_begin();
     return enter_step();
   }
+  // The training thread is inside a step from here to leave_step(): a close from another
+  // thread waits for that (Dekker-style: each side stores its flag, then reads the other's).
+  // False when such a close was requested first: the step is not recorded.
   bool enter_step() noexcept {
     owner_.store(this_thread_token(), std::memory_order_relaxed);
     busy_.store(true, std::memory_order_seq_cst);

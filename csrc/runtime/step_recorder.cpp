@@ -363,8 +363,8 @@ void StepRecorder::merge_sources() noexcept {
   for (const MemorySample& s : source_samples_) merge_memory_sample(sources_sample_, s);
 }
 
-// Forgets the open interval: a step begun at or before its start (begin_step_at) makes
-// it empty.
+// Forgets the open interval (end_open_interval accounts it first): a step begun at or
+// before its start (begin_step_at) makes it empty.
 void StepRecorder::drop_open_interval() noexcept {
   open_interval_ = -1;
   inflight_.interval.store(-1, std::memory_order_release);
@@ -374,8 +374,7 @@ void StepRecorder::drop_open_interval() noexcept {
 // else into the next step's account of the gap (pending_).
 void StepRecorder::end_open_interval(std::int64_t now) noexcept {
   const auto kind = static_cast<IntervalKind>(open_interval_);
-  open_interval_ = -1;
-  inflight_.interval.store(-1, std::memory_order_release);
+  drop_open_interval();
   if (data_suspended_) {  // the data wait the interval paused goes on
     data_suspended_ = false;
     data_begin_ns_ = now;
