@@ -7,6 +7,7 @@
 #include <array>
 #include <tuple>
 
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -155,6 +156,132 @@ void ready_type(PyTypeObject& t, const char* name, Py_ssize_t size, const char* 
   }
 }
 
+// ---- `with` on a scope without a bound method per boundary ----
+// CPython's `with` looks __enter__ and __exit__ up on the manager's type and binds each
+// through the descriptor's tp_descr_get: for a C method that makes a new builtin object,
+// tracked by the GC, and frees it after the call. That is two allocations, two frees and
+// four GC-list links a `with`, on lines a training step has flushed (issue 30). So a
+// scope's __enter__ and __exit__ are a ScopeBoundary instead, whose binding is the scope
+// itself (nothing is made), and the scope is callable: with no argument it enters, with
+// the three of the exception (or three None) it exits, the only calls `with` makes.
+// Unbound (type(scope).__enter__(scope), as contextlib.ExitStack calls it, and
+// `scope.__enter__()` through LOAD_METHOD) the boundary is called with the scope first.
+using ScopeEnter = PyObject* (*)(PyObject* scope);
+using ScopeExit = PyObject* (*)(PyObject* scope, PyObject* const* args, Py_ssize_t nargs);
+
+struct RawScopeBoundary {
+  PyObject_HEAD vectorcallfunc call;  // the unbound call: boundary_call
+  PyTypeObject* scope_type;
+  ScopeEnter enter;  // null: this is the type's __exit__
+  ScopeExit exit;
+  const char* name;
+  const char* doc;
+};
+
+// A scope's call: enter with no argument, exit with three.
+template <ScopeEnter Enter, ScopeExit Exit>
+[[gnu::hot]] PyObject* scope_call(PyObject* self, PyObject* const* args, std::size_t nargsf,
+                                  PyObject* kwnames) {
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (kwnames == nullptr && nargs == 0) return Enter(self);
+  if (kwnames == nullptr && nargs == 3) return Exit(self, args, nargs);
+  PyErr_Format(PyExc_TypeError,
+               "%s objects are called only by `with` (no argument: __enter__; exc_type, exc, "
+               "traceback: __exit__), got %zd positional and %zd keyword arguments",
+               Py_TYPE(self)->tp_name, nargs, kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames));
+  return nullptr;
+}
+
+PyObject* boundary_call(PyObject* self, PyObject* const* args, std::size_t nargsf,
+                        PyObject* kwnames) {
+  const auto* b = reinterpret_cast<RawScopeBoundary*>(self);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (nargs < 1 || !Py_IS_TYPE(args[0], b->scope_type)) {
+    PyErr_Format(PyExc_TypeError,
+                 "descriptor '%s' for '%s' objects needs one as its first argument", b->name,
+                 b->scope_type->tp_name);
+    return nullptr;
+  }
+  const Py_ssize_t wanted = b->enter != nullptr ? 1 : 4;
+  if (kwnames != nullptr || nargs != wanted) {
+    PyErr_Format(PyExc_TypeError, "%s.%s takes %zd positional arguments with the scope, got %zd",
+                 b->scope_type->tp_name, b->name, wanted, nargs);
+    return nullptr;
+  }
+  return b->enter != nullptr ? b->enter(args[0]) : b->exit(args[0], args + 1, nargs - 1);
+}
+
+// scope.__enter__ / scope.__exit__: the scope itself; on the type, the boundary.
+PyObject* boundary_get(PyObject* self, PyObject* obj, PyObject* /*type*/) {
+  const auto* b = reinterpret_cast<RawScopeBoundary*>(self);
+  if (obj == nullptr || obj == Py_None) {
+    Py_INCREF(self);
+    return self;
+  }
+  if (!Py_IS_TYPE(obj, b->scope_type)) {
+    PyErr_Format(PyExc_TypeError, "descriptor '%s' for '%s' objects doesn't apply to a '%s' object",
+                 b->name, b->scope_type->tp_name, Py_TYPE(obj)->tp_name);
+    return nullptr;
+  }
+  Py_INCREF(obj);
+  return obj;
+}
+
+PyObject* boundary_doc(PyObject* self, void* /*unused*/) {
+  return PyUnicode_FromString(reinterpret_cast<RawScopeBoundary*>(self)->doc);
+}
+
+PyGetSetDef g_boundary_getset[] = {{"__doc__", boundary_doc, nullptr, nullptr, nullptr},
+                                   {nullptr, nullptr, nullptr, nullptr, nullptr}};
+PyTypeObject g_scope_boundary_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// Sets __enter__ and __exit__ of a readied scope type, whose instances call through
+// `call_offset` (their scope_call).
+void add_scope_boundaries(PyTypeObject& scope_type, ScopeEnter enter, ScopeExit exit,
+                          const char* enter_doc, const char* exit_doc) {
+  if (g_scope_boundary_type.tp_name == nullptr) {
+    g_scope_boundary_type.tp_name = "steptrace._core.ScopeBoundary";
+    g_scope_boundary_type.tp_basicsize = sizeof(RawScopeBoundary);
+    g_scope_boundary_type.tp_flags =
+        Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR;
+    g_scope_boundary_type.tp_doc = "__enter__ or __exit__ of a steptrace scope.";
+    g_scope_boundary_type.tp_vectorcall_offset = offsetof(RawScopeBoundary, call);
+    g_scope_boundary_type.tp_call = PyVectorcall_Call;
+    g_scope_boundary_type.tp_descr_get = boundary_get;
+    g_scope_boundary_type.tp_getset = g_boundary_getset;
+    if (PyType_Ready(&g_scope_boundary_type) < 0) throw py::error_already_set();
+  }
+  const std::array<std::pair<const char*, const char*>, 2> named = {
+      std::pair{"__enter__", enter_doc}, std::pair{"__exit__", exit_doc}};
+  for (const auto& [name, doc] : named) {
+    RawScopeBoundary* b = PyObject_New(RawScopeBoundary, &g_scope_boundary_type);
+    if (b == nullptr) throw py::error_already_set();
+    b->call = boundary_call;
+    b->scope_type = &scope_type;
+    b->enter = std::strcmp(name, "__enter__") == 0 ? enter : nullptr;
+    b->exit = exit;
+    b->name = name;
+    b->doc = doc;
+    const int failed =
+        PyDict_SetItemString(scope_type.tp_dict, name, reinterpret_cast<PyObject*>(b));
+    Py_DECREF(b);  // the type's dict holds it
+    if (failed != 0) throw py::error_already_set();
+  }
+  PyType_Modified(&scope_type);
+}
+
+// Readies a scope type: ready_type, then the call and the boundaries above.
+template <ScopeEnter Enter, ScopeExit Exit>
+void ready_scope_type(PyTypeObject& t, const char* name, Py_ssize_t size, Py_ssize_t call_offset,
+                      const char* doc, destructor dealloc, PyGetSetDef* getset, py::module_& m,
+                      const char* enter_doc, const char* exit_doc) {
+  t.tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_vectorcall_offset = call_offset;
+  t.tp_call = PyVectorcall_Call;
+  ready_type(t, name, size, doc, dealloc, nullptr, getset, &m);
+  add_scope_boundaries(t, Enter, Exit, enter_doc, exit_doc);
+}
+
 // ---- the phase scope, as a plain C-API type ----
 // `with prof.phase("x"):` is the hottest Python path: two calls per phase. Methods of a
 // C type (METH_NOARGS / METH_FASTCALL) skip pybind11's dispatcher, whose cost grows a lot
@@ -164,6 +291,7 @@ struct RawPhaseScope {
   // what `*owner` points to, kept here so that the shared pointer's own allocation is not
   // one more cold line per boundary (issue 30).
   PyObject_HEAD steptrace::Profiler* core;
+  vectorcallfunc call;  // scope_call: `with` calls the scope (ScopeBoundary)
   PhaseId id;
   ProfilerPtr* owner;  // owned; keeps the profiler alive as long as the scope
 };
@@ -173,7 +301,7 @@ void phase_scope_dealloc(PyObject* self) {
   Py_TYPE(self)->tp_free(self);
 }
 
-[[gnu::hot]] PyObject* phase_scope_enter(PyObject* self, PyObject* /*unused*/) {
+[[gnu::hot]] PyObject* phase_scope_enter(PyObject* self) {
   auto* s = reinterpret_cast<RawPhaseScope*>(self);
   try {
     s->core->begin_phase(s->id);
@@ -206,20 +334,17 @@ PyObject* phase_scope_name(PyObject* self, void* /*unused*/) {
   return phase_name_str(*s->core, s->id);
 }
 
-PyMethodDef g_phase_scope_methods[] = {
-    {"__enter__", phase_scope_enter, METH_NOARGS, "Starts the phase."},
-    {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(phase_scope_exit)),
-     METH_FASTCALL, "Ends the phase; never swallows an exception."},
-    {nullptr, nullptr, 0, nullptr}};
 PyGetSetDef g_phase_scope_getset[] = {
     {"name", phase_scope_name, nullptr, "The phase's name.", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 PyTypeObject g_phase_scope_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 void init_phase_scope_type(py::module_& m) {
-  ready_type(g_phase_scope_type, "steptrace._core.PhaseScope", sizeof(RawPhaseScope),
-             "The reusable scope of one phase: `with prof.phase(\"forward\"): ...`",
-             phase_scope_dealloc, g_phase_scope_methods, g_phase_scope_getset, &m);
+  ready_scope_type<phase_scope_enter, phase_scope_exit>(
+      g_phase_scope_type, "steptrace._core.PhaseScope", sizeof(RawPhaseScope),
+      offsetof(RawPhaseScope, call),
+      "The reusable scope of one phase: `with prof.phase(\"forward\"): ...`", phase_scope_dealloc,
+      g_phase_scope_getset, m, "Starts the phase.", "Ends the phase; never swallows an exception.");
 }
 
 py::object make_phase_scope(const ProfilerPtr& profiler, PhaseId id) {
@@ -227,6 +352,7 @@ py::object make_phase_scope(const ProfilerPtr& profiler, PhaseId id) {
   if (s == nullptr) throw py::error_already_set();
   s->owner = new ProfilerPtr(profiler);
   s->core = profiler.get();
+  s->call = scope_call<phase_scope_enter, phase_scope_exit>;
   s->id = id;
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
 }
@@ -493,6 +619,7 @@ class PyProfiler {
 struct RawStepScope {
   // What enter and exit read, in this object's line (as RawPhaseScope's core).
   PyObject_HEAD steptrace::Profiler* core;
+  vectorcallfunc call;  // scope_call, as RawPhaseScope's
   const StepHooks* hooks;
   StepScope* scope;  // owned; keeps both alive
 };
@@ -502,7 +629,7 @@ void step_scope_dealloc(PyObject* self) {
   Py_TYPE(self)->tp_free(self);
 }
 
-[[gnu::hot]] PyObject* step_scope_enter(PyObject* self, PyObject* /*unused*/) {
+[[gnu::hot]] PyObject* step_scope_enter(PyObject* self) {
   try {
     const auto* s = reinterpret_cast<RawStepScope*>(self);
     begin_step_with_hooks(*s->core, *s->hooks);
@@ -529,17 +656,14 @@ void step_scope_dealloc(PyObject* self) {
   Py_RETURN_FALSE;  // never swallow the exception
 }
 
-PyMethodDef g_step_scope_methods[] = {
-    {"__enter__", step_scope_enter, METH_NOARGS, "Begins the step."},
-    {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(step_scope_exit)),
-     METH_FASTCALL, "Ends the step (status error when an exception is passing)."},
-    {nullptr, nullptr, 0, nullptr}};
 PyTypeObject g_step_scope_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 void init_step_scope_type(py::module_& m) {
-  ready_type(g_step_scope_type, "steptrace._core.StepScope", sizeof(RawStepScope),
-             "The reusable scope of a step: `with prof.step(): ...`", step_scope_dealloc,
-             g_step_scope_methods, nullptr, &m);
+  ready_scope_type<step_scope_enter, step_scope_exit>(
+      g_step_scope_type, "steptrace._core.StepScope", sizeof(RawStepScope),
+      offsetof(RawStepScope, call), "The reusable scope of a step: `with prof.step(): ...`",
+      step_scope_dealloc, nullptr, m, "Begins the step.",
+      "Ends the step (status error when an exception is passing).");
 }
 
 py::object make_step_scope(const StepScope& scope) {
@@ -548,6 +672,7 @@ py::object make_step_scope(const StepScope& scope) {
   s->scope = new StepScope(scope);
   s->core = s->scope->profiler.get();
   s->hooks = s->scope->hooks.get();
+  s->call = scope_call<step_scope_enter, step_scope_exit>;
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(s));
 }
 

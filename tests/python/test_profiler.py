@@ -101,6 +101,70 @@ def test_phase_scopes_are_reused(tmp_path):
                     pass
 
 
+def test_a_step_and_its_phases_allocate_no_python_object(tmp_path):
+    # `with` binds __enter__ and __exit__ on each block; a C method would make a new object
+    # for each (two allocations a block, on lines a training step has flushed: issue 30).
+    # The scopes' binding is the scope itself. tracemalloc's peak over one step shows any
+    # object made and freed in it; the least of a few tries leaves out another thread's.
+    import tracemalloc
+
+    with steptrace.Profiler(tmp_path) as prof:
+        step, phase = prof.step, prof.phase
+        forward = phase("forward")
+
+        def one_step():
+            with step():
+                with forward:
+                    pass
+                with phase("backward"):
+                    pass
+
+        for _ in range(20):
+            one_step()
+        peaks = []
+        tracemalloc.start()
+        try:
+            for _ in range(5):
+                tracemalloc.reset_peak()
+                before, _ = tracemalloc.get_traced_memory()
+                one_step()
+                peaks.append(tracemalloc.get_traced_memory()[1] - before)
+        finally:
+            tracemalloc.stop()
+    assert min(peaks) == 0, f"bytes allocated during a step, per try: {peaks}"
+
+
+def test_scopes_enter_and_exit_as_context_managers_do_everywhere(tmp_path, records_of):
+    # The scope is its own bound __enter__/__exit__; the unbound ones (on the type) take
+    # the scope first, as contextlib.ExitStack and explicit calls use them.
+    import contextlib
+
+    with steptrace.Profiler(tmp_path) as prof:
+        scope = prof.phase("forward")
+        assert scope.__enter__ is scope and scope.__exit__ is scope
+        assert "phase" in type(scope).__enter__.__doc__
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(prof.step())
+            stack.enter_context(prof.phase("forward"))
+        with prof.step():
+            loss = prof.phase("loss")
+            assert loss.__enter__() is loss
+            assert loss.__exit__(None, None, None) is False
+            type(loss).__enter__(loss)
+            assert type(loss).__exit__(loss, None, None, None) is False
+        with pytest.raises(TypeError, match="called only by `with`"):
+            scope(1)
+        with pytest.raises(TypeError, match="doesn't apply to a 'int' object"):
+            type(scope).__enter__.__get__(1)
+        with pytest.raises(TypeError, match="needs one as its first argument"):
+            type(scope).__exit__(prof.step(), None, None, None)
+        with pytest.raises(TypeError, match="takes 4 positional arguments"):
+            type(scope).__exit__(scope)
+    steps = steps_of(records_of(prof.log_path))
+    assert [sorted(s["phases_ms"]) for s in steps] == [["forward"], ["loss"]]
+    assert all(s["status"] == "ok" for s in steps)
+
+
 def test_every_name_object_finds_its_own_scope(tmp_path, records_of):
     # prof.phase remembers the name objects it has seen, up to a cap; an equal str that is
     # not the same object, and any name once the cap is reached, takes the slower path:
