@@ -450,6 +450,18 @@ class _FrozenForwards:
         self._optimizers.clear()
 
 
+class _KeptSpan:
+    """One call kept by :class:`_EvalModeForwards`: its phase, its span on the core's clock
+    (``end_ns`` None while the call runs), the module and the call's arguments (for the
+    work count, once the span turns out to be training)."""
+
+    __slots__ = ("phase", "begin_ns", "end_ns", "module", "args")
+
+    def __init__(self, phase: str, begin_ns: int, module: Any, args: Any) -> None:
+        self.phase, self.begin_ns, self.end_ns = phase, begin_ns, None
+        self.module, self.args = module, args
+
+
 class _EvalModeForwards:
     """Under ``steptrace run``: the top-level calls, between steps, of a module in eval mode
     with gradients enabled, and the loss calls after them. Such a forward is an evaluation
@@ -463,24 +475,24 @@ class _EvalModeForwards:
     evaluation."""
 
     def __init__(self) -> None:
-        self.spans: list[list[Any]] = []  # [phase, begin_ns, end_ns or None, module, args]
-        self.running: Optional[list[Any]] = None  # the span whose call has not returned
+        self.spans: list[_KeptSpan] = []
+        self.running: Optional[_KeptSpan] = None  # the span whose call has not returned
 
     def holds(self, module: Any) -> bool:
-        return any(span[3] is module for span in self.spans)
+        return any(span.module is module for span in self.spans)
 
     def begin(self, phase: str, begin_ns: int, module: Any, args: Any) -> None:
         if phase == "forward" and self.holds(module):
             self.spans.clear()  # the same module again without a backward: those were evaluation
-        self.running = [phase, begin_ns, None, module, args]
+        self.running = _KeptSpan(phase, begin_ns, module, args)
         self.spans.append(self.running)
 
     def end(self, module: Any, end_ns: int) -> None:
-        if self.running is not None and self.running[3] is module:
-            self.running[2] = end_ns
+        if self.running is not None and self.running.module is module:
+            self.running.end_ns = end_ns
             self.running = None
 
-    def take(self) -> list[list[Any]]:
+    def take(self) -> list[_KeptSpan]:
         spans, self.spans, self.running = self.spans, [], None
         return spans
 
@@ -563,17 +575,17 @@ class GlobalPhaseHooks(_Hooks):
                     return
                 frozen.step_began()
 
-        def begin_late(spans: list[list[Any]]) -> None:
+        def begin_late(spans: list[_KeptSpan]) -> None:
             """The forwards in eval mode were training after all: the step began at the
             first of them, and they are its forward and loss phases."""
-            core.begin_step_at(spans[0][1])
-            for phase, begin_ns, end_ns, mod, args in spans:
-                if end_ns is None:  # still running (a backward inside its forward)
-                    end_ns = core.clock_ns
-                forward = phase == "forward"
-                gate.gates.add(_INDEX[phase], begin_ns, end_ns, mod if forward else None)
+            core.begin_step_at(spans[0].begin_ns)
+            for span in spans:
+                # (end_ns None: still running, a backward inside its forward)
+                end_ns = core.clock_ns if span.end_ns is None else span.end_ns
+                forward = span.phase == "forward"
+                gate.gates.add(_INDEX[span.phase], span.begin_ns, end_ns, span.module if forward else None)
                 if forward and work is not None:
-                    work.pre(mod, args, count=False)  # its samples, tokens and (counted as it ran) FLOPs
+                    work.pre(span.module, span.args, count=False)  # its samples, tokens and (counted as it ran) FLOPs
 
         def eval_mode_forward(mod: Any, args: Any, is_loss: bool) -> bool:
             """A top-level call with gradients enabled between steps: True when it is kept
