@@ -251,19 +251,24 @@ void add_scope_boundaries(PyTypeObject& scope_type, ScopeEnter enter, ScopeExit 
     g_scope_boundary_type.tp_getset = g_boundary_getset;
     if (PyType_Ready(&g_scope_boundary_type) < 0) throw py::error_already_set();
   }
-  const std::array<std::pair<const char*, const char*>, 2> named = {
-      std::pair{"__enter__", enter_doc}, std::pair{"__exit__", exit_doc}};
-  for (const auto& [name, doc] : named) {
+  struct Boundary {
+    const char* name;
+    const char* doc;
+    ScopeEnter enter;  // null for __exit__
+  };
+  const std::array<Boundary, 2> named = {Boundary{"__enter__", enter_doc, enter},
+                                         Boundary{"__exit__", exit_doc, nullptr}};
+  for (const Boundary& n : named) {
     RawScopeBoundary* b = PyObject_New(RawScopeBoundary, &g_scope_boundary_type);
     if (b == nullptr) throw py::error_already_set();
     b->call = boundary_call;
     b->scope_type = &scope_type;
-    b->enter = std::strcmp(name, "__enter__") == 0 ? enter : nullptr;
+    b->enter = n.enter;
     b->exit = exit;
-    b->name = name;
-    b->doc = doc;
+    b->name = n.name;
+    b->doc = n.doc;
     const int failed =
-        PyDict_SetItemString(scope_type.tp_dict, name, reinterpret_cast<PyObject*>(b));
+        PyDict_SetItemString(scope_type.tp_dict, n.name, reinterpret_cast<PyObject*>(b));
     Py_DECREF(b);  // the type's dict holds it
     if (failed != 0) throw py::error_already_set();
   }
