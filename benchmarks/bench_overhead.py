@@ -438,12 +438,17 @@ def mean_ci(diffs: List[float]) -> tuple:
     return m, m - h, m + h
 
 
-def median_ci(diffs: List[float], resamples: int = 4000, seed: int = 1) -> tuple:
-    """Median of the paired differences and a 95% percentile-bootstrap interval."""
-    rng = random.Random(seed)
+def shift_ci(diffs: List[float]) -> tuple:
+    """The Hodges-Lehmann shift of paired differences (the median of their pairwise means)
+    and its 95% interval from the Wilcoxon signed-rank test (normal approximation). The
+    difference of two blocks that differ only by steptrace is the shift plus the difference
+    of two draws of the same noise, which is symmetric whatever the noise's own shape: so
+    the shift is what the mean estimates, and a host's heavy-tailed slow blocks (a
+    neighbour's burst, a slower 100 ms) widen it far less than they widen the t interval."""
     n = len(diffs)
-    meds = sorted(statistics.median(rng.choices(diffs, k=n)) for _ in range(resamples))
-    return statistics.median(diffs), meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
+    walsh = sorted((diffs[i] + diffs[j]) / 2 for i in range(n) for j in range(i, n))
+    k = max(0, int(n * (n + 1) / 4 - 1.96 * math.sqrt(n * (n + 1) * (2 * n + 1) / 24)))
+    return statistics.median(walsh), walsh[k], walsh[len(walsh) - 1 - k]
 
 
 def _thread_cpu_ns() -> Dict[int, int]:
@@ -510,12 +515,29 @@ def _nothing() -> None:
 BLOCK_VARIANTS = [("bare", None), ("default options", {})]
 
 
+def _half_width(base: List[float], arm: List[float]) -> float:
+    """Half the width of the shift's 95% interval (shift_ci, ns); infinite under 2 pairs."""
+    if len(base) < 2:
+        return math.inf
+    _, lo, hi = shift_ci([b - a for a, b in zip(base, arm)])
+    return (hi - lo) / 2
+
+
 def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int,
-                         workloads: List[tuple], variants: List[tuple]) -> List[Dict[str, object]]:
-    """For each workload (name, step callable, phases): `blocks` rounds; in each round one
-    block of `block_steps` steps of every variant (bare first in the list), in a shuffled
-    order; the overhead per step is each variant's block time less the bare block's of the
-    same round, over block_steps. The profilers stay open across rounds (the steady state);
+                         workloads: List[tuple], variants: List[tuple], half_width_ns: float = 0,
+                         max_blocks: int = 0) -> List[Dict[str, object]]:
+    """For each workload (name, step callable, phases): rounds of one block of `block_steps`
+    steps of every variant (bare first in the list), in a shuffled order; the overhead per
+    step is each variant's block time less the bare block's of the same round, over
+    block_steps. `blocks` rounds, and while the second variant's shift interval of thread CPU
+    (shift_ci) is wider than +-half_width_ns (0: never), `blocks` more, up to max_blocks: the stopping rule
+    looks at the interval's width only, never at where it lies, so it does not steer the
+    verdict. Where blocks may be added, what exists before the rounds is frozen out of the
+    garbage collector, so the collection before each block takes microseconds, not the
+    40-100 ms of walking torch's objects, and the time goes to blocks. (The empty steps keep
+    the slow collection: its pause lets the writer drain 3,000 steps of 0.2 us, which no
+    real loop makes back to back; without it the writer runs flat out beside them and the
+    figure is the sustained case's.) The profilers stay open across rounds (the steady state);
     the time a profiler waits for the other variants' blocks is an "eval" interval, so the
     detectors leave it out of the iterations. Also the CPU time of the process's other
     threads (steptrace's writer, watchdog and alert threads) per profiled step."""
@@ -528,10 +550,21 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
             run(max(100, block_steps // 3))
             if arm.away is not None:
                 arm.away.__enter__()
+        if half_width_ns > 0:
+            gc.collect()
+            gc.freeze()
         main_tid = threading.get_native_id()
         before, wall0 = _thread_cpu_ns(), pc()
         order = list(range(len(arms)))
-        for _ in range(blocks):
+        rounds = 0
+        while rounds % blocks or (rounds == 0 and blocks) or (
+                half_width_ns > 0 and rounds + blocks <= max_blocks and len(arms) > 1 and
+                _half_width(arms[0].cpu_per_step, arms[1].cpu_per_step) > half_width_ns):
+            if rounds and rounds % blocks == 0:
+                hw = _half_width(arms[0].cpu_per_step, arms[1].cpu_per_step) / 1e3
+                print(f"  {wname}: {rounds} blocks, interval +-{hw:.2f} us, wider than "
+                      f"+-{half_width_ns / 1e3:.2f}: {blocks} more", flush=True)
+            rounds += 1
             rng.shuffle(order)
             for i in order:
                 arm = arms[i]
@@ -548,8 +581,10 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
                 arm.per_step.append(ns / block_steps)
                 arm.cpu_per_step.append(cpu / block_steps)
         after, wall = _thread_cpu_ns(), pc() - wall0
+        if half_width_ns > 0:
+            gc.unfreeze()
         others = sum(after[t] - before.get(t, 0) for t in after if t != main_tid)
-        row: Dict[str, object] = {"workload": wname, "blocks": blocks, "block_steps": block_steps,
+        row: Dict[str, object] = {"workload": wname, "blocks": rounds, "block_steps": block_steps,
                                   "bare_us": statistics.median(arms[0].per_step) / 1e3,
                                   "bare_cpu_us": statistics.median(arms[0].cpu_per_step) / 1e3, "variants": []}
         for arm in arms[1:]:
@@ -558,8 +593,8 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
                 diffs = [b - a for a, b in zip(base, mine)]
                 q = statistics.quantiles(diffs, n=4)
                 row["variants"].append({"name": f"{arm.name}, {label}", "mean": mean_ci(diffs),
-                                        "median": median_ci(diffs), "iqr": (q[0], q[2])})
-        profiled = blocks * block_steps * max(1, sum(arm.prof is not None for arm in arms))
+                                        "shift": shift_ci(diffs), "iqr": (q[0], q[2])})
+        profiled = rounds * block_steps * max(1, sum(arm.prof is not None for arm in arms))
         row["other_threads_ns_per_step"] = others / profiled
         row["other_threads_pct"] = 100 * others / wall  # of one core, while the profilers are open
         for arm in arms:
@@ -793,11 +828,11 @@ def print_interleaved(rows: List[Dict[str, object]]) -> None:
     for row in rows:
         print(f"\n== {row['workload']}: {row['blocks']} interleaved, shuffled blocks of {row['block_steps']} "
               f"steps; bare step {row['bare_us']:.1f} us wall, {row['bare_cpu_us']:.1f} us CPU (median block) ==")
-        print(f"{'overhead per step, us':29s} {'mean':>8s} {'95% CI (t)':>18s} {'median':>8s} "
-              f"{'95% CI (bootstrap)':>20s} {'IQR':>18s}")
+        print(f"{'overhead per step, us':29s} {'mean':>8s} {'95% CI (t)':>18s} {'shift':>8s} "
+              f"{'95% CI (Wilcoxon)':>20s} {'IQR':>18s}")
         for v in row["variants"]:
             m, lo, hi = (x / 1e3 for x in v["mean"])
-            md, mlo, mhi = (x / 1e3 for x in v["median"])
+            md, mlo, mhi = (x / 1e3 for x in v["shift"])
             q1, q3 = (x / 1e3 for x in v["iqr"])
             print(f"{v['name']:29s} {m:+8.2f} {lo:+8.2f}..{hi:+8.2f} {md:+8.2f} {mlo:+9.2f}..{mhi:+8.2f} "
                   f"{q1:+8.2f}..{q3:+8.2f}")
@@ -805,7 +840,8 @@ def print_interleaved(rows: List[Dict[str, object]]) -> None:
               f"per profiled step, {row['other_threads_pct']:.2f}% of a core; alerts in the logs: {row.get('alerts')}")
         if "0.5 ms" in str(row["workload"]):
             v = next(v for v in row["variants"] if v["name"] == "default options, thread CPU")
-            print_goal(f"{row['blocks']} interleaved blocks, thread CPU", v["mean"])
+            print_goal(f"{row['blocks']} interleaved blocks, thread CPU, mean", v["mean"])
+            print_goal(f"{row['blocks']} interleaved blocks, thread CPU, shift", v["shift"])
 
 
 # --------------------------------------------------------------------------------------
@@ -1147,6 +1183,9 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=40, help="interleaved, shuffled blocks per workload in "
                         "the overhead comparison (issue 30; default 40, --quick 10)")
     parser.add_argument("--block-steps", type=int, default=300, help="steps per block (empty steps: 10x)")
+    parser.add_argument("--half-width", type=float, default=1.0, help="0.5 ms step: while the 95%% interval of "
+                        "its overhead is wider than +- this (us), another --blocks blocks (0: --blocks only)")
+    parser.add_argument("--max-blocks", type=int, default=400, help="0.5 ms step: at most this many blocks")
     parser.add_argument("--block-seed", type=int, default=30, help="seed of the blocks' shuffled order")
     parser.add_argument("--pairs", type=int, default=10000, help="rounds of adjacent steps (bare, steptrace, "
                         "hand-written timers, record_function) after the blocks (the 5 ms step: a tenth; 0: none)")
@@ -1155,6 +1194,12 @@ def main() -> int:
     parser.add_argument("--aa", action="store_true", help="a second bare variant in the blocks (an A/A "
                         "comparison: the noise floor of the difference)")
     args = parser.parse_args()
+    for name in ("blocks", "block_steps", "max_blocks", "pairs"):
+        if getattr(args, name) < 0 or (name == "block_steps" and args.block_steps < 1):
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be "
+                         f"{'at least 1' if name == 'block_steps' else '0 or more'}")
+    if args.half_width < 0:
+        parser.error(f"--half-width {args.half_width}: must be 0 (no more blocks) or a width in us above 0")
 
     trials = args.trials or (3 if args.quick else 9)
     reps = args.reps or (20_000 if args.quick else 200_000)
@@ -1177,9 +1222,10 @@ def main() -> int:
             variants = BLOCK_VARIANTS + ([("bare again (A/A)", None)] if args.aa else [])
             print(f"\n== overhead per step, default options against bare (issue 30: <= 5 us on the 0.5 ms "
                   f"step, <= 2 us empty) ==")
+            half_width = 0 if args.quick else args.half_width * 1e3
             rows = [] if blocks == 0 else interleaved_overhead(tmp / "blocks", blocks, bs, args.block_seed, [
                 ("MLP 64->256->10, batch 64 (the 0.5 ms step), 5 phases", _mlp_step(64, 256, 10, 64), 5),
-            ], variants)
+            ], variants, half_width, args.max_blocks)
             rows += [] if blocks == 0 else interleaved_overhead(tmp / "blocks-5ms", blocks, max(30, bs // 10), args.block_seed, [
                 ("MLP 256->1536->10, batch 128 (the ~5 ms step), 5 phases", _mlp_step(256, 1536, 10, 128), 5),
             ], variants)
