@@ -1,6 +1,6 @@
 """Host overhead of steptrace from Python, side by side with the alternatives, in one run.
 
-    python benchmarks/bench_overhead.py            # full run (about 5 minutes on 2 cores, bench_phase 3 more)
+    python benchmarks/bench_overhead.py            # full run (5-12 minutes on 2 cores: the blocks run until resolved; bench_phase 3 more)
     python benchmarks/bench_overhead.py --quick    # a fast, noisier run (about 35 s without bench_phase)
 
 Micro-benchmarks (time.perf_counter_ns, the median of several interleaved trials, each of
@@ -24,6 +24,14 @@ many repetitions; the empty loop is subtracted):
   with the default options (RSS, also read at most every 10 ms, at the same steps). The
   warm and cold costs of the reading alone are in bench_phase (``BM_RunQueueRead``,
   ``BM_AfterUserWork``).
+
+With ``--blocks-only`` (and before the rest otherwise), issue 30's comparison: the default
+options against bare in interleaved, shuffled blocks of 300 steps on a 0.5 ms MLP step, a
+5 ms step and an empty step, each difference with the mean's t interval and the
+Hodges-Lehmann shift's Wilcoxon interval (robust to a host's heavy-tailed slow blocks);
+the 0.5 ms step gets 40 blocks at a time until the shift's interval is within
+``--half-width`` (0.5 us) or ``--max-blocks`` (800) is reached; then adjacent single steps
+of every arm (``--pairs``).
 
 Then the slowdown of a real small CPU training loop (MLP 64->256->10, batch 64, SGD,
 ``torch.set_num_threads(1)``), run with and without steptrace, in interleaved rounds with the
@@ -1183,9 +1191,9 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=40, help="interleaved, shuffled blocks per workload in "
                         "the overhead comparison (issue 30; default 40, --quick 10)")
     parser.add_argument("--block-steps", type=int, default=300, help="steps per block (empty steps: 10x)")
-    parser.add_argument("--half-width", type=float, default=1.0, help="0.5 ms step: while the 95%% interval of "
+    parser.add_argument("--half-width", type=float, default=0.5, help="0.5 ms step: while the 95%% interval of "
                         "its overhead is wider than +- this (us), another --blocks blocks (0: --blocks only)")
-    parser.add_argument("--max-blocks", type=int, default=400, help="0.5 ms step: at most this many blocks")
+    parser.add_argument("--max-blocks", type=int, default=800, help="0.5 ms step: at most this many blocks")
     parser.add_argument("--block-seed", type=int, default=30, help="seed of the blocks' shuffled order")
     parser.add_argument("--pairs", type=int, default=10000, help="rounds of adjacent steps (bare, steptrace, "
                         "hand-written timers, record_function) after the blocks (the 5 ms step: a tenth; 0: none)")
