@@ -712,6 +712,10 @@ def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple
         arms = _paired_arms(prof, work, phases)
         if aa:
             arms.append(("bare again (A/A)", arms[0][1]))
+        # Collected before the first step: between two of the profiler's steps, the 40-100 ms
+        # of walking torch's objects was host work 40x its iteration, which paged a stall.
+        gc.collect()
+        gc.disable()
         for _ in range(300):  # past the detectors' warmup and baseline, and the heap's dense reads
             for _, run in arms:
                 run()
@@ -723,8 +727,6 @@ def paired_overhead(log_dir: Path, rounds: int, seed: int, workloads: List[tuple
         # longer than the recent ones", which read their own run queue at the step's end (a
         # cold /proc read), what a regular loop does not do (issue 30).
         others = [i for i in range(len(arms)) if i != STEPTRACE_ARM]
-        gc.collect()
-        gc.disable()
         try:
             for _ in range(rounds):
                 rng.shuffle(others)
