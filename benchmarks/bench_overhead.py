@@ -537,10 +537,10 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
     """For each workload (name, step callable, phases): rounds of one block of `block_steps`
     steps of every variant (bare first in the list), in a shuffled order; the overhead per
     step is each variant's block time less the bare block's of the same round, over
-    block_steps. `blocks` rounds, and while the second variant's shift interval of thread CPU
-    (shift_ci) is wider than +-half_width_ns (0: never), `blocks` more, up to max_blocks: the stopping rule
-    looks at the interval's width only, never at where it lies, so it does not steer the
-    verdict. Where blocks may be added, what exists before the rounds is frozen out of the
+    block_steps. `blocks` rounds, and while the second variant's shift interval of thread
+    CPU (shift_ci) is wider than +-half_width_ns (0: never), `blocks` more, up to
+    max_blocks: the stopping rule looks at the interval's width only, never at where it
+    lies, so it does not steer the verdict. Where blocks may be added, what exists before the rounds is frozen out of the
     garbage collector, so the collection before each block takes microseconds, not the
     40-100 ms of walking torch's objects, and the time goes to blocks. (The empty steps keep
     the slow collection: its pause lets the writer drain 3,000 steps of 0.2 us, which no
@@ -565,7 +565,7 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
         before, wall0 = _thread_cpu_ns(), pc()
         order = list(range(len(arms)))
         rounds = 0
-        while rounds % blocks or (rounds == 0 and blocks) or (
+        while rounds < blocks or rounds % blocks or (
                 half_width_ns > 0 and rounds + blocks <= max_blocks and len(arms) > 1 and
                 _half_width(arms[0].cpu_per_step, arms[1].cpu_per_step) > half_width_ns):
             if rounds and rounds % blocks == 0:
