@@ -540,13 +540,13 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
     block_steps. `blocks` rounds, and while the second variant's shift interval of thread
     CPU (shift_ci) is wider than +-half_width_ns (0: never), `blocks` more, up to
     max_blocks: the stopping rule looks at the interval's width only, never at where it
-    lies, so it does not steer the verdict. Where blocks may be added, what exists before the rounds is frozen out of the
-    garbage collector, so the collection before each block takes microseconds, not the
-    40-100 ms of walking torch's objects, and the time goes to blocks. (The empty steps keep
-    the slow collection: its pause lets the writer drain 3,000 steps of 0.2 us, which no
-    real loop makes back to back; without it the writer runs flat out beside them and the
-    figure is the sustained case's.) The profilers stay open across rounds (the steady state);
-    the time a profiler waits for the other variants' blocks is an "eval" interval, so the
+    lies, so it does not steer the verdict. Where blocks may be added, what exists before
+    the rounds is frozen out of the garbage collector, so the collection before each block
+    takes microseconds, not the 40-100 ms of walking torch's objects, and the time goes to
+    blocks. (The empty steps keep the slow collection: its pause lets the writer drain
+    3,000 steps of 0.2 us, which no real loop makes back to back; without it the writer
+    runs flat out beside them and the figure is the sustained case's.) The profilers stay
+    open across rounds (the steady state); the time a profiler waits for the other variants' blocks is an "eval" interval, so the
     detectors leave it out of the iterations. Also the CPU time of the process's other
     threads (steptrace's writer, watchdog and alert threads) per profiled step."""
     rng = random.Random(seed)
@@ -565,12 +565,14 @@ def interleaved_overhead(log_dir: Path, blocks: int, block_steps: int, seed: int
         before, wall0 = _thread_cpu_ns(), pc()
         order = list(range(len(arms)))
         rounds = 0
-        while rounds < blocks or rounds % blocks or (
-                half_width_ns > 0 and rounds + blocks <= max_blocks and len(arms) > 1 and
-                _half_width(arms[0].cpu_per_step, arms[1].cpu_per_step) > half_width_ns):
-            if rounds and rounds % blocks == 0:
-                hw = _half_width(arms[0].cpu_per_step, arms[1].cpu_per_step) / 1e3
-                print(f"  {wname}: {rounds} blocks, interval +-{hw:.2f} us, wider than "
+        while True:
+            if rounds >= blocks and rounds % blocks == 0:  # whole rounds of `blocks` only
+                if half_width_ns <= 0 or len(arms) < 2 or rounds + blocks > max_blocks:
+                    break
+                hw = _half_width(arms[0].cpu_per_step, arms[1].cpu_per_step)
+                if hw <= half_width_ns:
+                    break
+                print(f"  {wname}: {rounds} blocks, interval +-{hw / 1e3:.2f} us, wider than "
                       f"+-{half_width_ns / 1e3:.2f}: {blocks} more", flush=True)
             rounds += 1
             rng.shuffle(order)
@@ -1194,7 +1196,7 @@ def main() -> int:
                         "the overhead comparison (issue 30; default 40, --quick 10)")
     parser.add_argument("--block-steps", type=int, default=300, help="steps per block (empty steps: 10x)")
     parser.add_argument("--half-width", type=float, default=0.5, help="0.5 ms step: while the 95%% interval of "
-                        "its overhead is wider than +- this (us), another --blocks blocks (0: --blocks only)")
+                        "its overhead is wider than +- this (us), another --blocks blocks (0, and with --quick: --blocks only)")
     parser.add_argument("--max-blocks", type=int, default=800, help="0.5 ms step: at most this many blocks")
     parser.add_argument("--block-seed", type=int, default=30, help="seed of the blocks' shuffled order")
     parser.add_argument("--pairs", type=int, default=10000, help="rounds of adjacent steps (bare, steptrace, "
@@ -1204,10 +1206,9 @@ def main() -> int:
     parser.add_argument("--aa", action="store_true", help="a second bare variant in the blocks (an A/A "
                         "comparison: the noise floor of the difference)")
     args = parser.parse_args()
-    for name in ("blocks", "block_steps", "max_blocks", "pairs"):
-        if getattr(args, name) < 0 or (name == "block_steps" and args.block_steps < 1):
-            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be "
-                         f"{'at least 1' if name == 'block_steps' else '0 or more'}")
+    for name, least in (("blocks", 0), ("block_steps", 1), ("max_blocks", 0), ("pairs", 0)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be {least} or more")
     if args.half_width < 0:
         parser.error(f"--half-width {args.half_width}: must be 0 (no more blocks) or a width in us above 0")
 
