@@ -48,10 +48,14 @@ struct ScriptedRun {
 // `steps` one-second steps of scenario `scenario`, a reading at the end of each. The fake's
 // reading 0 is the backend's own check at creation, reading 1 is taken before the first
 // step, so step i gets reading i + 2. Alerts reach `on_alert` with the steps done by then.
+// With `readings_per_step` n > 1, readings come every 1/n s (of the fake clock and of the
+// fake's scripted time) instead: step i gets readings 2 + n i .. 1 + n (i + 1).
 ScriptedRun play(const TempDir& tmp, const char* scenario, int steps,
-                 std::vector<std::pair<int, std::string>>* on_alert = nullptr) {
+                 std::vector<std::pair<int, std::string>>* on_alert = nullptr,
+                 int readings_per_step = 1) {
   setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
   setenv("STEPTRACE_FAKE_NVML_SCENARIO", scenario, 1);
+  setenv("STEPTRACE_FAKE_NVML_READING_MS", std::to_string(1000 / readings_per_step).c_str(), 1);
   Config config = testing::run_config(tmp);
   config.warmup_steps = 5;
   Backends backends;
@@ -59,6 +63,7 @@ ScriptedRun play(const TempDir& tmp, const char* scenario, int steps,
   fake::FakeClock* c = clock.get();
   std::string why;
   auto source = make_nvml_telemetry(0, 0, &why, c);
+  unsetenv("STEPTRACE_FAKE_NVML_READING_MS");  // read at nvmlInit_v2, done
   EXPECT_NE(source, nullptr) << why;
   TelemetrySource* nvml = source.get();
   backends.clock = std::move(clock);
@@ -71,10 +76,15 @@ ScriptedRun play(const TempDir& tmp, const char* scenario, int steps,
       on_alert->push_back({done, nlohmann::json::parse(line).at("type")});
     });
   }
+  const std::int64_t period_ns = kS / readings_per_step;
   for (int i = 0; i < steps; ++i) {
     {
       auto step = prof.step();
-      c->advance(kS);
+      for (int k = 1; k < readings_per_step; ++k) {
+        c->advance(period_ns);
+        sample_nvml_now(*nvml);
+      }
+      c->advance(period_ns);
     }
     done = i + 1;
     sample_nvml_now(*nvml);
@@ -197,6 +207,127 @@ TEST(Nvml, PowerDrop700To200WIsPowerDrop) {
   EXPECT_EQ(a.at("step"), 38);  // reading 40 is the first at 200 W: step 38's
   EXPECT_EQ(a.at("value"), 500);
   EXPECT_EQ(a.at("threshold"), 280);  // min(300 W, 0.4 x the 700 W limit)
+}
+
+// Issue 49: nvmlDeviceGetPowerUsage is a trailing 1 s mean on Hopper, so read every 100 ms
+// (the default nvml_interval_ms) the 700 -> 200 W drop falls 50 W a reading for a second and
+// never crosses the 280 W threshold. The instantaneous field shows it in one reading.
+TEST(Nvml, PowerDropReadEvery100MsIsPowerDropThroughTheInstantaneousField) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "drop", 45, nullptr, 10);
+  const auto& telemetry = run.records.front().at("backends").at("telemetry");
+  EXPECT_NE(telemetry.at("device").get<std::string>().find("NVML_FI_DEV_POWER_INSTANT"),
+            std::string::npos)
+      << telemetry.dump();
+  ASSERT_FALSE(run.alert_types().empty());
+  EXPECT_EQ(run.alert_types().front(), "power_drop");
+  const auto& a = run.first("power_drop");
+  // reading 391 (39.1 s) is the first at 200 W: the last of step 38's 382..391
+  EXPECT_EQ(a.at("step"), 38);
+  EXPECT_EQ(a.at("value"), 500);
+  EXPECT_EQ(run.steps().at(30).at("hw").at("samples"), 10);
+  EXPECT_NEAR(run.steps().at(30).at("hw").at("power_w").get<double>(), 700, 1e-6);
+  EXPECT_NEAR(run.steps().at(42).at("hw").at("power_w").get<double>(), 200, 1e-6);
+}
+
+// An A100 (GA100) under a driver without the power fields: field 186 answers NOT_SUPPORTED,
+// and nvmlDeviceGetPowerUsage, instantaneous on GA100 and older, is read instead.
+TEST(Nvml, PowerDropOnAGa100WithoutThePowerFieldsReadsGetPowerUsage) {
+  TempDir tmp;
+  const ScriptedRun run = play(tmp, "drop_ga100", 45, nullptr, 10);
+  const auto& telemetry = run.records.front().at("backends").at("telemetry");
+  EXPECT_EQ(telemetry.at("active"), nlohmann::json::array({"nvml"}));
+  EXPECT_NE(telemetry.at("device").get<std::string>().find("power: nvmlDeviceGetPowerUsage"),
+            std::string::npos)
+      << telemetry.dump();
+  ASSERT_FALSE(run.alert_types().empty());
+  EXPECT_EQ(run.alert_types().front(), "power_drop");
+  EXPECT_EQ(run.first("power_drop").at("step"), 38);
+  EXPECT_EQ(run.first("power_drop").at("value"), 500);
+}
+
+// The stand-in itself, as documented: on its H100, nvmlDeviceGetPowerUsage and field 185 are
+// the mean over the second before the reading, field 186 the power at the reading; on a
+// "_ga100" series GetPowerUsage is the power at the reading and both fields NOT_SUPPORTED.
+// "drop" at a reading every 100 ms: 700 W up to 39 s, 200 W after.
+struct StandIn {
+  struct Field {  // nvmlFieldValue_t
+    unsigned field_id, scope_id;
+    long long timestamp, latency_usec;
+    unsigned value_type;
+    int nvml_return;
+    union {
+      double d;
+      unsigned ui;
+      unsigned long long ull;
+    } value;
+  };
+  void* lib = dlopen(STEPTRACE_FAKE_NVML_PATH, RTLD_NOW | RTLD_LOCAL);
+  int (*init)() = nullptr;
+  int (*handle)(unsigned, void**) = nullptr;
+  int (*usage)(void*, unsigned*) = nullptr;
+  int (*fields)(void*, int, Field*) = nullptr;
+  void* dev = nullptr;
+
+  explicit StandIn(const char* scenario) {
+    if (lib == nullptr) return;
+    init = reinterpret_cast<decltype(init)>(dlsym(lib, "nvmlInit_v2"));
+    handle = reinterpret_cast<decltype(handle)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    usage = reinterpret_cast<decltype(usage)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
+    fields = reinterpret_cast<decltype(fields)>(dlsym(lib, "nvmlDeviceGetFieldValues"));
+    setenv("STEPTRACE_FAKE_NVML_SCENARIO", scenario, 1);
+    setenv("STEPTRACE_FAKE_NVML_READING_MS", "100", 1);
+    if (init != nullptr && init() == 0 && handle != nullptr) handle(0, &dev);
+    unsetenv("STEPTRACE_FAKE_NVML_READING_MS");
+  }
+  ~StandIn() {
+    if (lib != nullptr) dlclose(lib);
+  }
+  bool ok() const { return dev != nullptr && usage != nullptr && fields != nullptr; }
+  // GetPowerUsage (field 0) or a field's value, W; -1 when not answered with success
+  double read(unsigned field, int* ret = nullptr) {
+    if (field == 0) {
+      unsigned mw = 0;
+      return usage(dev, &mw) == 0 ? mw / 1000.0 : -1;
+    }
+    Field f{};
+    f.field_id = field;
+    f.nvml_return = -1;
+    if (fields(dev, 1, &f) != 0) return -1;
+    if (ret != nullptr) *ret = f.nvml_return;
+    return f.nvml_return == 0 && f.value_type == 1 ? f.value.ui / 1000.0 : -1;
+  }
+};
+
+TEST(Nvml, TheStandInAveragesGetPowerUsageOverTheLastSecondAsNvmlDocumentsForHopper) {
+  for (const unsigned field : {0u, 185u}) {  // GetPowerUsage, NVML_FI_DEV_POWER_AVERAGE
+    StandIn nvml("drop");
+    ASSERT_TRUE(nvml.ok());
+    for (long k = 0; k <= 420; ++k) {  // reading k at k x 100 ms
+      const double mean = k <= 390   ? 700
+                          : k >= 400 ? 200
+                                     : 700 - 50.0 * static_cast<double>(k - 390);
+      ASSERT_NEAR(nvml.read(field), mean, 1e-3) << "field " << field << ", reading " << k;
+    }
+  }
+  StandIn nvml("drop");  // NVML_FI_DEV_POWER_INSTANT: the drop in one reading
+  ASSERT_TRUE(nvml.ok());
+  for (long k = 0; k <= 420; ++k) {
+    ASSERT_NEAR(nvml.read(186), k <= 390 ? 700 : 200, 1e-3) << "reading " << k;
+  }
+}
+
+TEST(Nvml, TheStandInGa100IsInstantaneousAndLacksThePowerFields) {
+  StandIn nvml("drop_ga100");
+  ASSERT_TRUE(nvml.ok());
+  for (long k = 0; k <= 420; ++k) {
+    int ret185 = -1, ret186 = -1;  // not a reading: scripted time stays
+    EXPECT_EQ(nvml.read(185, &ret185), -1);
+    EXPECT_EQ(nvml.read(186, &ret186), -1);
+    EXPECT_EQ(ret185, 3);  // NVML_ERROR_NOT_SUPPORTED
+    EXPECT_EQ(ret186, 3);
+    ASSERT_NEAR(nvml.read(0), k <= 390 ? 700 : 200, 1e-3) << "reading " << k;
+  }
 }
 
 TEST(Nvml, XidAndEccAreHardwareErrorsWrittenAtOnce) {
@@ -417,6 +548,52 @@ TEST(Nvml, MigDeviceInCudaVisibleDevicesReadsItsBoardAndSaysWhichFiguresAreBoard
   ASSERT_TRUE(telemetry.contains("board_wide")) << telemetry.dump();
   EXPECT_NE(telemetry.at("board_wide").dump().find("power_w"), std::string::npos);
   EXPECT_FALSE(telemetry.contains("device_memory"));
+}
+
+// Issue 49: one GPU per rank, CUDA_VISIBLE_DEVICES naming the rank's own. LOCAL_RANK=1 is
+// then no device this process can see: its one visible device (CUDA device 0) is the rank's,
+// by the rule the counters follow. Without the CUDA driver (none in this test's process) the
+// visible devices are CUDA_VISIBLE_DEVICES' entries.
+TEST(Nvml, LocalRankBeyondTheVisibleDevicesReadsTheRanksOneGpu) {
+  setenv("STEPTRACE_NVML_LIBRARY", STEPTRACE_FAKE_NVML_PATH, 1);
+  setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady,hot", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  for (const char* visible : {"1", "GPU-1932f937"}) {  // an index, a UUID prefix
+    setenv("CUDA_VISIBLE_DEVICES", visible, 1);
+    std::string why;
+    auto source = make_nvml_telemetry(-1, 0, &why);
+    ASSERT_NE(source, nullptr) << visible << ": " << why;
+    EXPECT_NE(source->device().find("LOCAL_RANK=1 is not among the 1 visible devices"),
+              std::string::npos)
+        << source->device();
+    ASSERT_TRUE(sample_nvml_now(*source));
+    std::vector<TelemetrySample> got;
+    source->take(got);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_NEAR(got[0].temp_c, 75.5, 0.51) << visible;  // NVML's GPU 1 plays "hot"
+  }
+  // and the profiler has NVML telemetry on for it
+  setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+  TempDir tmp;
+  Config config = testing::run_config(tmp);
+  config.nvml_interval_ms = 1;
+  Profiler prof(config);
+  { auto step = prof.step(); }
+  prof.close();
+  const auto records = read_jsonl(prof.log_path());
+  const auto& telemetry = records.front().at("backends").at("telemetry");
+  EXPECT_EQ(telemetry.at("active"), nlohmann::json::array({"nvml"})) << telemetry.dump();
+  EXPECT_NE(telemetry.at("device").get<std::string>().find("GPU-1932f937"), std::string::npos)
+      << telemetry.dump();
+  // LOCAL_RANK among the visible devices is the rank's device, as before
+  setenv("CUDA_VISIBLE_DEVICES", "0,1", 1);
+  std::string why;
+  auto source = make_nvml_telemetry(-1, 0, &why);
+  ASSERT_NE(source, nullptr) << why;
+  EXPECT_EQ(source->device().rfind("device 1 (LOCAL_RANK=1, NVML device 1", 0), 0u)
+      << source->device();
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  unsetenv("LOCAL_RANK");
 }
 
 TEST(Nvml, UnknownOrAmbiguousUuidSaysSo) {

@@ -5,7 +5,9 @@ against the schema."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,50 @@ def test_sampler_thread_fills_hw_and_reports_an_xid_at_once(tmp_path, monkeypatc
     xid = [r for r in records if r["kind"] == "alert" and r["type"] == "hardware_error"]
     assert xid and xid[0]["details"] == {"kind": "xid", "code": 79}
     assert records[-1]["hw"]["samples"] > 0
+
+
+def test_power_drop_read_every_100ms_by_the_sampler_thread_is_a_power_drop(tmp_path, monkeypatch, fake_nvml):
+    """Issue 49: on Ampere and newer (but GA100) nvmlDeviceGetPowerUsage is a trailing 1 s
+    mean, so at 100 ms a reading the stand-in's 700 -> 200 W drop falls 50 W a reading and
+    never crosses the 280 W threshold; the instantaneous field (NVML_FI_DEV_POWER_INSTANT)
+    shows it in one reading. The real path: the sampler thread, each step's readings, the
+    detector. The stand-in's scripted time moves 100 ms a reading (the sampler reads every
+    1 ms of real time), and the steps go on until it has read 45 scripted seconds."""
+    monkeypatch.setenv("STEPTRACE_NVML_LIBRARY", str(fake_nvml))
+    monkeypatch.setenv("STEPTRACE_FAKE_NVML_SCENARIO", "drop")
+    monkeypatch.setenv("STEPTRACE_FAKE_NVML_READING_MS", "100")
+    fake = ctypes.CDLL(str(fake_nvml))  # the same copy the profiler loads
+    fake.fake_nvml_power_read_ns.restype = ctypes.c_longlong
+    fake.fake_nvml_power_read_ns.argtypes = [ctypes.c_long]
+    deadline = time.monotonic() + 120
+    with steptrace.Profiler(tmp_path / "run", nvml_interval_ms=1) as prof:
+        while fake.fake_nvml_power_read_ns(450) < 0 and time.monotonic() < deadline:
+            with prof.step():
+                time.sleep(0.002)  # the step's work
+    assert fake.fake_nvml_power_read_ns(450) >= 0, "the sampler did not get to 45 s"
+    records = list(steptrace.read(tmp_path / "run" / "rank0.jsonl", validate=True))
+    drops = [r for r in records if r["kind"] == "alert" and r["type"] == "power_drop"]
+    assert [(d["value"], d["threshold"]) for d in drops] == [(500, 280)], drops
+    assert "NVML_FI_DEV_POWER_INSTANT" in records[0]["backends"]["telemetry"]["device"]
+
+
+def test_local_rank_beyond_the_one_visible_gpu_has_telemetry_for_that_gpu(tmp_path, monkeypatch, fake_nvml):
+    """Issue 49: one GPU per rank (CUDA_VISIBLE_DEVICES names the rank's own): LOCAL_RANK=1
+    is no device this process sees, and its one visible device is the rank's (the counters'
+    rule), not 'NVML unavailable'. Without the CUDA driver the visible devices are the
+    entries of CUDA_VISIBLE_DEVICES; the stand-in's GPU 1 plays "hot" (75-76 C)."""
+    monkeypatch.setenv("STEPTRACE_NVML_LIBRARY", str(fake_nvml))
+    monkeypatch.setenv("STEPTRACE_FAKE_NVML_SCENARIO", "steady,hot")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with steptrace.Profiler(tmp_path / "run", nvml_interval_ms=1) as prof:
+        for _ in range(20):
+            with prof.step():
+                time.sleep(0.002)  # the step's work
+    records = list(steptrace.read(tmp_path / "run" / "rank0.jsonl", validate=True))
+    telemetry = records[0]["backends"]["telemetry"]
+    assert telemetry["active"] == ["nvml"], telemetry
+    assert "LOCAL_RANK=1 is not among the 1 visible devices" in telemetry["device"]
+    assert "GPU-1932f937" in telemetry["device"]
+    temps = [r["hw"]["max_temp_c"] for r in records if r["kind"] == "step" and "hw" in r]
+    assert temps and all(75 <= t <= 76 for t in temps), temps

@@ -59,6 +59,10 @@ constexpr unsigned kFieldNvLinkRxKib = 139;            // NVML_FI_DEV_NVLINK_THR
 // value summed up across all links" (nvml.h). A link's own scopeId is answered with that
 // same all-links figure by the drivers seen so far, so links are never summed as they are.
 constexpr unsigned kAllLinksScope = 0xFFFFFFFFu;
+// NVML_FI_DEV_POWER_INSTANT, mW: "Current GPU power, supported on all architectures"; scope 0
+// is the GPU alone ("1 - Module scope ... (e.g. CPU + GPU)"), nvml.h
+constexpr unsigned kFieldPowerInstant = 186;
+constexpr unsigned kPowerScopeGpu = 0;
 constexpr unsigned kMigEnabled = 1;  // NVML_DEVICE_MIG_ENABLE
 // Slow readings (PCIe throughput, which samples for 20 ms per counter; NVLink counters, one
 // call per link; ECC, row remapping, memory clock and temperature) are taken at most this
@@ -217,49 +221,116 @@ bool load(Api& api, std::string* why) {
   return true;
 }
 
-// The PCI bus id of CUDA device `cuda_index` from the CUDA driver ("" with `why` when
-// there is none): cuDeviceGetPCIBusId gives "[domain]:[bus]:[device].[function]" in hex,
-// which nvmlDeviceGetHandleByPciBusId_v2 accepts. The driver the process already loaded
-// (torch's) is used; else it is loaded, as the CUDA timer does. CUDA's numbering is the one
-// the user means (after CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the container's cgroup
-// filter); the bus id is the same to CUDA and NVML, NVML's indices are not.
-std::string cuda_pci_bus_id(int cuda_index, std::string* why) {
-  using CuResult = int;
-  using GetProc = CuResult (*)(const char*, void**, int, std::uint64_t, int*);
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    *why = "no libcuda.so.1";
-    return {};
-  }
-  auto get_proc = reinterpret_cast<GetProc>(dlsym(lib, "cuGetProcAddress_v2"));
-  CuResult (*cu_init)(unsigned) = nullptr;
-  CuResult (*device_get)(int*, int) = nullptr;
-  CuResult (*bus_id)(char*, int, int) = nullptr;
-  auto resolve = [&](auto& fn, const char* name) {
-    void* p = nullptr;
-    int status = 0;
-    if (get_proc != nullptr && get_proc(name, &p, 12000, 0, &status) == 0) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+// The power now, W. nvmlDeviceGetPowerUsage returns "on Ampere (except GA100) or newer GPUs
+// ... power averaged over 1 sec interval" (NVML reference): read every 100 ms, a 700 -> 200 W
+// drop would show as ten falls of 50 W and never as a power_drop. Hence the instantaneous
+// field, where the driver has it; nvmlDeviceGetPowerUsage (instantaneous itself on GA100 and
+// older) where it answers NOT_SUPPORTED. The field's own outcome is in its nvmlReturn.
+Return instant_power_w(const Api& api, Device dev, double* w) {
+  if (api.field_values == nullptr) return kNotSupported;
+  FieldValue f{};
+  f.field_id = kFieldPowerInstant;
+  f.scope_id = kPowerScopeGpu;
+  f.nvml_return = -1;  // unanswered
+  if (const Return r = api.field_values(dev, 1, &f); r != kSuccess) return r;
+  if (f.nvml_return != kSuccess) return f.nvml_return;
+  const double mw = field_number(f);
+  if (!(mw >= 0)) return kNotSupported;  // a value type this build does not know
+  *w = mw / 1000.0;
+  return kSuccess;
+}
+
+// The CUDA driver entry points the device choice needs, through cuGetProcAddress_v2. The
+// driver the process already loaded (torch's) is used; else it is loaded, as the CUDA timer
+// does. CUDA's numbering is the one the user means (after CUDA_VISIBLE_DEVICES,
+// CUDA_DEVICE_ORDER and the container's cgroup filter); NVML's indices are not.
+class CudaDriver {
+ public:
+  CudaDriver() {
+    using GetProc = CuResult (*)(const char*, void**, int, std::uint64_t, int*);
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      why_ = "no libcuda.so.1";
+      return;
     }
-  };
-  resolve(cu_init, "cuInit");
-  resolve(device_get, "cuDeviceGet");
-  resolve(bus_id, "cuDeviceGetPCIBusId");
-  if (cu_init == nullptr || device_get == nullptr || bus_id == nullptr) {
-    *why = "libcuda.so.1 has no cuDeviceGetPCIBusId";
-    return {};
+    auto get_proc = reinterpret_cast<GetProc>(dlsym(lib, "cuGetProcAddress_v2"));
+    auto resolve = [&](auto& fn, const char* name) {
+      void* p = nullptr;
+      int status = 0;
+      if (get_proc != nullptr && get_proc(name, &p, 12000, 0, &status) == 0) {
+        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+      }
+    };
+    CuResult (*cu_init)(unsigned) = nullptr;
+    resolve(cu_init, "cuInit");
+    resolve(device_get_, "cuDeviceGet");
+    resolve(bus_id_, "cuDeviceGetPCIBusId");
+    resolve(device_count_, "cuDeviceGetCount");
+    resolve(ctx_device_, "cuCtxGetDevice");
+    if (cu_init == nullptr || device_get_ == nullptr || bus_id_ == nullptr) {
+      why_ = "libcuda.so.1 has no cuDeviceGetPCIBusId";
+      return;
+    }
+    if (const CuResult r = cu_init(0); r != 0) {
+      why_ = fmt::format("cuInit failed: CUDA error {}", r);
+      return;
+    }
+    ok_ = true;
   }
-  int device = 0;
-  char id[32] = {};
-  CuResult r = cu_init(0);
-  if (r == 0) r = device_get(&device, cuda_index);
-  if (r == 0) r = bus_id(id, sizeof(id), device);
-  if (r != 0) {
-    *why = fmt::format("cuDeviceGetPCIBusId({}) failed: CUDA error {}", cuda_index, r);
-    return {};
+
+  // The devices CUDA shows this process; -1 when unknown.
+  int visible() const {
+    int n = 0;
+    return ok_ && device_count_ != nullptr && device_count_(&n) == 0 ? n : -1;
   }
-  return id;
+  // The device of the calling thread's current context; -1 without one.
+  int current() const {
+    int device = -1;
+    return ok_ && ctx_device_ != nullptr && ctx_device_(&device) == 0 ? device : -1;
+  }
+  // The PCI bus id of CUDA device `cuda_index` ("" with `why` when there is none):
+  // cuDeviceGetPCIBusId gives "[domain]:[bus]:[device].[function]" in hex, which
+  // nvmlDeviceGetHandleByPciBusId_v2 accepts; the bus id is the same to CUDA and NVML.
+  std::string pci_bus_id(int cuda_index, std::string* why) const {
+    if (!ok_) {
+      *why = why_;
+      return {};
+    }
+    int device = 0;
+    char id[32] = {};
+    CuResult r = device_get_(&device, cuda_index);
+    if (r == 0) r = bus_id_(id, sizeof(id), device);
+    if (r != 0) {
+      *why = fmt::format("cuDeviceGetPCIBusId({}) failed: CUDA error {}", cuda_index, r);
+      return {};
+    }
+    return id;
+  }
+
+ private:
+  using CuResult = int;
+  CuResult (*device_get_)(int*, int) = nullptr;
+  CuResult (*bus_id_)(char*, int, int) = nullptr;
+  CuResult (*device_count_)(int*) = nullptr;
+  CuResult (*ctx_device_)(int*) = nullptr;
+  bool ok_ = false;  // loaded and initialized
+  std::string why_;  // why not
+};
+
+// The entries of $CUDA_VISIBLE_DEVICES; empty when it is unset or empty.
+std::vector<std::string> visible_entries() {
+  std::vector<std::string> out;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr || *visible == '\0') return out;
+  const std::string list = visible;
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t comma = list.find(',', pos);
+    out.push_back(list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (comma == std::string::npos) return out;
+    pos = comma + 1;
+  }
 }
 
 std::string lower(std::string s) {
@@ -299,11 +370,12 @@ std::string by_uuid_prefix(const Api& api, const std::string& entry, Device* out
 
 // The NVML device of CUDA device `cuda_index`; `*mig` set when the device is a MIG slice
 // (the handle is then its parent board's). "" on success.
-std::string nvml_device(const Api& api, int cuda_index, Device* out, std::string* how, bool* mig) {
+std::string nvml_device(const Api& api, const CudaDriver& cuda, int cuda_index, Device* out,
+                        std::string* how, bool* mig) {
   // 1. through the PCI bus id, where the CUDA driver is there
   std::string cuda_why;
   const std::string bus =
-      api.get_handle_by_pci != nullptr ? cuda_pci_bus_id(cuda_index, &cuda_why) : std::string();
+      api.get_handle_by_pci != nullptr ? cuda.pci_bus_id(cuda_index, &cuda_why) : std::string();
   if (!bus.empty()) {
     if (const Return r = api.get_handle_by_pci(bus.c_str(), out); r != kSuccess) {
       return fmt::format("nvmlDeviceGetHandleByPciBusId_v2({}) failed: {}", bus, api.error(r));
@@ -311,24 +383,13 @@ std::string nvml_device(const Api& api, int cuda_index, Device* out, std::string
     *how += fmt::format(", PCI {}", bus);
   } else {
     // 2. without the CUDA driver: CUDA_VISIBLE_DEVICES' entry for the device
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const std::vector<std::string> visible = visible_entries();
     std::string entry;
-    if (visible != nullptr && *visible != '\0') {
-      std::string list = visible;
-      int i = 0;
-      std::size_t pos = 0;
-      while (true) {
-        const std::size_t comma = list.find(',', pos);
-        if (i == cuda_index) {
-          entry = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-          break;
-        }
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
-        ++i;
-      }
+    if (!visible.empty()) {
+      if (cuda_index < static_cast<int>(visible.size())) entry = visible[cuda_index];
       if (entry.empty()) {
-        return fmt::format("CUDA device {} is not in CUDA_VISIBLE_DEVICES={}", cuda_index, visible);
+        return fmt::format("CUDA device {} is not in CUDA_VISIBLE_DEVICES={}", cuda_index,
+                           std::getenv("CUDA_VISIBLE_DEVICES"));
       }
     }
     if (entry.rfind("MIG-", 0) == 0) {
@@ -391,13 +452,14 @@ std::string nvml_device(const Api& api, int cuda_index, Device* out, std::string
 class NvmlTelemetry final : public TelemetrySource {
  public:
   NvmlTelemetry(const Api& api, Device dev, std::string device, int interval_ms, Clock* clock,
-                bool mig)
+                bool mig, bool instant_power)
       : api_(api),
         dev_(dev),
         device_(std::move(device)),
         interval_ms_(interval_ms),
         clock_(clock),
-        mig_(mig) {
+        mig_(mig),
+        instant_power_(instant_power) {
     // device-wide memory, unless the handle is a MIG slice's board (whose memory is every
     // slice's: the step's own is torch's mem_get_info then)
     Memory m{};
@@ -486,13 +548,22 @@ class NvmlTelemetry final : public TelemetrySource {
     TelemetrySample s;
     constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
     unsigned v = 0;
-    const Return pr = api_.power_usage(dev_, &v);
-    if (pr != kSuccess) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (status_.empty()) status_ = "nvmlDeviceGetPowerUsage failed: " + api_.error(pr);
-      return false;
+    Return pr = kNotSupported;
+    if (instant_power_) {
+      pr = instant_power_w(api_, dev_, &s.power_w);
+      // a field the driver stopped knowing: GetPowerUsage from now on; another failure:
+      // GetPowerUsage for this reading
+      if (pr == kNotSupported) instant_power_ = false;
     }
-    s.power_w = v / 1000.0;
+    if (pr != kSuccess) {
+      pr = api_.power_usage(dev_, &v);
+      if (pr != kSuccess) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (status_.empty()) status_ = "nvmlDeviceGetPowerUsage failed: " + api_.error(pr);
+        return false;
+      }
+      s.power_w = v / 1000.0;
+    }
     unsigned long long mj = 0;
     s.energy_j = api_.energy != nullptr && api_.energy(dev_, &mj) == kSuccess
                      ? static_cast<double>(mj) / 1000.0
@@ -742,7 +813,8 @@ class NvmlTelemetry final : public TelemetrySource {
   std::string device_;
   const int interval_ms_;
   Clock* clock_;
-  const bool mig_;  // the device is a MIG slice; dev_ its board
+  const bool mig_;      // the device is a MIG slice; dev_ its board
+  bool instant_power_;  // power from NVML_FI_DEV_POWER_INSTANT, else nvmlDeviceGetPowerUsage
   bool reads_memory_ = false;
   std::atomic<std::int64_t> mem_used_{-1};  // the latest reading's device memory
   std::atomic<std::int64_t> mem_total_{-1};
@@ -777,18 +849,36 @@ class NvmlTelemetry final : public TelemetrySource {
   std::thread thread_;
 };
 
-// The rank's device when none is configured: $LOCAL_RANK (torchrun), else 0.
-int rank_device(std::string* how) {
-  const char* local = std::getenv("LOCAL_RANK");
-  if (local != nullptr && *local != '\0') {
+// The rank's CUDA device when none is configured, by the rule the counters (CUPTI's
+// choose_device) and the Python step hooks follow: $LOCAL_RANK (torchrun) when it is among
+// the visible devices, else the current CUDA context's device, else 0. With one GPU per rank
+// (CUDA_VISIBLE_DEVICES naming one), every rank but local rank 0 would otherwise ask for a
+// device it cannot see.
+int rank_device(const CudaDriver& cuda, std::string* how) {
+  int rank = -1;
+  if (const char* local = std::getenv("LOCAL_RANK"); local != nullptr && *local != '\0') {
     char* end = nullptr;
     const long v = std::strtol(local, &end, 10);
-    if (*end == '\0' && v >= 0 && v < 4096) {
-      *how = fmt::format("LOCAL_RANK={}", v);
-      return static_cast<int>(v);
-    }
+    if (*end == '\0' && v >= 0 && v < 4096) rank = static_cast<int>(v);
   }
-  *how = "default";
+  // without the driver, CUDA_VISIBLE_DEVICES' entries are the devices CUDA would show
+  int visible = cuda.visible();
+  if (visible < 0 && !visible_entries().empty()) {
+    visible = static_cast<int>(visible_entries().size());
+  }
+  std::string note;
+  if (rank >= 0) {
+    if (visible < 0 || rank < visible) {
+      *how = fmt::format("LOCAL_RANK={}", rank);
+      return rank;
+    }
+    note = fmt::format("LOCAL_RANK={} is not among the {} visible devices; ", rank, visible);
+  }
+  if (const int current = cuda.current(); current >= 0) {
+    *how = note + "the current CUDA context's";
+    return current;
+  }
+  *how = note + (rank >= 0 ? "no current CUDA context: the first device" : "default");
   return 0;
 }
 
@@ -804,12 +894,13 @@ std::unique_ptr<TelemetrySource> make_nvml_telemetry(int device_index, int inter
     if (why_not != nullptr) *why_not = why;
     return nullptr;
   }
+  const CudaDriver cuda;
   std::string how = "device_index";
-  const int cuda_index = device_index >= 0 ? device_index : rank_device(&how);
+  const int cuda_index = device_index >= 0 ? device_index : rank_device(cuda, &how);
   Device dev = nullptr;
   std::string detail = fmt::format("device {} ({}", cuda_index, how);
   bool mig = false;
-  why = nvml_device(api, cuda_index, &dev, &detail, &mig);
+  why = nvml_device(api, cuda, cuda_index, &dev, &detail, &mig);
   if (!why.empty()) {
     if (why_not != nullptr) *why_not = why;
     return nullptr;
@@ -818,13 +909,19 @@ std::unique_ptr<TelemetrySource> make_nvml_telemetry(int device_index, int inter
   if (api.get_name != nullptr && api.get_name(dev, name, sizeof(name)) == kSuccess) {
     detail += fmt::format(", {}", name);
   }
-  detail += ")";
-  unsigned mw = 0;
-  if (const Return r = api.power_usage(dev, &mw); r != kSuccess) {
-    if (why_not != nullptr) *why_not = "nvmlDeviceGetPowerUsage failed: " + api.error(r);
-    return nullptr;
+  double w = 0;
+  const bool instant = instant_power_w(api, dev, &w) == kSuccess;
+  if (!instant) {
+    unsigned mw = 0;
+    if (const Return r = api.power_usage(dev, &mw); r != kSuccess) {
+      if (why_not != nullptr) *why_not = "nvmlDeviceGetPowerUsage failed: " + api.error(r);
+      return nullptr;
+    }
   }
-  return std::make_unique<NvmlTelemetry>(api, dev, detail, interval_ms, clock, mig);
+  detail += instant
+                ? ", power: instantaneous (NVML_FI_DEV_POWER_INSTANT))"
+                : ", power: nvmlDeviceGetPowerUsage (a 1 s mean on Ampere and newer but GA100))";
+  return std::make_unique<NvmlTelemetry>(api, dev, detail, interval_ms, clock, mig, instant);
 }
 
 bool sample_nvml_now(TelemetrySource& source) {

@@ -1,9 +1,14 @@
 // A stand-in libnvidia-ml.so.1 for tests (loaded through STEPTRACE_NVML_LIBRARY). It
 // plays a scripted series chosen by $STEPTRACE_FAKE_NVML_SCENARIO, read at nvmlInit_v2
 // (a comma-separated list is one GPU per entry, the handle opened picks its series, so that
-// each of torchrun's ranks plays its own: "steady,hot"):
-// reading i (each nvmlDeviceGetPowerUsage call after init starts the next; the others
-// report reading i) is scripted second i, so tests drive it without waiting on time.
+// each of torchrun's ranks plays its own: "steady,hot").
+// Scripted time: each power reading (an nvmlDeviceGetPowerUsage call, or an
+// nvmlDeviceGetFieldValues request that the device answers for field 185 or 186) after init
+// starts the next reading; reading k is scripted time k x $STEPTRACE_FAKE_NVML_READING_MS
+// (default 1000: reading k is second k), so tests drive it without waiting on time; every
+// other call answers for the current reading's time. A series has one value per scripted
+// second i, which holds over (i-1 s, i s] (a reading at second i stands for the second
+// before it); before 0 s the series' second-0 value holds.
 //   steady    650 W (+-2), 65-66 C, 1980 MHz, no throttling; PCIe TX 2,000,000 / RX
 //             1,000,000 KB/s, memory 2619 MHz and 70 C, NVLink links 0..3 active with
 //             flat error counters (5 CRC, 7 replay each) and data counters growing by
@@ -22,6 +27,9 @@
 //   nodevice  NVML loads, but sees no GPU
 //   mig       steady, but the GPU is in MIG mode with one MIG device (MIG-<uuid> below);
 //             utilization answers NVML_ERROR_NOT_SUPPORTED
+// A series name ending "_ga100" ("steady_ga100", "drop_ga100") plays that series on an A100
+// (GA100) whose driver's NVML predates the power fields: nvmlDeviceGetPowerUsage returns the
+// instantaneous power, and fields 185 and 186 answer NOT_SUPPORTED in their nvmlReturn.
 // What a real device may lack is answered NVML_ERROR_NOT_SUPPORTED, as NVML does.
 //
 // Device identity: GPU i (the i-th scenario entry) sits at PCI bus id 00000000:<1B+16i>:00.0
@@ -30,6 +38,19 @@
 //
 // Vendor behaviour modelled, with its source (NVML API Reference, docs.nvidia.com/deploy/
 // nvml-api, and nvml.h, whose comments it is generated from):
+// - nvmlDeviceGetPowerUsage: "On Ampere (except GA100) or newer GPUs, the API returns power
+//   averaged over 1 sec interval. On GA100 and older architectures, instantaneous power is
+//   returned. See NVML_FI_DEV_POWER_AVERAGE and NVML_FI_DEV_POWER_INSTANT to query specific
+//   power values." The fake device is an H100 (Hopper): it returns the trailing 1 s mean of
+//   the series at the reading's time; a "_ga100" series the value at that time.
+// - nvmlDeviceGetFieldValues, NVML_FI_DEV_POWER_AVERAGE (185): "GPU power averaged over 1 sec
+//   interval, supported on Ampere (except GA100) or newer architectures"; NVML_FI_DEV_POWER_
+//   INSTANT (186): "Current GPU power, supported on all architectures"; both in milliwatts,
+//   and "scopeId needs to be specified ... 0 - GPU Only Scope ... 1 - Module scope (e.g.
+//   CPU + GPU) ... x86 or non-NVIDIA ARM is not supported" (nvml.h): scope 0 answers, any
+//   other NOT_SUPPORTED. Each field's own outcome is in its nvmlReturn, the call's SUCCESS.
+//   What a driver older than a field answers for it is not documented: "_ga100" answers
+//   NOT_SUPPORTED there (the backend takes any per-field failure at start for "absent").
 // - nvmlDeviceGetPcieThroughput "is querying a byte counter over a 20ms interval and thus
 //   is the PCIe throughput over that interval" (Device Queries): the call blocks for the
 //   interval. $STEPTRACE_FAKE_NVML_PCIE_MS sets how long it sleeps (default 0, so that
@@ -112,7 +133,9 @@ std::atomic<long long> g_power_read_ns[kReadLog];
 
 std::string g_list = "steady";      // $STEPTRACE_FAKE_NVML_SCENARIO
 std::string g_scenario = "steady";  // the series played: the opened GPU's entry
+bool g_ga100 = false;               // ... played on an A100 ("_ga100")
 long g_reading = -1;                // the current reading; -1: none yet
+long long g_reading_ms = 1000;      // $STEPTRACE_FAKE_NVML_READING_MS: scripted time per reading
 double g_energy_mj = 0;
 bool g_xid_delivered = false;
 int g_device = 0;        // the handle's target
@@ -124,7 +147,9 @@ std::string series_of(unsigned index) {
   return g_list.substr(begin, g_list.find(',', begin) - begin);
 }
 
+// The series' power in scripted second i.
 double power_w(long i) {
+  if (i < 0) i = 0;
   if (g_scenario == "sag") {
     if (i < 20) return 650;
     const double w = 650 - 5.0 * static_cast<double>(i - 20);
@@ -148,7 +173,48 @@ unsigned long long reasons(long i) {
   }
   return 0;
 }
-long current() { return g_reading < 0 ? 0 : g_reading; }
+// The current reading's scripted time, and the scripted second it falls in.
+long long now_ms() { return g_reading < 0 ? 0 : g_reading * g_reading_ms; }
+long second_of(long long t_ms) { return t_ms <= 0 ? 0 : static_cast<long>((t_ms + 999) / 1000); }
+long current() { return second_of(now_ms()); }
+// The series' energy over (a, b] of scripted time, J: second by second.
+double joules(long long a_ms, long long b_ms) {
+  double j = 0;
+  if (a_ms < 0) {
+    const long long end = b_ms < 0 ? b_ms : 0;
+    j += power_w(0) * static_cast<double>(end - a_ms) / 1000;
+    a_ms = end;
+  }
+  while (a_ms < b_ms) {
+    long long end = (a_ms / 1000 + 1) * 1000;  // (a, end] lies in one second
+    if (end > b_ms) end = b_ms;
+    j += power_w(second_of(end)) * static_cast<double>(end - a_ms) / 1000;
+    a_ms = end;
+  }
+  return j;
+}
+// Power at the current reading's time, and averaged over the second before it, mW.
+unsigned instant_mw() { return static_cast<unsigned>(power_w(current()) * 1000); }
+unsigned average_mw() { return static_cast<unsigned>(joules(now_ms() - 1000, now_ms()) * 1000); }
+// The next power reading: scripted time moves on, the energy counter with it.
+void next_reading() {
+  const long long before = now_ms();
+  ++g_reading;
+  g_energy_mj += joules(before, now_ms()) * 1000;
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  if (g_reading < kReadLog) {
+    g_power_read_ns[g_reading].store(static_cast<long long>(ts.tv_sec) * 1'000'000'000 +
+                                     ts.tv_nsec);
+  }
+}
+// Plays a scenario entry: its series, on an A100 where it ends "_ga100".
+void play(const std::string& entry) {
+  const std::string suffix = "_ga100";
+  g_ga100 = entry.size() > suffix.size() &&
+            entry.compare(entry.size() - suffix.size(), suffix.size(), suffix) == 0;
+  g_scenario = g_ga100 ? entry.substr(0, entry.size() - suffix.size()) : entry;
+}
 std::string uuid_of(unsigned i) {
   char b[64];
   std::snprintf(b, sizeof b, "GPU-%u932f937-5b4c-4a2e-9d5e-01234567890%u", i, i);
@@ -163,7 +229,7 @@ unsigned bus_of(unsigned i) { return 0x1B + 16 * i; }
 bool is_mig_handle(void* d) { return d >= static_cast<void*>(g_mig) && d < g_mig + 8; }
 Return open_gpu(unsigned index, void** device) {
   if (index >= g_devices || index >= 8) return kInvalidArgument;
-  g_scenario = series_of(index);  // this process plays the series of the GPU it opened
+  play(series_of(index));  // this process plays the series of the GPU it opened
   *device = &g_gpus[index];
   return kSuccess;
 }
@@ -183,8 +249,11 @@ __attribute__((visibility("default"))) Return nvmlInit_v2() {
   g_list = s != nullptr && *s != '\0' ? s : "steady";
   g_devices = 1;
   for (char c : g_list) g_devices += c == ',' ? 1 : 0;
-  g_scenario = series_of(0);
+  play(series_of(0));
   g_reading = -1;
+  const char* reading_ms = std::getenv("STEPTRACE_FAKE_NVML_READING_MS");
+  g_reading_ms =
+      reading_ms != nullptr && std::atoll(reading_ms) > 0 ? std::atoll(reading_ms) : 1000;
   g_energy_mj = 1e9;  // the counter runs since driver load, not since the run started
   g_xid_delivered = false;
   const char* pcie = std::getenv("STEPTRACE_FAKE_NVML_PCIE_MS");
@@ -228,7 +297,7 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetHandleByUUID(const ch
   for (unsigned i = 0; i < g_devices && i < 8; ++i) {
     if (uuid_of(i) == uuid) return open_gpu(i, device);
     if (series_of(i) == "mig" && mig_uuid_of(i) == uuid) {
-      g_scenario = series_of(i);
+      play(series_of(i));
       *device = &g_mig[i];
       return kSuccess;
     }
@@ -273,15 +342,9 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetName(void*, char* nam
   return kSuccess;
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetPowerUsage(void*, unsigned* mw) {
-  ++g_reading;
-  *mw = static_cast<unsigned>(power_w(g_reading) * 1000);
-  g_energy_mj += power_w(g_reading) * 1000;  // one scripted second at this power
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  if (g_reading < kReadLog) {
-    g_power_read_ns[g_reading].store(static_cast<long long>(ts.tv_sec) * 1'000'000'000 +
-                                     ts.tv_nsec);
-  }
+  next_reading();
+  // Hopper: the mean over the last second; an A100: the power now
+  *mw = g_ga100 ? instant_mw() : average_mw();
   return kSuccess;
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetEnforcedPowerLimit(void*, unsigned* mw) {
@@ -335,10 +398,23 @@ __attribute__((visibility("default"))) Return nvmlDeviceGetPcieThroughput(void*,
 }
 __attribute__((visibility("default"))) Return nvmlDeviceGetFieldValues(void*, int count,
                                                                        FieldValue* values) {
+  auto power_field = [](const FieldValue& f) {
+    return (f.field_id == 185 || f.field_id == 186) && f.scope_id == 0 && !g_ga100;
+  };
+  for (int i = 0; i < count; ++i) {
+    if (power_field(values[i])) {  // a power reading: the next scripted time, once a request
+      next_reading();
+      break;
+    }
+  }
   for (int i = 0; i < count; ++i) {
     FieldValue& f = values[i];
-    if (f.field_id == 82) {  // NVML_FI_DEV_MEMORY_TEMP
-      f.value_type = 1;      // NVML_VALUE_TYPE_UNSIGNED_INT
+    if (power_field(f)) {  // NVML_FI_DEV_POWER_AVERAGE / _INSTANT, GPU scope, mW
+      f.value_type = 1;    // NVML_VALUE_TYPE_UNSIGNED_INT
+      f.value.ui = f.field_id == 185 ? average_mw() : instant_mw();
+      f.nvml_return = kSuccess;
+    } else if (f.field_id == 82) {  // NVML_FI_DEV_MEMORY_TEMP
+      f.value_type = 1;             // NVML_VALUE_TYPE_UNSIGNED_INT
       f.value.ui = 70;
       f.nvml_return = kSuccess;
     } else if ((f.field_id == 138 || f.field_id == 139) &&
