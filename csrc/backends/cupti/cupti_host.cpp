@@ -5,7 +5,13 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -18,12 +24,31 @@
 #include "steptrace/metrics.hpp"
 
 #include "profiler_host.hpp"
+#if STEPTRACE_HAVE_CUPTI_HEADERS
+#include <cupti_version.h>
+#endif
 
 namespace steptrace {
 namespace detail::cupti {
 namespace {
 
-constexpr const char* kSonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
+#if STEPTRACE_HAVE_CUPTI_HEADERS
+constexpr int kBuiltFor = CUPTI_API_VERSION;
+#else
+constexpr int kBuiltFor = 0;
+#endif
+
+// The soname of the headers' major release first: a build against CUDA 12's CUPTI tries
+// libcupti.so.12 before .13.
+constexpr bool kBuiltFor12 = kBuiltFor > 0 && kBuiltFor < 130000;
+constexpr const char* kSonames[] = {kBuiltFor12 ? "libcupti.so.12" : "libcupti.so.13",
+                                    kBuiltFor12 ? "libcupti.so.13" : "libcupti.so.12",
+                                    "libcupti.so"};
+
+int major_of(int api_version) {
+  if (api_version >= 130000) return api_version / 10000;
+  return api_version > 0 ? 12 : 0;
+}
 
 int find_mapped(dl_phdr_info* info, size_t, void* data) {
   const char* name = info->dlpi_name;
@@ -47,6 +72,90 @@ std::string loaded_path(void* handle, const std::string& fallback) {
 std::mutex g_mutex;
 Library g_library;
 bool g_loaded = false;
+std::string g_failure;  // why the library in the process cannot be used (said once, kept)
+
+using GetVersion = int (*)(std::uint32_t*);
+
+// Whether libcuda.so.1 is in the process or can be loaded into it.
+bool driver_loadable() {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (h == nullptr) h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h == nullptr) return false;
+  dlclose(h);
+  return true;
+}
+
+// cuptiGetVersion in a child process. CUPTI 13.2's (torch 2.15's libcupti.so.13) dlopens
+// libcuda.so.1 and, where there is none, recurses through its error reporting until the
+// stack overflows: SIGSEGV in the caller (seen here under gdb: cuptiGetVersion ->
+// cuptiGetResultString -> ... -> dlerror; CUPTI 13.0's returns normally). Where the driver
+// cannot be loaded, the first call is made in a child, with no core file, so that a crash
+// ends only the child; true with `*version` when it returned.
+bool call_in_child(GetVersion get, std::uint32_t* version, std::string* why) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    *why = "cannot probe libcupti: pipe() failed";
+    return false;
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    *why = "cannot probe libcupti: fork() failed";
+    return false;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    const rlimit no_core{0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    std::uint32_t out[2] = {0, 0};
+    out[0] = static_cast<std::uint32_t>(get(&out[1]));
+    const ssize_t n = write(fds[1], out, sizeof out);
+    _exit(n == static_cast<ssize_t>(sizeof out) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::uint32_t out[2] = {1, 0};
+  pollfd p{fds[0], POLLIN, 0};
+  const bool answered = poll(&p, 1, 10000) == 1 && read(fds[0], out, sizeof out) == sizeof out;
+  close(fds[0]);
+  int status = 0;
+  if (!answered) kill(pid, SIGKILL);
+  const bool reaped = waitpid(pid, &status, 0) == pid;
+  if (answered && out[0] == 0) {
+    *version = out[1];
+    return true;
+  }
+  if (reaped && WIFSIGNALED(status)) {
+    *why = fmt::format(
+        "cuptiGetVersion died with signal {} (no CUDA driver: libcuda.so.1 not "
+        "found; CUPTI 13.2 crashes without one)",
+        WTERMSIG(status));
+  } else if (!answered) {
+    *why = "cuptiGetVersion did not return within 10 s (no CUDA driver: libcuda.so.1 not found)";
+  } else {
+    *why = fmt::format("cuptiGetVersion failed ({})", out[0]);
+  }
+  return false;
+}
+
+// The version of the libcupti at `handle`, asked in a child process where there is no
+// driver (see call_in_child). false with `why` when it cannot be used.
+bool probe_version(void* handle, const std::string& path, std::uint32_t* version,
+                   std::string* why) {
+  auto get = reinterpret_cast<GetVersion>(dlsym(handle, "cuptiGetVersion"));
+  if (get == nullptr) {
+    *why = "libcupti at " + path + " has no cuptiGetVersion";
+    return false;
+  }
+  if (driver_loadable()) {
+    if (get(version) != 0) *version = 0;
+    return true;
+  }
+  std::string reason;
+  if (call_in_child(get, version, &reason)) return true;
+  *why = "libcupti at " + path + " cannot be used: " + reason + "; CUPTI is off";
+  return false;
+}
 
 }  // namespace
 
@@ -70,6 +179,10 @@ std::vector<std::string> library_candidates(const std::vector<std::string>& extr
 const Library* load_library(const std::vector<std::string>& extra_dirs, std::string* why) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_loaded) return &g_library;
+  if (!g_failure.empty()) {
+    *why = g_failure;
+    return nullptr;
+  }
   void* handle = nullptr;
   std::string path;
   // 1. a copy already in the process (torch loads its own): by soname, then any mapped
@@ -108,13 +221,40 @@ const Library* load_library(const std::vector<std::string>& extra_dirs, std::str
   }
   g_library.handle = handle;
   g_library.path = loaded_path(handle, path);
-  using GetVersion = int (*)(std::uint32_t*);
-  if (auto get = reinterpret_cast<GetVersion>(dlsym(handle, "cuptiGetVersion")); get != nullptr) {
-    std::uint32_t v = 0;
-    if (get(&v) == 0) g_library.version = static_cast<int>(v);
+  g_library.built_for = kBuiltFor;
+  std::uint32_t v = 0;
+  if (!probe_version(handle, g_library.path, &v, &g_failure)) {
+    *why = g_failure;
+    return nullptr;
+  }
+  g_library.version = static_cast<int>(v);
+  if (kBuiltFor > 0 && v > 0 && major_of(g_library.version) != major_of(kBuiltFor)) {
+    g_failure = fmt::format(
+        "libcupti at {} is CUPTI {}, and steptrace was built with the CUPTI {} headers "
+        "(CUPTI_API_VERSION {}): another major release, whose calls and records this build "
+        "cannot read. CUPTI is off; rebuild steptrace against this CUPTI's headers (pip "
+        "install steptrace from source in the environment that holds it)",
+        g_library.path, version_string(g_library.version), version_string(kBuiltFor), kBuiltFor);
+    *why = g_failure;
+    return nullptr;
   }
   g_loaded = true;
   return &g_library;
+}
+
+int cupti_release(int api_version) {
+  if (api_version >= 130000) return api_version / 100;
+  return api_version;
+}
+
+std::string activity_records_unreadable(const Library& lib) {
+  if (lib.built_for <= 0 || cupti_release(lib.version) == cupti_release(lib.built_for)) return "";
+  return fmt::format(
+      "libcupti at {} is CUPTI {}, and steptrace was built with the CUPTI {} headers: the "
+      "activity record structs differ between CUPTI releases (CUpti_ActivityKernel9 in 12.x, "
+      "10 in 13.0, 11 in 13.2), so kernel records are not read. Rebuild steptrace against "
+      "this CUPTI's headers (torch's: site-packages/nvidia/cu13/include)",
+      lib.path, version_string(lib.version), version_string(lib.built_for));
 }
 
 std::string missing_symbol_reason(const Library& lib, const std::string& feature,

@@ -19,11 +19,24 @@ struct Library {
   void* handle = nullptr;  // from dlopen; never closed
   std::string path;        // the file it was loaded from
   int version = 0;         // cuptiGetVersion (12.x: 18..28, 13.x: 13xxyy)
+  int built_for = 0;       // CUPTI_API_VERSION of the headers steptrace was built with
 };
 
 /// Loads libcupti once per process (later calls return the same copy; `extra_dirs` only
-/// matter on the first successful call). nullptr with `why` set when none can be loaded.
+/// matter on the first successful call). nullptr with `why` set when none can be loaded, or
+/// when the one in the process cannot be used: another major release than the headers
+/// steptrace was built with, or one that dies when asked its version (CUPTI 13.2 on a
+/// machine without libcuda.so.1: see probe_version in cupti_host.cpp).
 const Library* load_library(const std::vector<std::string>& extra_dirs, std::string* why);
+
+/// CUPTI's release of an API version: major * 100 + minor for 13.x and later (13xxyy), the
+/// API version itself for 12.x (which numbers its releases 18..28); 0 when unknown.
+int cupti_release(int api_version);
+
+/// Why activity records of `lib` cannot be read, "" when they can. The record structs
+/// (CUpti_ActivityKernel9 in 12.x, 10 in 13.0, 11 in 13.2, ...) are those of the library's
+/// release, so only a library of the release the headers describe is read.
+std::string activity_records_unreadable(const Library& lib);
 
 /// The places tried, in order, after the copies already in the process: for logs.
 std::vector<std::string> library_candidates(const std::vector<std::string>& extra_dirs);
