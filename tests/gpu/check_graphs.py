@@ -40,14 +40,13 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from device_check import Checks, Child, alerts, child_main, cuda_device, records  # noqa: E402
+from device_check import Checks, Child, alerts, child_main, cuda_device, log_dir, no_gpu, records  # noqa: E402
 
 SCRIPT = str(Path(__file__).resolve())
 NO_COUNTERS = {"counters": "off"}  # the children share the GPU; the counters are one process's
@@ -208,7 +207,7 @@ def child_graph_profiler(check: Checks, log_dir: str, where: str) -> None:
 def child_graph_run(check: Checks, log_dir: str) -> None:
     """1c: the unmodified example under `steptrace run`."""
     name = "whole-network capture under steptrace run"
-    script = Path(tempfile.mkdtemp(prefix="steptrace-graph-run-")) / "whole_network.py"
+    script = Path(log_dir("steptrace-graph-run-")) / "whole_network.py"
     script.write_text(WHOLE_NETWORK_SCRIPT)
     cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", log_dir,
            "--option", "counters=\"off\"", str(script)]
@@ -499,14 +498,14 @@ CHILDREN = {
 
 def main() -> int:
     if cuda_device() is None:
-        return 1
+        return no_gpu()
     import torch
 
     check = Checks()
     n = torch.cuda.device_count()
 
     def d() -> str:
-        return tempfile.mkdtemp(prefix="steptrace-graphs-")
+        return log_dir("steptrace-graphs-")
 
     children = [
         Child("whole-network capture (step around) child", SCRIPT, "graph_profiler", d(), "around", timeout_s=90),

@@ -27,12 +27,11 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from device_check import Checks, Child, child_main, cuda_device, records, steps  # noqa: E402
+from device_check import Checks, Child, child_main, cuda_device, log_dir, no_gpu, records, steps  # noqa: E402
 from nvml_ctypes import (  # noqa: E402
     FI_NVLINK_DATA_RX, FI_NVLINK_DATA_TX, SUCCESS, UINT_MAX, Nvml, norm_uuid, time_call, torch_identity)
 
@@ -227,7 +226,7 @@ def check_visible_devices(check: Checks, nv: Nvml, ident: dict) -> None:
     forms.append(("index", index))
     children = []
     for label, value in forms:
-        d = tempfile.mkdtemp(prefix="steptrace-cvd-")
+        d = log_dir("steptrace-cvd-")
         children.append(Child(f"CUDA_VISIBLE_DEVICES ({label}) child", SCRIPT, "visible", d, value, label,
                               timeout_s=60, env={"CUDA_VISIBLE_DEVICES": value}))
     for c in children:  # they run together: each only names a GPU, none is timed
@@ -237,7 +236,7 @@ def check_visible_devices(check: Checks, nv: Nvml, ident: dict) -> None:
 def main() -> int:
     dev = cuda_device()
     if dev is None:
-        return 1
+        return no_gpu()
     import torch
 
     check = Checks()

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +34,31 @@ def cuda_device():
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"{torch.cuda.device_count()} visible GPU(s)")
     return torch.device("cuda")
+
+
+def no_gpu() -> int:
+    """A script's whole result on a machine without a CUDA device: one SKIP row, exit 0
+    (a dry run of run.sh here, or in CI, is not a failure)."""
+    print(f"\nSKIP  {Path(sys.argv[0]).name}  no GPU (torch.cuda.is_available() is False)")
+    return 0
+
+
+class log_dir(str):  # noqa: N801 - used like a function, and as `with log_dir(...) as d:`
+    """A new folder for one profiled run's JSONL logs, kept after the script: under
+    $STEPTRACE_GPU_LOGS (run.sh points it into its output folder, which is copied back from
+    the GPU machine), else under the system's temporary folder."""
+
+    def __new__(cls, prefix: str = "steptrace-gpu-") -> "log_dir":
+        parent = os.environ.get("STEPTRACE_GPU_LOGS") or None
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        return super().__new__(cls, tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+    def __enter__(self) -> str:
+        return str(self)
+
+    def __exit__(self, *exc: object) -> None:
+        pass  # kept: the logs are part of the results
 
 
 class Checks:
