@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TORCH_VERSION=2.9.1
+TORCH_VERSION=2.15.0
 VENV=${STEPTRACE_VENV:-$HOME/.cache/steptrace/venv}
 PYTHON=${PYTHON:-python3}
 SUDO=""

@@ -13,9 +13,10 @@ alert thread once it sees it loaded (:meth:`CompileWatch.install_if_loaded`)."""
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
+
+from steptrace._torch_compat import dynamo_callback_handler
 
 
 class CompileWatch:
@@ -34,9 +35,8 @@ class CompileWatch:
         it); True once they are. Any thread."""
         if self._handler is not None:
             return True
-        module = sys.modules.get("torch._dynamo.callback")
-        handler = getattr(module, "callback_handler", None)  # None while its import is still running
-        if handler is None or not callable(getattr(handler, "register_start_callback", None)):
+        handler = dynamo_callback_handler()  # None while its import is still running
+        if handler is None:
             return False
         with self._lock:
             if self._handler is None:

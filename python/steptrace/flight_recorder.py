@@ -30,12 +30,14 @@ import os
 import sys
 from typing import Any, Mapping, Optional
 
+from steptrace._torch_compat import FLIGHT_RECORDER_DUMPS, flight_recorder_dump
+
 #: The environment variables that turn the recorder on (torch 2.9 reads the second, the
 #: older name, with a deprecation warning).
 ENV_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 #: What ``steptrace run`` sets (PyTorch's tutorial recommends 2000 entries).
 DEFAULT_BUFFER_SIZE = 2000
-_DUMPS = ("_dump_fr_trace_json", "_dump_nccl_trace_json")
+_DUMPS = FLIGHT_RECORDER_DUMPS
 
 
 def buffer_size(environ: Mapping[str, str] = os.environ) -> Optional[int]:
@@ -61,12 +63,7 @@ def enable(environ: Any = os.environ) -> bool:
 
 
 def _dump_function() -> Any:
-    c10d = getattr(getattr(sys.modules.get("torch"), "_C", None), "_distributed_c10d", None)
-    for name in _DUMPS:
-        fn = getattr(c10d, name, None)
-        if fn is not None:
-            return fn
-    return None
+    return flight_recorder_dump()
 
 
 def _process_group_exists() -> bool:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from steptrace import _core
 from steptrace._options import PYTHON_OPTIONS
+from steptrace._torch_compat import cuda_memory_stats
 from steptrace.cluster import ClusterExchange, check_cluster_options, wants_exchange
 from steptrace.errors import ConfigError, UnknownOptionError
 from steptrace.otlp import check_otlp_options
@@ -202,10 +203,9 @@ def _cuda_step_hooks(torch: Any, memory: bool, device_index: int = -1,
         d = step_device()
         return cuda.current_stream(d).cuda_stream, d
 
-    memory_stats = getattr(torch._C, "_cuda_memoryStats", None)  # one dict, not four
+    memory_stats, reset_peak = cuda_memory_stats()  # one dict, not four
     device_memory: dict = {}  # device -> (when mem_get_info was read, used, total)
     capturing = getattr(cuda, "is_current_stream_capturing", lambda: False)
-    reset_peak = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
 
     def end() -> Optional[tuple]:
         if not cuda.is_initialized():

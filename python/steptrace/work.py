@@ -23,6 +23,8 @@ import logging
 import sys
 from typing import Any, Callable, Optional
 
+from steptrace._torch_compat import dispatch_mode_base, pytree
+
 logger = logging.getLogger("steptrace")
 
 # The sources of the core's WorkCount (include/steptrace/work.hpp): a higher one wins.
@@ -148,7 +150,8 @@ def _meta_copy(model: Any) -> Any:
 
 def _to_meta(value: Any) -> Any:
     import torch
-    from torch.utils._pytree import tree_map
+
+    tree_map = pytree().tree_map
 
     def meta(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -162,8 +165,8 @@ def _differentiable(out: Any) -> list:
     """The output tensors a backward starts from: the loss when the model returns one
     (a Hugging Face output's ``loss``), else every floating output that needs a gradient."""
     import torch
-    from torch.utils._pytree import tree_leaves
 
+    tree_leaves = pytree().tree_leaves
     loss = getattr(out, "loss", None) if not isinstance(out, (torch.Tensor, tuple, list, dict)) else None
     if isinstance(loss, torch.Tensor) and loss.requires_grad:
         return [loss]
@@ -219,8 +222,7 @@ def _flop_mode() -> Any:
     """A dispatch mode that sums the FLOPs of the operators run under it. Unlike
     ``FlopCounterMode`` it tracks no modules (that installs global module hooks) and
     decomposes nothing: it only looks each operator up."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    TorchDispatchMode = dispatch_mode_base()  # noqa: N806 - a class
     registry = _flop_registry()
 
     class FlopSum(TorchDispatchMode):
