@@ -51,6 +51,30 @@ TEST(KernelClasses, NcclOldAndNewNamesMangledOrNot) {
   }
 }
 
+// NCCL 2.19+ runs the reduction of a one-rank communicator with a pre-multiplied sum
+// (ncclAvg) as its own kernel, a template in an anonymous namespace of src/device/onerank.cu
+// whose name does not start with "nccl"; nvcc names that namespace _GLOBAL__N__<hash>_<file>.
+// Its time is communication (nccl_ms), not a compute reduction.
+TEST(KernelClasses, NcclOneRankReduceIsCommunication) {
+  const char* names[] = {
+      "_ZN43_GLOBAL__N__5d8f1a2e_10_onerank_cu_7f2c9b4113oneRankReduceI13FuncPreMulSumIfEEEvPvS3_"
+      "mmb",
+      "_ZN43_GLOBAL__N__5d8f1a2e_10_onerank_cu_7f2c9b4113oneRankReduceI13FuncPreMulSumI13__nv_"
+      "bfloat16EEEvPvS4_mmb",
+      "void (anonymous namespace)::oneRankReduce<FuncPreMulSum<__half> >(void*, void*, unsigned "
+      "long, unsigned long, bool)",
+      "(anonymous namespace)::oneRankReduce<FuncPreMulSum<double>>",
+      // cut short by the tool that reported it: the qualified name still says which
+      "_ZN43_GLOBAL__N__5d8f1a2e_10_onerank_cu_7f2c9b4113oneRankReduceI13FuncPre",
+  };
+  for (const char* n : names) {
+    expect_kind({n, kN, KernelCategory::kCommunication, KernelLibrary::kNccl});
+  }
+  // a name that only looks like it stays compute
+  expect_kind({"void my::oneRankReducer<float>(float*)", kC, KernelCategory::kReduction,
+               KernelLibrary::kUnknown});
+}
+
 TEST(KernelClasses, TorchCollectivesAreCommunicationButCheckForNaNIsNot) {
   expect_kind(
       {"void c10d::symmetric_memory::multimem_all_reduce_kernel<__nv_bfloat16, 16>"

@@ -35,18 +35,38 @@ bool starts_with_any(std::string_view s, const std::array<std::string_view, N>& 
   return false;
 }
 
+template <std::size_t N>
+bool is_any(std::string_view s, const std::array<std::string_view, N>& names) {
+  for (std::string_view n : names) {
+    if (s == n) return true;
+  }
+  return false;
+}
+
 // The last component of a qualified name: "at::native::foo" -> "foo".
 std::string_view base_name(std::string_view q) {
   const std::size_t colon = q.rfind("::");
   return colon == std::string_view::npos ? q : q.substr(colon + 2);
 }
 
-// Names are matched through these tables, first hit wins. NCCL: every generation's
-// kernel names start with "nccl" (ncclKernel_* before 2.19, ncclDevKernel_* with
-// ncclDevKernel_SendRecv / ncclDevKernel_Generic, ncclSymkDevKernel_* for symmetric
-// kernels in 2.27+).
+// Names are matched through these tables, first hit wins. NCCL's kernels, as its sources
+// name them (github.com/NVIDIA/nccl):
+// - up to 2.18: ncclKernel_<Coll>_<ALGO>_<PROTO>_<Op>_<type> (src/collectives/device/
+//   common.h, NCCL_KERN_NAME); the one-rank reduction (2.12-2.18, onerank_reduce.cu) is a
+//   device function run inside those kernels, so it has no kernel name of its own;
+// - 2.19 on: ncclDevKernel_<Coll>_<Op>_<type>_<ALGO>_<PROTO>, ncclDevKernel_SendRecv and
+//   ncclDevKernel_Generic (src/device/generate.py, common.h), ncclSymkDevKernel_* for the
+//   symmetric kernels in 2.27+ (src/device/symmetric/generate.py);
+// - 2.19 on, and the only one whose name does not start with "nccl": the one-rank
+//   reduction of a communicator of one rank with a pre-multiplied sum (ncclAvg, the
+//   PreMulSum ops), a __global__ template in an anonymous namespace (src/device/onerank.cu),
+//   which CUPTI reports as "(anonymous namespace)::oneRankReduce<FuncPreMulSum<float>>(...)"
+//   (mangled: _ZN<n>_GLOBAL__N_...13oneRankReduceI13FuncPreMulSumIfEEEvPvS3_mmb). The other
+//   one-rank reductions are cudaMemcpyAsync calls: memcpy records, no kernel.
 constexpr std::array<std::string_view, 4> kNcclPrefixes = {"ncclDevKernel", "ncclSymkDevKernel",
                                                            "ncclKernel", "nccl"};
+// Base names (after namespaces and template arguments) of NCCL kernels the prefixes miss.
+constexpr std::array<std::string_view, 1> kNcclKernelNames = {"oneRankReduce"};
 // Convolution markers of cuDNN / cutlass / xmma kernel names.
 constexpr std::array<std::string_view, 7> kConvWords = {"fprop", "dgrad",    "wgrad",   "conv",
                                                         "Conv",  "convolve", "winograd"};
@@ -194,7 +214,8 @@ KernelKind classify_kernel(std::string_view name) {
   const std::string_view targs = template_arguments(full);
 
   // communication first: these kernels' GPU time is nccl_ms, whatever else they contain
-  if (starts_with_any(base, kNcclPrefixes) || starts_with_any(q, kNcclPrefixes)) {
+  if (starts_with_any(base, kNcclPrefixes) || starts_with_any(q, kNcclPrefixes) ||
+      is_any(base, kNcclKernelNames)) {
     return make(KernelClass::kNccl, KernelCategory::kCommunication, KernelLibrary::kNccl);
   }
   if (starts_with(q, "c10d::symmetric_memory::") || starts_with(q, "c10d::intra_node_comm::")) {
