@@ -1,5 +1,6 @@
 #include "work.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "peak_flops.hpp"
@@ -10,10 +11,15 @@ std::int64_t wall_iteration_ns(const StepRecord& r) noexcept {
   return r.data_ns + r.between.other_ns + r.host_ns - r.between.inside_step_ns;
 }
 
+std::int64_t work_ns(const StepRecord& r) noexcept {
+  const std::int64_t wall = wall_iteration_ns(r);
+  return r.device_clock ? std::max(wall, r.step_ns) : wall;
+}
+
 WorkRates work_rates(const StepRecord& r) noexcept {
   WorkRates w;
   const WorkCount& c = r.work;
-  const std::int64_t ns = wall_iteration_ns(r);
+  const std::int64_t ns = work_ns(r);
   if (ns <= 0) return w;
   const double s = static_cast<double>(ns) * 1e-9;
   if (c.samples >= 0) w.samples_per_s = c.samples / s;
@@ -63,7 +69,7 @@ PeakChoice choose_peak(double peak_tflops_option, std::string_view dtype,
 void WorkTotals::add(const StepRecord& r) noexcept {
   const WorkCount& c = r.work;
   if (!c.any()) return;
-  const std::int64_t ns = wall_iteration_ns(r);
+  const std::int64_t ns = work_ns(r);
   if (ns <= 0) return;
   if (c.samples >= 0) {
     samples += c.samples;

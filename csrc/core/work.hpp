@@ -20,8 +20,17 @@ namespace steptrace::detail {
 /// would count the same time twice.
 std::int64_t wall_iteration_ns(const StepRecord& r) noexcept;
 
-/// What a step's work comes to per second of its wall_iteration_ns. NaN where the figure
-/// it needs is unknown.
+/// The time a step's work is divided by: its wall_iteration_ns, and on the CUDA clock at
+/// least the device's time of the step (step_ns). While the host runs ahead of the device
+/// (the first max_inflight_steps steps, or a device that is the bottleneck) the host's
+/// iteration is shorter than the device's work of the step, and rates over it would be
+/// too high (an MFU above what the device did); a host-bound loop leaves the device idle
+/// between steps, and its wall iteration is the longer one. Either way the step's work
+/// took at least the longer of the two.
+std::int64_t work_ns(const StepRecord& r) noexcept;
+
+/// What a step's work comes to per second of its work_ns. NaN where the figure it needs
+/// is unknown.
 struct WorkRates {
   static constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
   double samples_per_s = kUnknown;
@@ -51,7 +60,7 @@ PeakChoice choose_peak(double peak_tflops_option, std::string_view dtype,
 /// The run's work, summed over its steps (writer thread), for run_end.
 struct WorkTotals {
   double samples = 0, tokens = 0, flops = 0;
-  std::int64_t samples_ns = 0, tokens_ns = 0, flops_ns = 0;  // iteration time of those steps
+  std::int64_t samples_ns = 0, tokens_ns = 0, flops_ns = 0;  // work_ns of those steps
   double energy_j = 0;          // of steps with both an energy figure and tokens
   double energy_tokens = 0;     // the tokens of those steps
   double peak_flops_per_s = 0;  // the last step's

@@ -77,6 +77,40 @@ TEST(Work, RatesArePerSecondOfTheIterationAndMfuIsOverThePeak) {
   EXPECT_NEAR(end_work.at("tokens_per_s").get<double>(), 20480, 1e-3);
 }
 
+// On the CUDA clock, a host that runs ahead of the device (its step took 100 ms to queue,
+// the device 250 ms to run): rates and MFU are over the device's time of the step, not
+// the host's shorter one; a host-bound step (the device done in 40 ms) keeps its wall time.
+TEST(Work, OnTheCudaClockRatesAreOverTheDevicesTimeWhenTheHostRunsAhead) {
+  TempDir tmp;
+  Config config = testing::run_config(tmp);
+  config.peak_tflops = 100;
+  WorkRun run = start(tmp, config, "Fake GPU");
+  auto step_on_device = [&](std::int64_t device_ns) {
+    auto s = run.prof->step();
+    run.prof->add_work(8, 2048, 5e12, WorkSource::kUser);
+    run.clock->advance(kStepNs);
+    run.device->advance_device(device_ns);
+  };
+  step_on_device(250'000'000);
+  step_on_device(40'000'000);
+  run.prof->close();
+  const auto records = read_jsonl(run.prof->log_path());
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].at("clock"), "cuda");
+  EXPECT_DOUBLE_EQ(steps[0].at("step_ms").get<double>(), 250);
+  EXPECT_DOUBLE_EQ(steps[0].at("host_ms").get<double>(), 100);
+  const auto& ahead = steps[0].at("work");
+  EXPECT_NEAR(ahead.at("tokens_per_s").get<double>(), 2048 / 0.25, 1e-3);
+  EXPECT_NEAR(ahead.at("tflops_per_s").get<double>(), 20, 1e-6);  // 5e12 / 0.25 s, not 50
+  EXPECT_NEAR(ahead.at("mfu_pct").get<double>(), 20, 1e-3);
+  const auto& bound = steps[1].at("work");
+  EXPECT_NEAR(bound.at("tflops_per_s").get<double>(), 50, 1e-6);  // the wall's 100 ms
+  const auto end_work = of_kind(records, "run_end").at(0).at("work");
+  EXPECT_NEAR(end_work.at("mfu_pct").get<double>(), 100.0 * 1e13 / 0.35 / 1e14, 1e-3);
+  EXPECT_NEAR(end_work.at("tokens_per_s").get<double>(), 4096 / 0.35, 0.1);  // 6 digits
+}
+
 TEST(Work, OneSourceAddsUpAndAMoreTrustedSourceReplacesALessTrustedOne) {
   TempDir tmp;
   WorkRun run = start(tmp, testing::run_config(tmp));
