@@ -250,8 +250,10 @@ std::string DeviceActivityStage::not_collected_reason(std::int64_t total) const 
     sep = "; ";
   }
   if (n(NotCollected::kStopped) > 0) {
-    out += fmt::format("{}{} after kernel activity had stopped (see status)", sep,
-                       n(NotCollected::kStopped));
+    out += fmt::format(
+        "{}{} after kernel activity had stopped, or while kernels could not be attributed to "
+        "steps (see status)",
+        sep, n(NotCollected::kStopped));
   }
   return out;
 }

@@ -81,7 +81,8 @@ class DeviceActivityStage final : public StepCompleter {
   enum class NotCollected : std::size_t {
     kNotBack,    // written before the buffers that may hold its kernels came back
     kElsewhere,  // device work, no call of the backend's callbacks: another tool had them
-    kStopped,    // kernel activity had stopped (a foreign cuptiFinalize, a failed resume)
+    kStopped,    // kernel activity had stopped (a foreign cuptiFinalize, a failed resume), or
+                 // its kernels cannot be placed in steps (no launch record ever came)
     kCount,
   };
   std::int64_t not_collected_[static_cast<std::size_t>(NotCollected::kCount)] = {};

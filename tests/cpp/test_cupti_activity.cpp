@@ -804,5 +804,74 @@ TEST_F(CuptiActivityFake, ProfilerStepsCarryEveryKernelOfTheStepAndNoneLate) {
   EXPECT_EQ(k["dropped_records"], 0);
 }
 
+// The launch calls' records enabled one call at a time after CUDA initialized, and CUPTI
+// writing none of them (reported on CUDA 13; fake_cupti_ignore_api_filters_after_init):
+// kernel records come, each with its launch's correlation id, and no launch record does.
+// No kernel can be placed in a step: step records go without `kernels` rather than with
+// zeros, and run_end says how many kernel records could not be attributed, and why.
+TEST_F(CuptiActivityFake, KernelsWithNoLaunchRecordAtAllAreUnattributedNotZeros) {
+  fake_cupti_ignore_api_filters_after_init();
+  testing::TempDir tmp;
+  Config config = testing::run_config(tmp);
+  config.clock = "host";
+  Backends b;
+  std::string why;
+  b.kernel_activity = make_cupti_activity(&why);
+  ASSERT_NE(b.kernel_activity, nullptr) << why;
+  KernelActivitySource* source = b.kernel_activity.get();
+  Profiler prof(config, RunInfo{}, std::move(b));
+  constexpr int kSteps = 4;
+  for (int i = 0; i < kSteps; ++i) {
+    auto t = static_cast<std::uint64_t>(source->now_ns());
+    auto step = prof.step();
+    fake_cupti_launch(kNvjet, t + 1000, t + 2000, false);
+    fake_cupti_launch_via(true, kCuLaunchKernelEx, kNccl, t + 2500, t + 4000, false, 1);
+  }
+  prof.close();
+  EXPECT_EQ(fake_cupti_records(kKindRuntime) + fake_cupti_records(kKindDriver), 0);
+  EXPECT_EQ(fake_cupti_records(kKindConcurrentKernel), 2 * kSteps);
+  const auto records = testing::read_jsonl(prof.log_path());
+  const auto steps = testing::of_kind(records, "step");
+  ASSERT_EQ(steps.size(), static_cast<std::size_t>(kSteps));
+  for (const auto& s : steps) EXPECT_FALSE(s.contains("kernels")) << s.dump();
+  const auto end = testing::of_kind(records, "run_end").at(0);
+  ASSERT_TRUE(end.contains("device_activity")) << end.dump();
+  const auto& k = end["device_activity"]["kernels"];
+  EXPECT_EQ(k["records"], 2 * kSteps);
+  EXPECT_EQ(k["outside_step_records"], 2 * kSteps);
+  EXPECT_EQ(k["not_collected_steps"], kSteps) << k.dump();
+  const std::string status = k.value("status", "");
+  EXPECT_NE(status.find("8 kernel records came with no launch record"), std::string::npos)
+      << k.dump();
+  EXPECT_NE(status.find("one call at a time"), std::string::npos) << status;
+  EXPECT_NE(k.value("not_collected", "").find("attribute"), std::string::npos) << k.dump();
+}
+
+// A kernel without its launch record (launched before ours were enabled, or through a call
+// they do not cover) among launches with theirs: it is outside any step, the step's
+// kernel is placed as usual, and nothing is said.
+TEST_F(CuptiActivityFake, AKernelWithoutItsLaunchRecordAmongOthersIsNoAlarm) {
+  auto source = make();
+  ASSERT_NE(source, nullptr);
+  Config config;
+  detail::DeviceActivityStage stage(config, source.get(), nullptr);
+  // launched through a call whose records are not enabled: no launch record for it
+  fake_cupti_launch_via(false, kCudaGetLastError, kNvjet, 1, 2, true, 1);
+  detail::StepRecord r;
+  r.step = 0;
+  r.activity_begin_ns = source->now_ns();
+  source->begin_step(0);
+  fake_cupti_launch(kNvjet, 10, 20, false);
+  source->end_step(0);
+  stage.arrived(r);
+  stage.finish();  // every record delivered (the buffer is not full)
+  ASSERT_TRUE(stage.complete(r, false));
+  EXPECT_TRUE(r.kernels.present);
+  EXPECT_EQ(r.kernels.count, 1);
+  const auto end = nlohmann::json::parse("{" + stage.run_end_fields() + "}");
+  EXPECT_EQ(end["device_activity"]["kernels"]["outside_step_records"], 1) << end.dump();
+  EXPECT_EQ(source->status().find("no launch record"), std::string::npos) << source->status();
+}
+
 }  // namespace
 }  // namespace steptrace

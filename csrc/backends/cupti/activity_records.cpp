@@ -159,7 +159,7 @@ void ActivityRecords::end_buffer(std::uint64_t done_through) {
   for (Waiting& w : waiting_) {
     const bool launch_seen = seen(w.id);
     if (launch_seen || w.buffer_mark <= done_through) {
-      if (!launch_seen) ++stats_.placed_by_neighbours;
+      if (!launch_seen) count_unseen_launch();
       w.record.step = place(w.id);
       deliver(w.record);
     } else {
@@ -175,11 +175,16 @@ void ActivityRecords::drain() {
   if (waiting_.empty()) return;
   prepare_placement();
   for (Waiting& w : waiting_) {
-    if (!seen(w.id)) ++stats_.placed_by_neighbours;
+    if (!seen(w.id)) count_unseen_launch();
     w.record.step = place(w.id);
     deliver(w.record);
   }
   waiting_.clear();
+}
+
+void ActivityRecords::count_unseen_launch() noexcept {
+  ++stats_.placed_by_neighbours;
+  if (stats_.api_records == 0) ++stats_.without_launch_records;
 }
 
 void ActivityRecords::deliver(KernelRecord record) {

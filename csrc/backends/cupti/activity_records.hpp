@@ -125,12 +125,16 @@ struct ActivityStats {
   std::uint64_t untimed = 0;               // kernel records without timestamps (dropped)
   std::uint64_t waited = 0;                // kernels that came before their launch record
   std::uint64_t placed_by_neighbours = 0;  // delivered without their launch record ever seen
-  std::uint64_t overflowed = 0;            // delivered kernels lost because take() lagged (full)
-  std::uint64_t api_records = 0;           // launch (API) records
-  std::uint64_t api_before_marks = 0;      // API records older than the oldest mark kept
-  std::uint64_t marks = 0;                 // step boundaries received
-  std::uint64_t marks_lost = 0;            // boundaries dropped (ring overrun, bound on marks)
-  std::uint64_t other = 0;                 // records of other kinds
+  // Of those: delivered while no launch record at all had come, so with nothing to place
+  // them by (-1). Kernels keep coming while their launch calls' records do not: the launch
+  // records are not being written, and no kernel can be attributed to a step.
+  std::uint64_t without_launch_records = 0;
+  std::uint64_t overflowed = 0;        // delivered kernels lost because take() lagged (full)
+  std::uint64_t api_records = 0;       // launch (API) records
+  std::uint64_t api_before_marks = 0;  // API records older than the oldest mark kept
+  std::uint64_t marks = 0;             // step boundaries received
+  std::uint64_t marks_lost = 0;        // boundaries dropped (ring overrun, bound on marks)
+  std::uint64_t other = 0;             // records of other kinds
 };
 
 /// Attributes kernel records to steps by the rule at the top of this file. Not
@@ -211,6 +215,7 @@ class ActivityRecords {
   void prepare_placement();
   std::int64_t place(std::uint64_t id) const;
   void deliver(KernelRecord record);
+  void count_unseen_launch() noexcept;
   std::uint32_t intern(const char* name);
 
   Options options_;

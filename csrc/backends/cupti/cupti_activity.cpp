@@ -459,6 +459,9 @@ class CuptiActivity final : public KernelActivitySource {
   // filled and handed back, at t_ns or later: with no call of our callbacks since, they
   // went to another tool's (or, once stopped, nowhere).
   ActivityReach reach(std::int64_t t_ns) noexcept override {
+    // Kernel records come but no launch record has: none of them can be placed in a step
+    // (see without_launch_records), so no step's kernels are known. Not zeros.
+    if (unattributable_kernels() > 0) return ActivityReach::kStopped;
     const bool heard = shared().callback_ns.load(std::memory_order_acquire) >= t_ns;
     if (heard) return ActivityReach::kReaching;
     return stopped_.load(std::memory_order_acquire) ? ActivityReach::kStopped
@@ -482,6 +485,7 @@ class CuptiActivity final : public KernelActivitySource {
         std::lock_guard<std::mutex> lock(shared().mu);
         pull_marks();
         records_.drain();
+        note_launch_records();
       }
       stop_waiting_for_held();  // one CUPTI kept is completed into the other's callbacks
       deliveries_.fetch_add(1, std::memory_order_acq_rel);
@@ -541,6 +545,7 @@ class CuptiActivity final : public KernelActivitySource {
       std::lock_guard<std::mutex> lock(shared().mu);
       pull_marks();
       records_.drain();
+      note_launch_records();
       if (shared().owner == this) shared().owner = nullptr;  // a later profiler may collect
     }
     // closed: CUPTI gets no more buffers from us, whoever left kinds enabled
@@ -562,8 +567,23 @@ class CuptiActivity final : public KernelActivitySource {
   }
 
   std::string status() const override {
-    std::lock_guard<std::mutex> lock(status_mu_);
-    return status_;
+    std::string out;
+    {
+      std::lock_guard<std::mutex> lock(status_mu_);
+      out = status_;
+    }
+    if (const std::uint64_t n = unattributable_kernels(); n > 0) {
+      const bool per_call = per_call_launch_records_.load(std::memory_order_relaxed);
+      out += fmt::format(
+          "{}{} kernel records came with no launch record at all: the API records of the "
+          "launch calls, enabled {}, were never written, so these kernels could not be "
+          "attributed to steps (they count as outside_step_records) and step records go "
+          "without kernels",
+          out.empty() ? "" : "; ", n,
+          per_call ? "one call at a time (cuptiActivityEnableRuntimeApi/EnableDriverApi)"
+                   : "as the whole RUNTIME and DRIVER kinds");
+    }
+    return out;
   }
 
   // The completion callback, with shared().mu held: `requested` buffers had been asked
@@ -610,6 +630,7 @@ class CuptiActivity final : public KernelActivitySource {
       records_.end_buffer(done_through);
     } catch (...) {
     }
+    note_launch_records();
     std::size_t n = 0;
     if (api_.dropped_records(context, stream, &n) == CUPTI_SUCCESS) {
       dropped_ += static_cast<std::int64_t>(n);
@@ -663,6 +684,7 @@ class CuptiActivity final : public KernelActivitySource {
         for (CUpti_CallbackId cbid : kRuntimeLaunches) api_.enable_runtime_api(cbid, 1);
         for (CUpti_CallbackId cbid : kDriverLaunches) api_.enable_driver_api(cbid, 1);
         launch_records_ = LaunchRecords::kLaunchCalls;
+        per_call_launch_records_.store(true, std::memory_order_relaxed);
         return true;
       }
       if (runtime) api_.enable_runtime_api(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, 0);
@@ -679,6 +701,7 @@ class CuptiActivity final : public KernelActivitySource {
       return false;
     }
     launch_records_ = LaunchRecords::kWholeApiKinds;
+    per_call_launch_records_.store(false, std::memory_order_relaxed);
     return true;
   }
 
@@ -719,6 +742,7 @@ class CuptiActivity final : public KernelActivitySource {
       records_.end_buffer(done);  // kernels whose launch record can no longer come
     } catch (...) {
     }
+    note_launch_records();
     s.done_through.store(done, std::memory_order_release);
   }
 
@@ -784,6 +808,7 @@ class CuptiActivity final : public KernelActivitySource {
       std::lock_guard<std::mutex> lock(shared().mu);
       pull_marks();
       records_.drain();
+      note_launch_records();
     }
     stop_waiting_for_held();
   }
@@ -825,6 +850,21 @@ class CuptiActivity final : public KernelActivitySource {
     }
   }
 
+  // With shared().mu held, after kernels were placed: how many came while no launch
+  // record ever had. A third party saw this on CUDA 13, with the launch calls' records
+  // enabled one call at a time after CUDA had initialized (cupti_activity.h documents no
+  // such limit): kernels with correlation ids, and no API record carrying any of them.
+  // Counted only while no launch record has come at all: a few kernels launched before our
+  // launch records were enabled, with launch records after them, are outside any step.
+  void note_launch_records() noexcept {
+    const detail::cupti::ActivityStats& st = records_.stats();
+    unattributable_.store(st.api_records == 0 ? st.without_launch_records : 0,
+                          std::memory_order_release);
+  }
+  std::uint64_t unattributable_kernels() const noexcept {
+    return unattributable_.load(std::memory_order_acquire);
+  }
+
   void set_status(const std::string& s) noexcept {
     try {
       std::lock_guard<std::mutex> lock(status_mu_);
@@ -854,6 +894,9 @@ class CuptiActivity final : public KernelActivitySource {
   std::uint64_t steps_at_callback_ = 0;
   std::int64_t quiet_since_ns_ = 0;
   LaunchRecords launch_records_ = LaunchRecords::kNone;
+  std::atomic<bool> per_call_launch_records_{false};  // launch_records_ was kLaunchCalls
+  // kernels delivered with no launch record to place them by (note_launch_records)
+  std::atomic<std::uint64_t> unattributable_{0};
   bool internal_launches_ = false;
   std::thread flusher_;
   // guarded by shared().mu
@@ -915,6 +958,10 @@ std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not, 
   if (lib == nullptr) return fail(why);
   if (lib->version < kOldestVersion) {
     return fail(detail::cupti::too_old_reason("kernel activity", lib->version, "CUPTI 12.0"));
+  }
+  if (std::string unreadable = detail::cupti::activity_records_unreadable(*lib);
+      !unreadable.empty()) {
+    return fail(std::move(unreadable));
   }
   Api api;
   std::string missing;

@@ -45,6 +45,7 @@ struct State {
   std::set<int> runtime_calls, driver_calls;  // records enabled one call at a time
   std::map<int, CUptiResult> fail_enable;
   CUptiResult fail_filter = CUPTI_SUCCESS;
+  bool late_filters_ignored = false;  // fake_cupti_ignore_api_filters_after_init
   CUpti_BuffersCallbackRequestFunc request = nullptr;
   CUpti_BuffersCallbackCompleteFunc complete = nullptr;
   CUpti_BuffersCallbackRequestFunc first_request = nullptr;
@@ -217,7 +218,7 @@ void fill_kernel(State& s, const InFlight& k) {
 extern "C" {
 
 CUptiResult CUPTIAPI cuptiGetVersion(uint32_t* version) {
-  *version = 130001;
+  *version = CUPTI_API_VERSION;  // the release of the headers it is built with, as a real one
   return CUPTI_SUCCESS;
 }
 
@@ -270,6 +271,7 @@ CUptiResult CUPTIAPI cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.fail_filter != CUPTI_SUCCESS) return s.fail_filter;
+  if (s.late_filters_ignored) return CUPTI_SUCCESS;  // accepted, and no record is ever written
   if (enable != 0) {
     s.runtime_calls.insert(static_cast<int>(cbid));
   } else {
@@ -282,6 +284,7 @@ CUptiResult CUPTIAPI cuptiActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.fail_filter != CUPTI_SUCCESS) return s.fail_filter;
+  if (s.late_filters_ignored) return CUPTI_SUCCESS;  // accepted, and no record is ever written
   if (enable != 0) {
     s.driver_calls.insert(static_cast<int>(cbid));
   } else {
@@ -380,6 +383,7 @@ void fake_cupti_reset() {
   s.driver_calls.clear();
   s.fail_enable.clear();
   s.fail_filter = CUPTI_SUCCESS;
+  s.late_filters_ignored = false;
   s.has_active = false;
   s.full.clear();
   s.spares.clear();
@@ -467,6 +471,11 @@ void fake_cupti_complete_kernels() {
 void fake_cupti_set_dropped(std::uint64_t n) {
   std::lock_guard<std::mutex> lock(state().mu);
   state().dropped = n;
+}
+
+void fake_cupti_ignore_api_filters_after_init() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().late_filters_ignored = true;
 }
 
 void fake_cupti_fail_enable(int kind, int result) {
