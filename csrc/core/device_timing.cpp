@@ -18,6 +18,25 @@ int DeviceTiming::record() noexcept {
   return e;
 }
 
+void DeviceTiming::set_stream(DeviceStream stream) noexcept {
+  stream_ = stream;
+  stream_set_ = true;
+  check_current_stream();
+}
+
+void DeviceTiming::check_current_stream() noexcept {
+  if (!in_step_ || !stream_set_ || building_.captured || stream_ == step_stream_) return;
+  // The timer's only question to a stream is a record; an event it did record is returned
+  // unread (nothing waits for it, and a later record of it overwrites it).
+  const int e = timer_->record(stream_);
+  if (e == kRecordCaptured) {
+    enter_capture();
+  } else if (e >= 0) {
+    timer_->release(e);
+  }
+  // A failure on that stream is not the step's: its own events decide.
+}
+
 void DeviceTiming::enter_capture() noexcept {
   // The events recorded before the capture began are not captured; they are returned
   // unread (a host-timed step needs none of them). The capture may end before the step
@@ -46,15 +65,18 @@ void DeviceTiming::begin_step() noexcept {
   building_.host_lead_ns = 0;
   step_stream_ = stream_;
   step_ok_ = true;
+  in_step_ = true;
   building_.begin = record();
   building_.end = -1;
 }
 
 void DeviceTiming::begin_phase(std::uint16_t slot) noexcept {
+  if (!(stream_ == step_stream_)) check_current_stream();
   open_begin_[slot] = step_ok_ ? record() : -1;
 }
 
 void DeviceTiming::end_phase(std::uint16_t slot) noexcept {
+  if (!(stream_ == step_stream_)) check_current_stream();
   const int begin = open_begin_[slot];
   open_begin_[slot] = -1;
   if (begin < 0) return;
@@ -108,6 +130,8 @@ bool DeviceTiming::fold(Pending& p) noexcept {
 }
 
 void DeviceTiming::end_step(const StepRecord& host_record, StepRecordQueue& writer) noexcept {
+  if (!(stream_ == step_stream_)) check_current_stream();
+  in_step_ = false;
   building_.record = host_record;
   building_.record.stream = step_stream_;
   if (step_ok_) building_.end = record();

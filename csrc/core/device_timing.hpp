@@ -14,6 +14,20 @@
 // during a step applies from the next one): events on one stream complete in order, so
 // no interval comes out negative; one that does anyway (a timer's rounding) is clamped
 // to 0 and counted (clamped_intervals()). Training thread only.
+//
+// A capture on another stream than the step's: torch.cuda.graph captures on a stream of
+// its own (a new pool stream, made current for the capture), so a step that began on the
+// default stream and wraps a capture sees its own stream idle while the capture runs. The
+// legacy default stream does not show it: torch's pool streams are non-blocking
+// (cudaStreamNonBlocking), and only a capturing *blocking* stream makes the legacy stream
+// report CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (cuStreamIsCapturing) or refuse an event; with
+// a non-blocking one, "work running in the created stream may run concurrently with work
+// in stream 0" and nothing on stream 0 fails or waits (cuStreamCreate,
+// CU_STREAM_NON_BLOCKING). Only the current stream tells: a stream set during a step
+// (set_stream; the framework's current stream when it differs from the step's) is asked
+// whether it captures at once, at every later phase boundary and at the step's end, and
+// if it does the step is a captured step like any other (host-timed). Asking is the
+// timer's record(): kRecordCaptured, or an event that is returned unread at once.
 #pragma once
 
 #include <array>
@@ -38,10 +52,9 @@ class DeviceTiming {
 
   /// True while the timer works and a stream is set: the next step is timed on the device.
   bool usable() const noexcept { return !failed_ && stream_set_; }
-  void set_stream(DeviceStream stream) noexcept {
-    stream_ = stream;
-    stream_set_ = true;
-  }
+  /// The stream the next step is timed on. During a step (the framework's current stream
+  /// changed) it is also asked whether it captures a CUDA graph (see the top).
+  void set_stream(DeviceStream stream) noexcept;
   void clear_stream() noexcept { stream_set_ = false; }
   DeviceStream stream() const noexcept { return stream_; }
 
@@ -99,6 +112,9 @@ class DeviceTiming {
   int record() noexcept;
   // The stream is capturing: the step in progress returns its events and uses host times.
   void enter_capture() noexcept;
+  // During a step whose stream is no longer the current one (set_stream): a capture on the
+  // current stream makes the step a captured one.
+  void check_current_stream() noexcept;
   bool ready(const Pending& p) noexcept;
   // Makes room in the step's full interval list (see the top); false on a device error.
   bool fold(Pending& p) noexcept;
@@ -124,6 +140,7 @@ class DeviceTiming {
   DeviceStream stream_;                     // set_stream's
   DeviceStream step_stream_;                // the step in progress's: stream_ when it began
   bool stream_set_ = false;
+  bool in_step_ = false;  // between begin_step and end_step (on the device)
   bool failed_ = false;
   std::string failure_;
   std::int64_t failed_at_step_ = -1;

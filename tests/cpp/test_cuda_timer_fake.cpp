@@ -457,6 +457,112 @@ TEST_F(CudaTimerFake, TheLegacyStreamIsLeftAloneWhileAnyStreamCaptures) {
   EXPECT_EQ(steps[2]["clock"], "cuda");
 }
 
+// The fake driver's legacy stream and a non-blocking stream's capture, as documented: the
+// legacy stream waits on blocking streams only ("synchronizes with all other streams in
+// the same CUcontext except for non-blocking streams", Driver API 3. Stream
+// synchronization behavior), so a capture on a non-blocking stream leaves it usable:
+// cuStreamIsCapturing on it says NONE (the IMPLICIT error is "while a blocking stream ...
+// is capturing"), an event recorded on it succeeds and breaks nothing; a blocking
+// stream's capture makes it unusable.
+TEST_F(CudaTimerFake, TheFakeDriverLetsTheLegacyStreamRunBesideANonBlockingCapture) {
+  void* side = nullptr;
+  ASSERT_EQ(cuStreamCreate(&side, fake_cuda::kStreamNonBlocking), kSuccess);
+  void* e = nullptr;
+  ASSERT_EQ(cuEventCreate(&e, 0), kSuccess);
+  ASSERT_EQ(cuStreamBeginCapture_v2(side, fake_cuda::kCaptureModeGlobal), kSuccess);
+  int status = -1;
+  ASSERT_EQ(cuStreamIsCapturing(nullptr, &status), kSuccess);
+  EXPECT_EQ(status, 0);  // NONE
+  ASSERT_EQ(cuStreamIsCapturing(side, &status), kSuccess);
+  EXPECT_EQ(status, 1);                                           // ACTIVE
+  fake_cuda_enqueue(reinterpret_cast<std::uintptr_t>(side), 50);  // captured, not run
+  EXPECT_EQ(cuEventRecord(e, nullptr), kSuccess);
+  void* graph = nullptr;
+  EXPECT_EQ(cuStreamEndCapture(side, &graph), kSuccess);
+  EXPECT_NE(graph, nullptr);
+  EXPECT_EQ(cuEventQuery(e), kSuccess);  // the legacy stream did not wait for the capture
+  // the same with a blocking stream: the legacy stream is unusable while it captures
+  void* blocking = nullptr;
+  ASSERT_EQ(cuStreamCreate(&blocking, 0), kSuccess);
+  ASSERT_EQ(cuStreamBeginCapture_v2(blocking, fake_cuda::kCaptureModeGlobal), kSuccess);
+  EXPECT_EQ(cuStreamIsCapturing(nullptr, &status), 906);  // CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+  EXPECT_EQ(cuEventRecord(e, nullptr), 906);
+  EXPECT_EQ(cuStreamEndCapture(blocking, &graph), fake_cuda::kStreamCaptureInvalidated);
+  EXPECT_EQ(fake_cuda_invalidated_captures(), 1);
+  EXPECT_EQ(cuEventDestroy(e), kSuccess);
+}
+
+// torch.cuda.graph inside a step that began on the default (legacy) stream: the capture
+// runs on a non-blocking pool stream made current for it, so the step's own stream sees
+// nothing and its events would time an idle stream. The framework's current stream, set
+// during the step, is asked at the phase boundaries: the step is a captured (host-timed)
+// step, and the capture is not broken.
+TEST_F(CudaTimerFake, AStepOnTheDefaultStreamAroundACaptureOnAPoolStreamIsCaptured) {
+  void* pool = nullptr;
+  ASSERT_EQ(cuStreamCreate(&pool, fake_cuda::kStreamNonBlocking), kSuccess);
+  const auto pool_stream = reinterpret_cast<std::uintptr_t>(pool);
+  TempDir tmp;
+  auto r = run(tmp, 8, /*stream=*/0);
+  r->step();
+  {
+    auto s = r->prof->step();
+    r->phase(s, "forward", 1, 3);  // eager warm-up work on the default stream
+    // with torch.cuda.graph(g): the pool stream becomes current, then the capture begins
+    r->prof->set_stream(pool_stream);
+    ASSERT_EQ(cuStreamBeginCapture_v2(pool, fake_cuda::kCaptureModeGlobal), kSuccess);
+    {
+      auto p = s.phase("backward");
+      r->clock->advance(testing::kMs);
+      fake_cuda_enqueue(pool_stream, 5);  // captured into the graph, not run
+    }
+    void* graph = nullptr;
+    EXPECT_EQ(cuStreamEndCapture(pool, &graph), kSuccess);
+    r->prof->set_stream(0);  // the block's end restores the current stream
+  }
+  r->step();
+  fake_cuda_advance(100);
+  const auto records = close(r);
+  expect_no_fallback(records);
+  EXPECT_EQ(fake_cuda_invalidated_captures(), 0);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(steps[0]["clock"], "cuda");
+  EXPECT_EQ(steps[1]["clock"], "host") << steps[1];
+  EXPECT_EQ(steps[1]["captured"], true) << steps[1];
+  EXPECT_DOUBLE_EQ(steps[1]["phases_ms"]["backward"].get<double>(), 1.0);
+  EXPECT_EQ(steps[2]["clock"], "cuda");
+  EXPECT_DOUBLE_EQ(steps[2]["step_ms"].get<double>(), 8.0);
+  EXPECT_EQ(steps[2]["stream"]["id"], 0);
+  const auto end = of_kind(records, "run_end").at(0);
+  EXPECT_EQ(end["device_timing"]["captured_steps"], 1) << end;
+  EXPECT_EQ(fake_cuda_live_events(), 0);
+}
+
+// A side stream made current during a step that does not capture (a prefetch on its own
+// stream): the step stays on the device clock, on its own stream.
+TEST_F(CudaTimerFake, ASideStreamThatDoesNotCaptureLeavesTheStepOnTheDevice) {
+  void* side = nullptr;
+  ASSERT_EQ(cuStreamCreate(&side, fake_cuda::kStreamNonBlocking), kSuccess);
+  TempDir tmp;
+  auto r = run(tmp, 8, /*stream=*/0);
+  {
+    auto s = r->prof->step();
+    r->phase(s, "forward", 1, 3);
+    r->prof->set_stream(reinterpret_cast<std::uintptr_t>(side));
+    r->phase(s, "backward", 1, 5);  // still queued on the default stream by the fixture
+    r->prof->set_stream(0);
+  }
+  fake_cuda_advance(100);
+  const auto records = close(r);
+  expect_no_fallback(records);
+  const auto steps = of_kind(records, "step");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]["clock"], "cuda") << steps[0];
+  EXPECT_FALSE(steps[0].contains("captured"));
+  EXPECT_DOUBLE_EQ(steps[0]["step_ms"].get<double>(), 8.0);
+  EXPECT_EQ(fake_cuda_live_events(), 0);
+}
+
 // ---- contexts: events in the stream's context, one pool per context ----
 
 // The device's part queued on the default stream of `ctx`, the way a framework's kernels

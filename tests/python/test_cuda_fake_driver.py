@@ -150,3 +150,53 @@ def test_a_loop_on_a_thread_without_a_context_is_timed_on_the_named_device(tmp_p
         assert s["stream"] == {"id": 0, "device": 0}
     assert records[-1]["device_timing"] == {"steps": 6, "captured_steps": 0, "clamped_intervals": 0}
     assert not [r for r in records if r["kind"] == "alert" and r["type"] == "timer_fallback"]
+
+
+_CAPTURE_ON_A_POOL_STREAM = textwrap.dedent(
+    """
+    import ctypes, sys
+    fake = ctypes.CDLL("libcuda.so.1")
+    fake.fake_cuda_enqueue.argtypes = [ctypes.c_size_t, ctypes.c_double]
+    fake.fake_cuda_advance.argtypes = [ctypes.c_double]
+    fake.fake_cuda_set_current.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    fake.cuStreamBeginCapture_v2.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    fake.cuStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    ctx = ctypes.c_int(0)
+    fake.fake_cuda_set_current(ctypes.addressof(ctx), 0)
+    import steptrace
+
+    # torch.cuda.graph's capture stream: a pool stream, created non-blocking
+    pool = ctypes.c_void_p()
+    assert fake.cuStreamCreate(ctypes.byref(pool), 1) == 0  # CU_STREAM_NON_BLOCKING
+    with steptrace.Profiler(sys.argv[1], clock="cuda", kernel_activity="off", counters="off",
+                            nvml="off", detect=False) as prof:
+        prof.set_stream(0)  # the default stream, where the eager steps run
+        for i in range(4):
+            with prof.step():
+                with prof.phase("forward"):
+                    fake.fake_cuda_enqueue(0, 3.0)
+                if i == 1:  # the step that wraps `with torch.cuda.graph(g):`
+                    prof.set_stream(pool.value)  # the capture stream is current in the block
+                    assert fake.cuStreamBeginCapture_v2(pool, 0) == 0  # global mode, torch's default
+                    with prof.phase("backward"):
+                        fake.fake_cuda_enqueue(pool.value, 5.0)  # captured, not run
+                    graph = ctypes.c_void_p()
+                    assert fake.cuStreamEndCapture(pool, ctypes.byref(graph)) == 0, "capture broken"
+                    prof.set_stream(0)
+            fake.fake_cuda_advance(10.0)
+    assert fake.fake_cuda_invalidated_captures() == 0
+    """
+)
+
+
+def test_a_step_on_the_default_stream_around_a_capture_on_a_pool_stream_is_captured(
+        tmp_path, fake_cuda_dir, records_of):
+    # The legacy stream never shows a capture on a non-blocking stream (fake_cuda.cpp,
+    # legacy_blocked): the current stream, given during the step, does.
+    records = _run_on_the_fake(_CAPTURE_ON_A_POOL_STREAM, tmp_path / "run", fake_cuda_dir, records_of)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s["clock"] for s in steps] == ["cuda", "host", "cuda", "cuda"], steps
+    assert steps[1].get("captured") is True, steps[1]
+    assert all("captured" not in s for s in steps[::2])
+    assert records[-1]["device_timing"]["captured_steps"] == 1
+    assert not [r for r in records if r["kind"] == "alert" and r["type"] == "timer_fallback"]

@@ -67,6 +67,9 @@ struct Stream {
   void* ctx = nullptr;             // the context it belongs to
   std::int64_t busy_until_ns = 0;  // when the device reaches the end of its queue
   bool capturing = false;          // a capture sequence is open on it
+  // Created with CU_STREAM_NON_BLOCKING (cuStreamCreate): no implicit synchronization with
+  // the legacy stream. Streams first seen by use are blocking ones (CU_STREAM_DEFAULT).
+  bool non_blocking = false;
   Capture capture;
 };
 
@@ -136,12 +139,21 @@ bool any_capture_live(Device& d) {
 }
 
 // The legacy default stream (NULL or CU_STREAM_LEGACY, not CU_STREAM_PER_THREAD) "while a
-// blocking stream in the same context is capturing" (cuStreamIsCapturing).
+// blocking stream in the same context is capturing" (cuStreamIsCapturing). A non-blocking
+// stream's capture leaves it alone: the legacy stream "synchronizes with all other streams
+// in the same CUcontext except for non-blocking streams" (Driver API, 3. Stream
+// synchronization behavior), so using it creates no dependency on that capture; "when any
+// stream in the same context is being captured, and it was not created with
+// cudaStreamNonBlocking, any attempted use of the legacy stream is invalid" (CUDA C++
+// Programming Guide, CUDA Graphs, Prohibited and Unhandled Operations).
+bool blocks_legacy(const Stream& s, void* ctx) {
+  return s.capturing && !s.non_blocking && s.ctx == ctx;
+}
 bool legacy_blocked(Device& d, std::uintptr_t h) {
   if (h > 1) return false;
   void* ctx = current_ctx();
   for (auto& [sh, s] : d.streams) {
-    if (s.capturing && s.ctx == ctx) return true;
+    if (blocks_legacy(s, ctx)) return true;
   }
   return false;
 }
@@ -434,7 +446,7 @@ CUresult cuEventDestroy(void* event) {
 // while a blocking stream is capturing: "the legacy stream is in an unusable state until
 // the blocking stream capture is terminated ... attempted use would have an implicit
 // dependency on the capturing stream(s)" (cuStreamIsCapturing), which breaks the capture.
-// Fake streams are all blocking ones.
+// Only blocking streams block it (legacy_blocked).
 CUresult cuEventRecord(void* event, void* stream) {
   Device& d = dev();
   std::lock_guard<std::mutex> lock(d.mu);
@@ -444,7 +456,7 @@ CUresult cuEventRecord(void* event, void* stream) {
   const auto h = reinterpret_cast<std::uintptr_t>(stream);
   if (legacy_blocked(d, h)) {
     for (auto& [sh, s] : d.streams) {
-      if (s.capturing && !s.capture.invalidated && s.ctx == current_ctx()) {
+      if (blocks_legacy(s, current_ctx()) && !s.capture.invalidated) {
         s.capture.invalidated = true;
         ++d.invalidations;
       }
@@ -464,9 +476,9 @@ CUresult cuEventRecord(void* event, void* stream) {
   }
   e->captured = false;
   std::int64_t at = std::max(s.busy_until_ns, d.now_ns);
-  if (default_handle(h)) {  // "recorded after all preceding operations in the CUDA context"
+  if (h <= 1) {  // the legacy stream "first waits on all blocking streams" (Stream sync behavior)
     for (auto& [sh, other] : d.streams) {
-      if (other.ctx == s.ctx) at = std::max(at, other.busy_until_ns);
+      if (other.ctx == s.ctx && !other.non_blocking) at = std::max(at, other.busy_until_ns);
     }
   }
   e->complete_at_ns = at;
@@ -523,7 +535,30 @@ CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
   return kSuccess;
 }
 
-// ---- stream capture (group__CUDA__STREAM) ----
+// ---- streams and stream capture (group__CUDA__STREAM) ----
+
+// "Creates a stream and returns a handle in phStream"; flags CU_STREAM_DEFAULT (0) or
+// CU_STREAM_NON_BLOCKING (1): "work running in the created stream may run concurrently
+// with work in stream 0 (the NULL stream), and ... the created stream should perform no
+// implicit synchronization with stream 0" (cuStreamCreate). It belongs to the context
+// current on the calling thread; without one, CUDA_ERROR_INVALID_CONTEXT. PyTorch's pool
+// streams (torch.cuda.Stream(), the capture stream of torch.cuda.graph) are created
+// non-blocking (c10/cuda/CUDAStream.cpp: kDefaultFlags = cudaStreamNonBlocking).
+CUresult cuStreamCreate(void** stream, unsigned int flags) {
+  if (stream == nullptr || flags > 1) return kInvalidValue;
+  void* ctx = current_ctx();
+  if (ctx == nullptr) return kInvalidContext;
+  Device& d = dev();
+  std::lock_guard<std::mutex> lock(d.mu);
+  static std::uintptr_t next = 0x9000;
+  while (d.streams.count(next) != 0) next += 0x100;
+  Stream& s = d.streams[next];
+  s.ctx = ctx;
+  s.non_blocking = flags == 1;
+  *stream = reinterpret_cast<void*>(next);
+  next += 0x100;
+  return kSuccess;
+}
 
 // "Capture may not be initiated if stream is CU_STREAM_LEGACY ... it may only be initiated
 // if the stream is not already in capture mode" (cuStreamBeginCapture).

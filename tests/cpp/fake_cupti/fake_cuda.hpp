@@ -4,7 +4,8 @@
 // advances it (or a cuEventSynchronize waits); each stream runs its queued work in order;
 // an event completes when the device reaches the point of its stream where it was
 // recorded. Streams are any non-zero handles (0 is the legacy stream), created on first
-// use. All functions are thread-safe.
+// use as blocking streams, or by cuStreamCreate (non-blocking ones too). All functions are
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,7 @@ void* fake_cuda_primary_context(int device);
 int fake_cuda_primary_retains(int device);
 
 // The driver's own entry points (CUstream as void*, CUstreamCaptureMode as int).
+int cuStreamCreate(void** stream, unsigned int flags);  // CU_STREAM_DEFAULT / NON_BLOCKING
 int cuStreamBeginCapture_v2(void* stream, int mode);
 int cuStreamEndCapture(void* stream, void** graph);
 int cuStreamIsCapturing(void* stream, int* status);
@@ -56,6 +58,7 @@ namespace fake_cuda {
 inline constexpr int kCaptureModeGlobal = 0;  // CU_STREAM_CAPTURE_MODE_GLOBAL
 inline constexpr int kCaptureModeThreadLocal = 1;
 inline constexpr int kCaptureModeRelaxed = 2;
+inline constexpr unsigned kStreamNonBlocking = 1;      // CU_STREAM_NON_BLOCKING
 inline constexpr int kStreamCaptureInvalidated = 901;  // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
 inline constexpr int kCapturedEvent = 907;             // CUDA_ERROR_CAPTURED_EVENT
 }  // namespace fake_cuda
