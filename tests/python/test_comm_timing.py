@@ -49,7 +49,8 @@ def test_a_collective_whose_future_completes_at_launch_is_timed_to_its_completio
                 with prof.step():
                     with prof.phase("backward"):
                         t = torch.ones(8)
-                        dist.all_reduce(t)  # returns at once, as on NCCL; done 50 ms later
+                        work = dist.all_reduce(t, async_op=True)  # returns at once, as on NCCL; done 50 ms later
+                        work.wait()  # the current stream would wait; the host goes on
                     with prof.phase("optimizer"):
                         compute(0.15)
             how = prof._comm.describe()
@@ -133,7 +134,10 @@ def test_comm_timing_off_leaves_torch_distributed_as_it_was(tmp_path):
     # run_start says how the collectives are timed, or why they are not
     assert how[0] == {"active": [], "unavailable": {"completion": 'comm_timing="off": torch.distributed is left as it is'}}
     assert how[1]["active"] == ["completion"] and how[1]["method"].startswith(
-        "completion polling of Work.is_completed() every 0.5 ms (steptrace_fake_nccl: "), how[1]
+        "completion polling of Work.is_completed() at most every 0.5 ms and 2% of the time (steptrace_fake_nccl: "
+    ), how[1]
+    assert how[1]["method"].endswith("synchronous calls (async_op=False) from their launch to their return "
+                                     "(on steptrace_fake_nccl: the launch)"), how[1]
 
 
 def test_run_start_says_when_there_is_nothing_to_time(tmp_path):
