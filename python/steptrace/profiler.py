@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 from steptrace import _core
 from steptrace._options import PYTHON_OPTIONS
 from steptrace._torch_compat import cuda_memory_stats
+from steptrace.graph_capture import CaptureWatch
 from steptrace.cluster import ClusterExchange, check_cluster_options, wants_exchange
 from steptrace.errors import ConfigError, UnknownOptionError
 from steptrace.otlp import check_otlp_options
@@ -173,7 +174,8 @@ _MEM_GET_INFO_INTERVAL_S = 1.0
 
 
 def _cuda_step_hooks(torch: Any, memory: bool, device_index: int = -1,
-                     device_memory_sampled: bool = False) -> tuple:
+                     device_memory_sampled: bool = False,
+                     step_began: Callable[[], None] = lambda: None) -> tuple:
     """Callables the core runs around each step on the CUDA path: the stream to time as
     (handle, device) (None until CUDA is initialized: host clock), and the caching
     allocator's figures with the per-step peak, which it resets.
@@ -200,6 +202,7 @@ def _cuda_step_hooks(torch: Any, memory: bool, device_index: int = -1,
     def begin() -> Optional[tuple]:
         if not cuda.is_initialized():
             return None
+        step_began()  # this thread's step: a capture it begins marks the step (graph_capture)
         d = step_device()
         return cuda.current_stream(d).cuda_stream, d
 
@@ -591,10 +594,14 @@ class Profiler:
         self.set_stream = self._core.set_stream
         """``set_stream(stream, device=-1)``: record device events on this stream (an int:
         ``torch.cuda.Stream.cuda_stream``, and its ``device_index``) from the next step on."""
+        self._capture: Optional[CaptureWatch] = None
         if cuda:
+            # a step around a CUDA graph captured on a side stream is marked captured
+            self._capture = CaptureWatch(self._core, torch.cuda).install()
             self._core.set_step_hooks(*_cuda_step_hooks(torch, python_options["cuda_memory"],
                                                         config.device_index,
-                                                        self._core.device_memory_sampled))
+                                                        self._core.device_memory_sampled,
+                                                        self._capture.step_began))
         _live.add(self)
         self._alert_thread: Optional[threading.Thread] = None
         if config.detect:
@@ -818,6 +825,9 @@ class Profiler:
         for handle in work_handles:
             handle.remove()
         self._compiles.remove()
+        capture, self._capture = self._capture, None
+        if capture is not None:
+            capture.remove()
         comm, self._comm = self._comm, None
         if comm is not None:
             comm.uninstall()  # collectives still outstanding end now, in the last step

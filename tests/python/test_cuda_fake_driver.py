@@ -200,3 +200,87 @@ def test_a_step_on_the_default_stream_around_a_capture_on_a_pool_stream_is_captu
     assert all("captured" not in s for s in steps[::2])
     assert records[-1]["device_timing"]["captured_steps"] == 1
     assert not [r for r in records if r["kind"] == "alert" and r["type"] == "timer_fallback"]
+
+
+_CAPTURE_THROUGH_TORCH_CUDA_GRAPH = textwrap.dedent(
+    """
+    import ctypes, sys, threading
+    fake = ctypes.CDLL("libcuda.so.1")
+    fake.fake_cuda_enqueue.argtypes = [ctypes.c_size_t, ctypes.c_double]
+    fake.fake_cuda_advance.argtypes = [ctypes.c_double]
+    fake.fake_cuda_set_current.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    fake.cuStreamBeginCapture_v2.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    fake.cuStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    ctx = ctypes.c_int(0)
+    fake.fake_cuda_set_current(ctypes.addressof(ctx), 0)
+    import steptrace
+    from steptrace.graph_capture import CaptureWatch
+
+    pool = ctypes.c_void_p()
+    assert fake.cuStreamCreate(ctypes.byref(pool), 1) == 0  # CU_STREAM_NON_BLOCKING
+
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream, self.device_index = handle, 0
+
+    class Cuda:  # torch.cuda as torch.cuda.graph uses it: the capture stream is current inside
+        current = Stream(0)
+
+        @staticmethod
+        def current_stream():
+            return Cuda.current
+
+        class CUDAGraph:
+            def capture_begin(self, pool=None, capture_error_mode="global"):
+                Cuda.current = Stream(POOL)
+                assert fake.cuStreamBeginCapture_v2(ctypes.c_void_p(POOL), 0) == 0
+
+            def capture_end(self):
+                graph = ctypes.c_void_p()
+                assert fake.cuStreamEndCapture(ctypes.c_void_p(POOL), ctypes.byref(graph)) == 0, "capture broken"
+                Cuda.current = Stream(0)
+
+    POOL = pool.value
+    with steptrace.Profiler(sys.argv[1], clock="cuda", kernel_activity="off", counters="off",
+                            nvml="off", detect=False) as prof:
+        watch = CaptureWatch(prof._core, Cuda).install()
+
+        def begin():  # as the Profiler's CUDA step hook: this thread's step, on the current stream
+            watch.step_began()
+            return Cuda.current.cuda_stream, 0
+
+        prof._core.set_step_hooks(begin, None)
+        outside = []
+        for i in range(4):
+            with prof.step():
+                with prof.phase("forward"):
+                    fake.fake_cuda_enqueue(0, 3.0)
+                if i == 1:
+                    g = Cuda.CUDAGraph()
+                    g.capture_begin()  # `with torch.cuda.graph(g):`
+                    with prof.phase("backward"):
+                        fake.fake_cuda_enqueue(POOL, 5.0)  # captured, not run
+                    g.capture_end()
+                if i == 2:  # a capture begun by another thread is not this step's
+                    t = threading.Thread(target=lambda: (outside.append(1), Cuda.CUDAGraph().capture_begin(),
+                                                         Cuda.CUDAGraph().capture_end()))
+                    t.start()
+                    t.join()
+            fake.fake_cuda_advance(10.0)
+        watch.remove()
+    assert "capture_begin" in Cuda.CUDAGraph.__dict__ and Cuda.CUDAGraph.capture_begin.__name__ == "capture_begin"
+    assert not hasattr(Cuda.CUDAGraph.capture_begin, "__wrapped__"), "the wrapper was not removed"
+    assert fake.fake_cuda_invalidated_captures() == 0
+    """
+)
+
+
+def test_a_step_around_torch_cuda_graph_on_a_pool_stream_is_captured_without_set_stream(
+        tmp_path, fake_cuda_dir, records_of):
+    """The Profiler's capture watch (steptrace.graph_capture) gives the step the capture
+    stream when CUDAGraph.capture_begin runs on its thread: no set_stream by the program."""
+    records = _run_on_the_fake(_CAPTURE_THROUGH_TORCH_CUDA_GRAPH, tmp_path / "run", fake_cuda_dir, records_of)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [s["clock"] for s in steps] == ["cuda", "host", "cuda", "cuda"], steps
+    assert steps[1].get("captured") is True, steps[1]
+    assert records[-1]["device_timing"]["captured_steps"] == 1
