@@ -74,8 +74,9 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
   HwStats h;
   h.power_limit_w = power_limit_w;
   end_ns = std::max(end_ns, begin_ns + 1);
-  // A reading describes the time since the one before (NVML averages power over its last
-  // period): [lo, hi] are the readings whose period overlaps the window.
+  // A reading stands for the time since the one before (NVML's instantaneous power, read
+  // at each sample; GetPowerUsage's 1 s mean only where the field is missing): [lo, hi] are
+  // the readings whose period overlaps the window.
   auto after = [](std::int64_t v, const TelemetrySample& x) { return v < x.t_ns; };
   auto before = [](const TelemetrySample& x, std::int64_t v) { return x.t_ns < v; };
   const std::size_t lo = static_cast<std::size_t>(

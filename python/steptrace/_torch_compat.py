@@ -86,7 +86,12 @@ def future_base() -> type:
     return torch._C.Future
 
 
-#: DistributedDataParallel's private members the comm timing uses: where a built-in C++
-#: comm hook is registered, and the list of the Python hooks registered.
+#: DistributedDataParallel's private members the comm timing (steptrace.comm) uses, all
+#: present from torch 2.0 to 2.15: where a built-in C++ comm hook is registered, the list of
+#: the Python hooks registered, the check DDP makes of a hook's signature, the reducer (None
+#: until DDP has built it) and the logger's record of the hook's name.
 DDP_BUILTIN_HOOK_REGISTRAR = "_register_builtin_comm_hook"
 DDP_COMM_HOOKS = "_comm_hooks"
+DDP_CHECK_COMM_HOOK = "_check_comm_hook"
+DDP_REDUCER = "reducer"
+DDP_LOGGER_HOOK_NAME = "_set_comm_hook_name"

@@ -58,6 +58,9 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from steptrace._torch_compat import (DDP_BUILTIN_HOOK_REGISTRAR, DDP_CHECK_COMM_HOOK, DDP_COMM_HOOKS,
+                                     DDP_LOGGER_HOOK_NAME, DDP_REDUCER, future_base)
+
 #: The torch.distributed collectives timed (those that take ``async_op``).
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier")
@@ -575,7 +578,7 @@ class CollectiveTiming:
             fut = hook(state, bucket)
         finally:
             inner, calls.items = calls.items, outer
-        if not inner or not isinstance(fut, torch._C.Future):  # torch.futures.Future's base too
+        if not inner or not isinstance(fut, future_base()):  # torch.futures.Future's base too
             return fut
         result = torch.futures.Future()
         self._poller.add_join(fut, inner, result)
@@ -663,16 +666,16 @@ def _patch_ddp_registration(ddp_class: Any) -> None:
         return
     _register_patched = True
     original_register = ddp_class.register_comm_hook
-    original_builtin = ddp_class._register_builtin_comm_hook
+    original_builtin = getattr(ddp_class, DDP_BUILTIN_HOOK_REGISTRAR)
 
     def register_comm_hook(ddp: Any, state: Any, hook: Callable[..., Any]) -> None:
         box = _adopted.get(ddp)
         if box is None or box[0] is not None:  # not ours, or a second hook: DDP's own rules
             return original_register(ddp, state, hook)
-        ddp._check_comm_hook(hook)
+        getattr(ddp, DDP_CHECK_COMM_HOOK)(hook)
         if ddp.logger is not None:
-            ddp.logger._set_comm_hook_name(hook.__qualname__)
-        ddp._comm_hooks.append((hook, state))
+            getattr(ddp.logger, DDP_LOGGER_HOOK_NAME)(hook.__qualname__)
+        getattr(ddp, DDP_COMM_HOOKS).append((hook, state))
         box[0] = (hook, state)
 
     def register_builtin(ddp: Any, comm_hook_type: Any) -> None:
@@ -693,7 +696,7 @@ def _patch_ddp_registration(ddp_class: Any) -> None:
     register_comm_hook.__wrapped__ = original_register  # type: ignore[attr-defined]
     register_builtin.__wrapped__ = original_builtin  # type: ignore[attr-defined]
     ddp_class.register_comm_hook = register_comm_hook
-    ddp_class._register_builtin_comm_hook = register_builtin
+    setattr(ddp_class, DDP_BUILTIN_HOOK_REGISTRAR, register_builtin)
 
 
 def adopt_ddp(ddp: Any) -> bool:
@@ -701,7 +704,7 @@ def adopt_ddp(ddp: Any) -> bool:
     ``dist.all_reduce``, or the program's hook once it registers one) unless it has a
     comm hook already (then that hook's collectives are timed where they go through
     torch.distributed). False where it was not given (already, or a built-in C++ hook)."""
-    if ddp in _adopted or getattr(ddp, "_comm_hooks", None) or getattr(ddp, "reducer", None) is None:
+    if ddp in _adopted or getattr(ddp, DDP_COMM_HOOKS, None) or getattr(ddp, DDP_REDUCER, None) is None:
         return False
     import torch.distributed as dist
 
@@ -732,7 +735,7 @@ def adopt_ddp(ddp: Any) -> bool:
         getattr(register, "__wrapped__", register)(ddp, None, steptrace_dispatch)
     except Exception:  # noqa: BLE001 - a built-in C++ hook is in: its collectives are not seen
         return False
-    ddp._comm_hooks.clear()  # the program has registered nothing
+    getattr(ddp, DDP_COMM_HOOKS).clear()  # the program has registered nothing
     _adopted[ddp] = box
     return True
 

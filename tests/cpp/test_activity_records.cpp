@@ -450,8 +450,12 @@ TEST(CuptiActivity, UnavailableWithoutAGpuSaysWhyAndCanBeRetried) {
   std::string lib_why;
   if (!STEPTRACE_TEST_HAVE_CUPTI_HEADERS) {
     EXPECT_NE(why.find("built without the CUPTI headers"), std::string::npos) << why;
-  } else if (load_library({}, &lib_why) == nullptr) {
+  } else if (const Library* lib = load_library({}, &lib_why); lib == nullptr) {
     EXPECT_NE(why.find("libcupti"), std::string::npos) << why;
+  } else if (!activity_records_unreadable(*lib).empty()) {
+    // the toolkit's libcupti of another release than the headers (torch's): refused first
+    EXPECT_EQ(why, activity_records_unreadable(*lib));
+    EXPECT_NE(why.find("activity record structs differ"), std::string::npos) << why;
   } else {
     // CPU-only with CUPTI installed: registering callbacks works, enabling a kind fails
     EXPECT_NE(why.find("no usable CUDA driver or GPU"), std::string::npos) << why;

@@ -80,4 +80,16 @@ def test_ddp_private_members_exist_in_this_torch():
     from torch.nn.parallel import DistributedDataParallel
 
     assert callable(getattr(DistributedDataParallel, compat.DDP_BUILTIN_HOOK_REGISTRAR))
-    assert compat.DDP_COMM_HOOKS == "_comm_hooks"
+    assert callable(getattr(DistributedDataParallel, compat.DDP_CHECK_COMM_HOOK))
+    # the instance members, on a one-rank gloo DDP model
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(torch.nn.Linear(2, 2))
+        assert isinstance(getattr(ddp, compat.DDP_COMM_HOOKS), list)
+        assert getattr(ddp, compat.DDP_REDUCER) is not None
+        assert callable(getattr(ddp.logger, compat.DDP_LOGGER_HOOK_NAME))
+    finally:
+        dist.destroy_process_group()
