@@ -32,7 +32,7 @@
 #   PYTHON                    the interpreter holding torch (default python3); it must have
 #                             pip, scikit-build-core, pybind11, cmake (and ninja) installed
 #   STEPTRACE_GPU_SKIP_SETUP  1: no build; the steptrace that $PYTHON imports is checked
-#   STEPTRACE_GPU_BUILD_CAP_S the build's time limit (default 170 s; the 2-core CI machine's
+#   STEPTRACE_GPU_BUILD_CAP_S the build's time limit (default 150 s; the 2-core CI machine's
 #                             dry run gives it more)
 #   STEPTRACE_GPU_PREFIX      where the build and the installed package go (default: a new
 #                             temporary folder; not inside OUT_DIR, which is kept small)
@@ -53,7 +53,7 @@ if ! command -v "$PYTHON" >/dev/null; then
   echo "PYTHON=$PYTHON: not found (give the interpreter that holds torch)" >&2
   exit 2
 fi
-BUILD_CAP_S=${STEPTRACE_GPU_BUILD_CAP_S:-170}  # sized for the GPU machine (16 cores)
+BUILD_CAP_S=${STEPTRACE_GPU_BUILD_CAP_S:-150}  # sized for the GPU machine (16 cores)
 # script:cap in seconds; the caps add up to the budget
 SCRIPTS=(check_cuda_timing.py:25 check_streams.py:35 check_graphs.py:65 check_nvml_devices.py:25
          check_cupti.py:85 check_nvml.py:40 check_work.py:25)
