@@ -265,3 +265,38 @@ class graph:  # noqa: N801 - as torch.cuda.graph
 
     def __exit__(self, *exc: Any) -> None:
         self.cuda_graph.capture_end()
+
+
+# The parent side of the tests that run each case in a fresh interpreter (a default process
+# group is per process): test_comm_timing.py and test_comm_hazards.py.
+CASE_PRELUDE = """
+import json, statistics, sys, threading, time
+import torch, torch.distributed as dist
+from torch import nn
+sys.path.insert(0, {here!r})
+import fake_nccl
+import steptrace
+torch.set_num_threads(1)
+fake_nccl.init(0.05)
+def comm_of(prof):
+    return [r.get("comm") for r in steptrace.read(prof.log_path) if r["kind"] == "step"]
+def compute(s):
+    time.sleep(s)  # stands for the device's compute while the collective runs
+"""
+
+
+def run_case(tmp_path: Any, body: str, timeout_s: float = 300) -> dict:
+    """Runs CASE_PRELUDE + ``body`` in a child interpreter (cwd ``tmp_path``); the JSON object
+    its last line prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = CASE_PRELUDE.format(here=here) + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -9,37 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-
-# Each case runs in its own interpreter: a default process group is per process.
-PRELUDE = textwrap.dedent("""
-    import json, sys, time
-    import torch, torch.distributed as dist
-    from torch import nn
-    sys.path.insert(0, {here!r})
-    import fake_nccl
-    import steptrace
-    fake_nccl.init(0.05)
-    def comm_of(prof):
-        return [r.get("comm") for r in steptrace.read(prof.log_path) if r["kind"] == "step"]
-    def compute(s):
-        time.sleep(s)  # stands for the device's compute while the collective runs
-""")
-
-
-def run_case(tmp_path: Path, body: str) -> dict:
-    code = PRELUDE.format(here=str(HERE)) + textwrap.dedent(body)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+from fake_nccl import run_case  # noqa: E402 - tests/python is on sys.path (conftest)
 
 
 def test_a_collective_whose_future_completes_at_launch_is_timed_to_its_completion(tmp_path):

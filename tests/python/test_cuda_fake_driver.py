@@ -152,7 +152,8 @@ def test_a_loop_on_a_thread_without_a_context_is_timed_on_the_named_device(tmp_p
     assert not [r for r in records if r["kind"] == "alert" and r["type"] == "timer_fallback"]
 
 
-_CAPTURE_ON_A_POOL_STREAM = textwrap.dedent(
+# The stand-in driver with a current context and the capture calls typed, for the capture cases.
+_CAPTURE_PRELUDE = textwrap.dedent(
     """
     import ctypes, sys
     fake = ctypes.CDLL("libcuda.so.1")
@@ -164,6 +165,11 @@ _CAPTURE_ON_A_POOL_STREAM = textwrap.dedent(
     ctx = ctypes.c_int(0)
     fake.fake_cuda_set_current(ctypes.addressof(ctx), 0)
     import steptrace
+    """
+)
+
+_CAPTURE_ON_A_POOL_STREAM = _CAPTURE_PRELUDE + textwrap.dedent(
+    """
 
     # torch.cuda.graph's capture stream: a pool stream, created non-blocking
     pool = ctypes.c_void_p()
@@ -202,18 +208,9 @@ def test_a_step_on_the_default_stream_around_a_capture_on_a_pool_stream_is_captu
     assert not [r for r in records if r["kind"] == "alert" and r["type"] == "timer_fallback"]
 
 
-_CAPTURE_THROUGH_TORCH_CUDA_GRAPH = textwrap.dedent(
+_CAPTURE_THROUGH_TORCH_CUDA_GRAPH = _CAPTURE_PRELUDE + textwrap.dedent(
     """
-    import ctypes, sys, threading
-    fake = ctypes.CDLL("libcuda.so.1")
-    fake.fake_cuda_enqueue.argtypes = [ctypes.c_size_t, ctypes.c_double]
-    fake.fake_cuda_advance.argtypes = [ctypes.c_double]
-    fake.fake_cuda_set_current.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    fake.cuStreamBeginCapture_v2.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    fake.cuStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
-    ctx = ctypes.c_int(0)
-    fake.fake_cuda_set_current(ctypes.addressof(ctx), 0)
-    import steptrace
+    import threading
     from steptrace.graph_capture import CaptureWatch
 
     pool = ctypes.c_void_p()
