@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -119,12 +120,32 @@ int open_log_file(const Config& c, std::string& path_out) {
     STEPTRACE_CHECK(!ec, ConfigError, "cannot create log_dir {:?}: {}", c.log_dir, ec.message());
   }
   path_out = (dir / fmt::format("rank{}.jsonl", c.rank)).string();
-  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (c.overwrite ? O_TRUNC : O_EXCL);
-  const int fd = ::open(path_out.c_str(), flags, 0644);
+  // Never through what another user may have planted at the path (a symlink to a victim
+  // file, a hard link, a FIFO that would block the open): the file is always created
+  // here (O_EXCL follows no link); overwrite removes the old name first (unlink touches the
+  // name, never what a link points to). log_mode: logs hold exception text and host names.
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_APPEND | O_NOFOLLOW;
+  const auto mode = static_cast<mode_t>(c.log_mode);
+  int fd = ::open(path_out.c_str(), flags, mode);
   if (fd < 0 && errno == EEXIST) {
-    STEPTRACE_THROW(ConfigError,
+    struct stat st {};
+    const bool known = ::lstat(path_out.c_str(), &st) == 0;
+    STEPTRACE_CHECK(!known || !S_ISLNK(st.st_mode), ConfigError,
+                    "log file {:?} is a symbolic link; steptrace follows no link in the log "
+                    "folder: remove it, or use another log_dir",
+                    path_out);
+    STEPTRACE_CHECK(!known || !S_ISDIR(st.st_mode), ConfigError,
+                    "log file {:?} is a directory; remove it, or use another log_dir", path_out);
+    STEPTRACE_CHECK(c.overwrite, ConfigError,
                     "log file {:?} already exists (an earlier run); pass overwrite=True or "
                     "use another log_dir",
+                    path_out);
+    STEPTRACE_CHECK(::unlink(path_out.c_str()) == 0 || errno == ENOENT, ConfigError,
+                    "cannot replace log file {:?}: {}", path_out, std::strerror(errno));
+    fd = ::open(path_out.c_str(), flags, mode);
+    STEPTRACE_CHECK(fd >= 0 || errno != EEXIST, ConfigError,
+                    "log file {:?} was created again by someone else while it was replaced; "
+                    "use a log_dir only this job writes in",
                     path_out);
   }
   STEPTRACE_CHECK(fd >= 0, ConfigError, "cannot write in log_dir {:?}: {}", c.log_dir,

@@ -11,6 +11,7 @@ GROUPS = ("outputs", "timing", "detection", "telemetry", "work", "metrics", "clu
 OPTION_GROUPS: dict[str, str] = {
     "log_dir": "outputs",
     "overwrite": "outputs",
+    "log_mode": "outputs",
     "run_id": "outputs",
     "rank": "outputs",
     "world_size": "outputs",
