@@ -192,10 +192,10 @@ def reference_kernels(step, n_warm: int = 3) -> list[str]:
 def is_nccl_kernel(name: str) -> bool:
     """NCCL's kernels by their real names, as torch.profiler shows them: ncclKernel_* (NCCL
     2.18 and older), ncclDevKernel_* (2.19 and newer), and the one-rank reduction
-    (`oneRankReduce<...>`, a one-rank group's premul sum); the same families as
-    csrc/backends/cupti/kernel_classes.cpp."""
+    (`(anonymous namespace)::oneRankReduce<FuncPreMulSum<T>>`, src/device/onerank.cu: a
+    one-rank group's premul sum); the same families as csrc/backends/cupti/kernel_classes.cpp."""
     bare = name.removeprefix("void ").lstrip()
-    return bare.startswith(("nccl", "oneRankReduce")) or "ncclDevKernel" in name
+    return bare.startswith("nccl") or "ncclDevKernel" in name or "oneRankReduce<" in name
 
 
 def ddp_model(dev, hidden: int = 4096, layers: int = 6):
