@@ -11,10 +11,10 @@ GROUPS = ("outputs", "timing", "detection", "telemetry", "work", "metrics", "clu
 OPTION_GROUPS: dict[str, str] = {
     "log_dir": "outputs",
     "overwrite": "outputs",
-    "log_mode": "outputs",
     "run_id": "outputs",
     "rank": "outputs",
     "world_size": "outputs",
+    "log_mode": "outputs",
     "phases": "timing",
     "flush_interval_ms": "outputs",
     "queue_capacity": "outputs",
