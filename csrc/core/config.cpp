@@ -1,5 +1,8 @@
 #include "steptrace/config.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <initializer_list>
 #include <set>
 #include <type_traits>
@@ -156,6 +159,18 @@ void Config::validate() const {
                   "metrics_port={} is out of range; allowed: -1 (off), 0 (any free port), "
                   "1..65535",
                   metrics_port);
+  // A numeric address only: a host name would be resolved at start (a DNS wait in the
+  // trainer) and could name several interfaces.
+  {
+    unsigned char addr[sizeof(in6_addr)];
+    const bool ip = ::inet_pton(AF_INET, metrics_host.c_str(), addr) == 1 ||
+                    ::inet_pton(AF_INET6, metrics_host.c_str(), addr) == 1;
+    STEPTRACE_CHECK(ip, ConfigError,
+                    "metrics_host={:?} is not an IP address; allowed: an IPv4 or IPv6 address "
+                    "of this host, e.g. \"127.0.0.1\" (the default: this machine only), "
+                    "\"0.0.0.0\" or \"::\" (every interface), \"::1\"",
+                    metrics_host);
+  }
   // The bundled cpp-httplib is built without TLS (no libssl in the wheel): an https://
   // gateway is refused here rather than failing at close.
   STEPTRACE_CHECK(metrics_pushgateway.rfind("https://", 0) != 0, ConfigError,

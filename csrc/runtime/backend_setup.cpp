@@ -102,6 +102,7 @@ std::unique_ptr<PrometheusSink> make_metrics_sink(const Config& config, const Ph
     return probe;
   };
   MetricsOutputs outputs;
+  outputs.host = config.metrics_host;
   outputs.port = port > 65535 ? -1 : port;
   outputs.textfile = config.metrics_textfile;
   outputs.pushgateway = config.metrics_pushgateway;

@@ -22,8 +22,11 @@ using nlohmann::ordered_json;
 ordered_json metrics_json(const RunManifest& m) {
   if (!m.metrics) return nullptr;
   const Config& config = *m.config;
-  ordered_json j = {{"port", nullptr}, {"path", "/metrics"}};
-  if (m.metrics->port() >= 0) j["port"] = m.metrics->port();
+  ordered_json j = {{"host", nullptr}, {"port", nullptr}, {"path", "/metrics"}};
+  if (m.metrics->port() >= 0) {
+    j["host"] = m.metrics->host();
+    j["port"] = m.metrics->port();
+  }
   if (!m.metrics->error().empty()) j["error"] = m.metrics->error();
   if (!config.metrics_textfile.empty()) j["textfile"] = config.metrics_textfile;
   if (!config.metrics_pushgateway.empty()) j["pushgateway"] = config.metrics_pushgateway;

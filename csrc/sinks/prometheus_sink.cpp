@@ -18,10 +18,6 @@
 #include "steptrace/ext/background_thread.hpp"
 #include "steptrace/ext/device_activity.hpp"
 
-#if STEPTRACE_HAVE_HTTPLIB
-#include <httplib.h>
-#endif
-
 namespace steptrace::detail {
 namespace {
 
@@ -628,14 +624,6 @@ void MetricsRegistry::render_cluster(fmt::memory_buffer& out, const Values& v) c
   }
 }
 
-#if STEPTRACE_HAVE_HTTPLIB
-struct PrometheusSink::Server {
-  httplib::Server http;
-};
-#else
-struct PrometheusSink::Server {};
-#endif
-
 std::string base64url(std::string_view v) {
   static constexpr char kAlphabet[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -669,44 +657,14 @@ PrometheusSink::PrometheusSink(MetricsOutputs outputs, MetricLabels labels, cons
       labels_(labels),
       registry_(std::move(labels), names, std::move(version), std::move(median_s),
                 std::move(in_flight_s), std::move(open_interval)) {
-  const int port = outputs_.port;
-  if (port < 0) return;
-#if STEPTRACE_HAVE_HTTPLIB
-  server_ = std::make_unique<Server>();
-  httplib::Server& http = server_->http;
-  // Two workers (an HA pair of Prometheus servers, or one and a curl), no more threads
-  // than that in the trainer; an idle keep-alive connection frees its worker after 1 s.
-  http.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  http.set_keep_alive_timeout(1);
-  http.set_read_timeout(2, 0);
-  http.set_write_timeout(2, 0);
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(registry_.render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("steptrace: metrics at /metrics\n", "text/plain");
-  });
-  if (port == 0) {
-    port_ = http.bind_to_any_port("0.0.0.0");
-    if (port_ <= 0) port_ = -1;
-  } else {
-    port_ = http.bind_to_port("0.0.0.0", port) ? port : -1;
-  }
+  if (outputs_.port < 0) return;
+  endpoint_ = std::make_unique<MetricsEndpoint>(outputs_.host, outputs_.port,
+                                                [this] { return registry_.render(); });
+  port_ = endpoint_->port();
   if (port_ < 0) {
-    error_ = port == 0 ? "could not bind any port"
-                       : fmt::format("could not bind port {} (in use, or not allowed)", port);
-    server_.reset();
-    return;
+    error_ = endpoint_->error();
+    endpoint_.reset();
   }
-  thread_ = start_background_thread([this] { server_->http.listen_after_bind(); });
-  // stop() does nothing to a server not yet running: wait until it runs (a few us).
-  for (int i = 0; i < 2000 && !http.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-#else
-  (void)port;
-  error_ = "built without cpp-httplib (libcpp-httplib-dev)";
-#endif
 }
 
 PrometheusSink::~PrometheusSink() { stop(); }
@@ -761,9 +719,7 @@ bool PrometheusSink::write_textfile() {
 }
 
 bool PrometheusSink::push() {
-  std::string error;
-#if STEPTRACE_HAVE_HTTPLIB
-  // "http://host:port/prefix" -> client "http://host:port", path "/prefix/metrics/..."
+  // "http://host:port/prefix" -> origin "http://host:port", path "/prefix/metrics/..."
   const std::string& url = outputs_.pushgateway;
   const std::size_t scheme = url.find("://");
   const std::size_t slash = url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
@@ -773,23 +729,8 @@ bool PrometheusSink::push() {
   const std::string path =
       fmt::format("{}/metrics/job@base64/{}/run_id@base64/{}/rank/{}", prefix,
                   base64url(labels_.job), base64url(labels_.run_id), labels_.rank);
-  try {
-    httplib::Client client(origin);
-    client.set_connection_timeout(2, 0);
-    client.set_read_timeout(5, 0);
-    client.set_write_timeout(5, 0);
-    auto res = client.Put(path, registry_.render(), "text/plain; version=0.0.4; charset=utf-8");
-    if (!res) {
-      error = fmt::format("{}{}: {}", origin, path, httplib::to_string(res.error()));
-    } else if (res->status / 100 != 2) {
-      error = fmt::format("{}{}: HTTP {} {}", origin, path, res->status, res->body.substr(0, 200));
-    }
-  } catch (const std::exception& e) {
-    error = fmt::format("{}: {}", url, e.what());
-  }
-#else
-  error = "built without cpp-httplib (libcpp-httplib-dev)";
-#endif
+  const std::string error = http_put(origin, path, registry_.render(),
+                                     "text/plain; version=0.0.4; charset=utf-8", kPushDeadline);
   if (error.empty()) return true;
   std::fprintf(stderr, "steptrace: Pushgateway push failed (%s); the log file has everything\n",
                error.c_str());
@@ -797,11 +738,7 @@ bool PrometheusSink::push() {
 }
 
 void PrometheusSink::stop() noexcept {
-  std::lock_guard<std::mutex> lock(stop_mu_);
-#if STEPTRACE_HAVE_HTTPLIB
-  if (server_) server_->http.stop();
-#endif
-  if (thread_.joinable()) thread_.join();
+  if (endpoint_) endpoint_->stop();  // idempotent, thread-safe, never waits on a client
 }
 
 }  // namespace steptrace::detail

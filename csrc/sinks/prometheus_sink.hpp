@@ -13,13 +13,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "../core/alert.hpp"
 #include "../core/record_sink.hpp"
 #include "../core/step_record.hpp"
 #include "../core/telemetry.hpp"
+#include "metrics_http.hpp"
 #include "steptrace/interval.hpp"
 
 namespace steptrace::detail {
@@ -158,16 +158,19 @@ class MetricsRegistry {
 
 /// Where the metrics go besides the registry.
 struct MetricsOutputs {
-  int port = -1;            // HTTP endpoint: -1 none, 0 any free port, N port N
-  std::string textfile;     // node-exporter textfile: rewritten atomically (at most 1/s)
-  std::string pushgateway;  // Pushgateway base URL: one push (PUT) at close
+  std::string host = "127.0.0.1";  // the endpoint's address (Config::metrics_host)
+  int port = -1;                   // HTTP endpoint: -1 none, 0 any free port, N port N
+  std::string textfile;            // node-exporter textfile: rewritten atomically (at most 1/s)
+  std::string pushgateway;         // Pushgateway base URL: one push (PUT) at close
 };
 
-/// Serves a MetricsRegistry at http://<any address>:<port>/metrics, writes it to a
-/// node-exporter textfile and pushes it to a Pushgateway at close, as configured. Binding
-/// happens in the constructor: port() is the bound port, or -1 with error() saying why
-/// (the run goes on without the endpoint). The server thread stops at on_close() or
-/// destruction. Textfile and push failures are said once on stderr, never thrown.
+/// Serves a MetricsRegistry at http://<host>:<port>/metrics (MetricsEndpoint: bounded in
+/// size, connections and time), writes it to a node-exporter textfile and pushes it to a
+/// Pushgateway at close, as configured. Binding happens in the constructor: port() is the
+/// bound port, or -1 with error() saying why (the run goes on without the endpoint). The
+/// endpoint stops at on_close() or destruction without waiting on any client; the push
+/// has one deadline (kPushDeadline) for all of it. Textfile and push failures are said
+/// once on stderr, never thrown.
 class PrometheusSink final : public RecordSink {
  public:
   PrometheusSink(MetricsOutputs outputs, MetricLabels labels, const PhaseNames& names,
@@ -190,29 +193,33 @@ class PrometheusSink final : public RecordSink {
   std::string first_error() const override;
 
   int port() const noexcept { return port_; }
+  /// The address the endpoint is bound to (meaningful when port() >= 0).
+  const std::string& host() const noexcept { return outputs_.host; }
   const std::string& error() const noexcept { return error_; }
   const MetricsRegistry& registry() const noexcept { return registry_; }
   /// Stops serving (idempotent).
   void stop() noexcept;
   /// Writes the textfile now (tmp file + rename); false on failure (said once).
   bool write_textfile();
-  /// Pushes to the Pushgateway now (PUT <url>/metrics/job/<job>/run_id/<id>/rank/<rank>);
-  /// false on failure (said once).
+  /// Pushes to the Pushgateway now (PUT <url>/metrics/job/<job>/run_id/<id>/rank/<rank>),
+  /// all of it (name lookup, connect, send, answer) within kPushDeadline; false on failure
+  /// (said once).
   bool push();
 
+  /// The push's one deadline: close() and the SIGTERM path (which closes) wait no longer
+  /// on a Pushgateway, however slowly it answers.
+  static constexpr std::chrono::milliseconds kPushDeadline{2000};
+
  private:
-  struct Server;
   const MetricsOutputs outputs_;
   const MetricLabels labels_;
   std::chrono::steady_clock::time_point textfile_written_{};
   bool textfile_reported_ = false;
   std::string textfile_error_;  // the first failure
   MetricsRegistry registry_;
-  std::unique_ptr<Server> server_;
+  std::unique_ptr<MetricsEndpoint> endpoint_;
   int port_ = -1;
   std::string error_;
-  std::thread thread_;
-  std::mutex stop_mu_;
 };
 
 /// Escapes a label value for the text format (backslash, double quote, newline).

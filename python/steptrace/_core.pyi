@@ -58,6 +58,7 @@ class Config:
     mfu_dtype: str
     close_wait_s: float
     metrics_port: int
+    metrics_host: str
     job: str
     metrics_textfile: str
     metrics_pushgateway: str

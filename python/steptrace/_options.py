@@ -67,6 +67,7 @@ OPTION_GROUPS: dict[str, str] = {
     "handle_signals": "outputs",
     "sigterm_grace_s": "outputs",
     "metrics_port": "metrics",
+    "metrics_host": "metrics",
     "job": "metrics",
     "metrics_textfile": "metrics",
     "metrics_pushgateway": "metrics",

@@ -6,14 +6,20 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <regex>
 #include <sstream>
@@ -26,6 +32,7 @@
 
 #include "core/record_pipeline.hpp"
 #include "sinks/jsonl_file_sink.hpp"
+#include "sinks/metrics_http.hpp"
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"
 
@@ -341,6 +348,7 @@ TEST(PrometheusEndpoint, AProfilerServesItsStepsOverHttp) {
   ASSERT_GT(prof.metrics_port(), 0);
   const auto start = read_jsonl(prof.log_path());
   ASSERT_FALSE(start.empty());
+  EXPECT_EQ(start[0]["metrics"]["host"], "127.0.0.1");  // loopback unless metrics_host says
   EXPECT_EQ(start[0]["metrics"]["port"], prof.metrics_port());
   EXPECT_EQ(start[0]["metrics"]["path"], "/metrics");
   EXPECT_EQ(start[0]["config"]["metrics_port"], 0);
@@ -510,6 +518,236 @@ TEST(PrometheusEndpoint, Base64urlPadsAndUsesTheUrlAlphabet) {
   EXPECT_EQ(base64url("fo"), "Zm8=");
   EXPECT_EQ(base64url("foo"), "Zm9v");
   EXPECT_EQ(base64url("\xfb\xff"), "-_8=");
+}
+
+// ---- The endpoint against hostile clients (real loopback sockets, shortened limits) ----
+
+using SteadyClock = std::chrono::steady_clock;
+
+double seconds_since(SteadyClock::time_point t0) {
+  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+}
+
+// A raw client socket connected to 127.0.0.1:port (-1 on failure).
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_text(int fd, const std::string& text) {
+  ASSERT_EQ(::send(fd, text.data(), text.size(), MSG_NOSIGNAL), static_cast<ssize_t>(text.size()));
+}
+
+// Waits up to `limit_s` for the server to close `fd` (EOF or reset); the seconds it took,
+// or -1 when it stayed open. What the server answered before closing is discarded.
+double seconds_until_closed(int fd, double limit_s) {
+  const auto t0 = SteadyClock::now();
+  char buf[4096];
+  while (seconds_since(t0) < limit_s) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return seconds_since(t0);
+  }
+  return -1;
+}
+
+std::string metrics_text() { return "# HELP up Test.\n# TYPE up gauge\nup 1\n"; }
+
+// A PrometheusSink serving on `port` (0: any free port).
+std::unique_ptr<PrometheusSink> serving_sink(const PhaseNames& names, int port) {
+  MetricsOutputs outputs;
+  outputs.port = port;
+  return std::make_unique<PrometheusSink>(outputs, MetricLabels{}, names, "test", nullptr, nullptr);
+}
+
+TEST(MetricsEndpoint, ASecondEndpointOnABusyPortGetsTheClearError) {
+  // cpp-httplib's default socket options set SO_REUSEPORT: the second bind succeeded and
+  // both runs' series were served, mixed, on one port.
+  PhaseNames names;
+  auto first = serving_sink(names, 0);
+  ASSERT_GT(first->port(), 0);
+  auto second = serving_sink(names, first->port());
+  EXPECT_EQ(second->port(), -1);
+  EXPECT_EQ(second->error(),
+            fmt::format("could not bind 127.0.0.1:{}: Address already in use", first->port()));
+  EXPECT_NE(scrape(first->port()).find("steptrace_steps_total"), std::string::npos);
+}
+
+TEST(MetricsEndpoint, KeepAliveServesSeveralRequestsOnOneConnection) {
+  MetricsEndpoint endpoint("127.0.0.1", 0, metrics_text);
+  httplib::Client client("127.0.0.1", endpoint.port());
+  client.set_keep_alive(true);
+  client.set_read_timeout(5, 0);
+  for (int i = 0; i < 3; ++i) {
+    auto res = client.Get("/metrics");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200);
+    EXPECT_EQ(res->body, metrics_text());
+  }
+  EXPECT_EQ(endpoint.connections(), 1u);
+  // Two requests in one write (pipelined): both answered, in order.
+  const int fd = connect_to(endpoint.port());
+  send_text(fd,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nHEAD /metrics HTTP/1.1\r\nHost: x\r\n"
+            "Connection: close\r\n\r\n");
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, n);
+  ::close(fd);
+  EXPECT_EQ(answer.find("HTTP/1.1 200 OK"), 0u);
+  EXPECT_NE(answer.find("HTTP/1.1 200 OK", 10), std::string::npos) << answer;
+}
+
+TEST(MetricsEndpoint, AnIdleConnectionIsClosedAfterTheIdleTimeout) {
+  EndpointLimits limits;
+  limits.idle_timeout = std::chrono::milliseconds(200);
+  MetricsEndpoint endpoint("127.0.0.1", 0, metrics_text, limits);
+  const int fd = connect_to(endpoint.port());
+  const double took = seconds_until_closed(fd, 10.0);
+  ::close(fd);
+  ASSERT_GE(took, 0.0) << "an idle connection stayed open";
+  EXPECT_GE(took, 0.1);
+  EXPECT_LT(took, 5.0);
+}
+
+TEST(MetricsEndpoint, ADrippingClientIsCutAtTheDeadlineAndHoldsNoWorker) {
+  // One worker, and a client that sends a header line every 100 ms and never ends its
+  // request: scrapes are answered meanwhile, and the client is cut at the deadline.
+  EndpointLimits limits;
+  limits.workers = 1;
+  limits.request_deadline = std::chrono::milliseconds(600);
+  MetricsEndpoint endpoint("127.0.0.1", 0, metrics_text, limits);
+  const int fd = connect_to(endpoint.port());
+  const auto t0 = SteadyClock::now();
+  send_text(fd, "GET /metrics HTTP/1.1\r\n");
+  double cut = -1;
+  for (int i = 0; i < 100 && cut < 0; ++i) {
+    if (::send(fd, "X-Drip: y\r\n", 11, MSG_NOSIGNAL) < 0) break;
+    EXPECT_EQ(scrape(endpoint.port()), metrics_text());
+    if (seconds_until_closed(fd, 0.1) >= 0) cut = seconds_since(t0);
+  }
+  if (cut < 0 && seconds_until_closed(fd, 5.0) >= 0) cut = seconds_since(t0);
+  ::close(fd);
+  EXPECT_GE(cut, 0.5);
+  EXPECT_LT(cut, 5.0) << "the dripping client was not cut at its deadline";
+}
+
+TEST(MetricsEndpoint, AnOversizedHeadIsRefusedAfterTheLimit) {
+  MetricsEndpoint endpoint("127.0.0.1", 0, metrics_text);
+  const int fd = connect_to(endpoint.port());
+  const std::string head = "GET /metrics HTTP/1.1\r\nX-Big: " + std::string(64 * 1024, 'a');
+  // The server stops reading at 16 KiB and answers 431; the rest may fail to send.
+  (void)::send(fd, head.data(), head.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  char buf[512] = {};
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  const ssize_t n = ::recv(fd, buf, sizeof(buf) - 1, 0);
+  ::close(fd);
+  if (n > 0) EXPECT_EQ(std::string(buf).rfind("HTTP/1.1 431", 0), 0u) << buf;
+  EXPECT_EQ(scrape(endpoint.port()), metrics_text());
+}
+
+TEST(MetricsEndpoint, ConnectionsBeyondTheCapCloseTheOldestUnanswered) {
+  EndpointLimits limits;
+  limits.max_connections = 4;
+  MetricsEndpoint endpoint("127.0.0.1", 0, metrics_text, limits);
+  std::vector<int> fds;
+  for (int i = 0; i < 12; ++i) {
+    fds.push_back(connect_to(endpoint.port()));
+    ASSERT_GE(fds.back(), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // distinct accept times
+    EXPECT_LE(endpoint.connections(), 4u);
+  }
+  // the first ones were closed to make room, the newest are open
+  EXPECT_GE(seconds_until_closed(fds.front(), 5.0), 0.0);
+  EXPECT_EQ(scrape(endpoint.port()), metrics_text());
+  EXPECT_LE(endpoint.connections(), 4u);
+  for (const int fd : fds) ::close(fd);
+}
+
+TEST(MetricsEndpoint, StopDoesNotWaitOnAClientInTheMiddleOfARequestOrAnAnswer) {
+  // One client half-way through its request, one that asked for 32 MB and reads none of
+  // it (its worker blocked in send): stop() returns at once, far before the 5 s deadline.
+  const std::string big(32 << 20, 'x');
+  MetricsEndpoint endpoint("127.0.0.1", 0, [&big] { return big; });
+  const int dripping = connect_to(endpoint.port());
+  send_text(dripping, "GET /metrics HTTP/1.1\r\nX-Drip: y\r\n");
+  const int stalled = connect_to(endpoint.port());
+  const int small = 4096;
+  ::setsockopt(stalled, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  send_text(stalled, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  // The answer has begun to arrive: its worker is in send(), blocked on the full socket.
+  pollfd p{stalled, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  const auto t0 = SteadyClock::now();
+  endpoint.stop();
+  // Far below the 5 s request deadline the worker would otherwise have waited out.
+  EXPECT_LT(seconds_since(t0), 2.5);
+  EXPECT_EQ(endpoint.connections(), 0u);
+  EXPECT_GE(seconds_until_closed(dripping, 2.0), 0.0);
+  ::close(dripping);
+  ::close(stalled);
+}
+
+TEST(MetricsEndpoint, LeavesTheProcessSigpipeAsItWas) {
+  // httplib::Server's constructor sets SIGPIPE to SIG_IGN for the whole process: a C++
+  // trainer that relies on the default (a closed pipe ends it) silently lost it.
+  struct sigaction before {};
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGPIPE, &dfl, &before);
+  {
+    PhaseNames names;
+    auto sink = serving_sink(names, 0);
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    EXPECT_EQ(now.sa_handler, SIG_DFL);
+    EXPECT_NE(scrape(sink->port()).find("steptrace_steps_total"), std::string::npos);
+  }
+  ::sigaction(SIGPIPE, &before, nullptr);
+}
+
+TEST(HttpPut, OneDeadlineForAGatewayThatDribblesItsAnswer) {
+  // A gateway that reads the request, then sends its answer one byte every 200 ms.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::atomic<bool> done{false};
+  std::thread gateway([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    char buf[4096];
+    (void)::recv(fd, buf, sizeof(buf), 0);
+    const std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+    for (std::size_t i = 0; i < answer.size() && !done; ++i) {
+      if (::send(fd, answer.data() + i, 1, MSG_NOSIGNAL) < 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    ::close(fd);
+  });
+  const auto t0 = SteadyClock::now();
+  const std::string error =
+      http_put(fmt::format("http://127.0.0.1:{}", ntohs(addr.sin_port)), "/metrics/job/x", "up 1\n",
+               "text/plain", std::chrono::milliseconds(500));
+  const double took = seconds_since(t0);
+  done = true;
+  gateway.join();
+  ::close(listener);
+  EXPECT_LT(took, 1.5);
+  EXPECT_FALSE(error.empty());
 }
 
 // A sink that throws on its first step, and one that counts what it was fed.

@@ -56,7 +56,7 @@ def test_endpoint_serves_the_run_without_prometheus(tmp_path):
     for phase in ("forward", "loss", "backward", "clip", "optimizer"):
         assert f'steptrace_phase_duration_seconds_count{{job="pytest",run_id="plain-scrape",rank="0",host="{socket.gethostname()}",phase="{phase}"}} 12' in text
     start = json.loads(open(prof.log_path).readline())
-    assert start["metrics"] == {"port": port, "path": "/metrics"}
+    assert start["metrics"] == {"host": "127.0.0.1", "port": port, "path": "/metrics"}
     assert start["config"]["metrics_port"] == 0 and start["config"]["job"] == "pytest"
 
 
@@ -76,6 +76,48 @@ def test_metrics_port_is_off_by_default_and_validated(tmp_path):
         assert prof.metrics_port == -1
     with pytest.raises(steptrace.ConfigError, match="metrics_port"):
         steptrace.Profiler(tmp_path / "bad", metrics_port=70000)
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses with a socket listening on `port`, from the kernel's tables."""
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, hexport = local.split(":")
+            if state == "0A" and int(hexport, 16) == port:  # TCP_LISTEN
+                raw = bytes.fromhex(addr)
+                if width == 8:
+                    found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
+                else:  # four host-order 32-bit words
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    found.add(socket.inet_ntop(socket.AF_INET6, words))
+    return found
+
+
+def test_the_endpoint_listens_on_loopback_unless_told_otherwise(tmp_path):
+    # the issue: it listened on every interface (0.0.0.0), with no way to choose
+    with steptrace.Profiler(tmp_path / "default", metrics_port=0) as prof:
+        assert _listening_addresses(prof.metrics_port) == {"127.0.0.1"}
+    start = json.loads(open(prof.log_path).readline())
+    assert start["metrics"]["host"] == "127.0.0.1" and start["config"]["metrics_host"] == "127.0.0.1"
+    with steptrace.Profiler(tmp_path / "all", metrics_port=0, metrics_host="0.0.0.0") as prof:
+        assert _listening_addresses(prof.metrics_port) == {"0.0.0.0"}
+        assert _get(f"http://127.0.0.1:{prof.metrics_port}/metrics").startswith(b"# HELP")
+    assert json.loads(open(prof.log_path).readline())["metrics"]["host"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("host", ["localhost", "0.0.0.0:9400", "", "127.0.0.1 ", "fe80::1%eth0", "1.2.3"])
+def test_metrics_host_must_be_an_ip_address_and_nothing_is_written_first(tmp_path, host):
+    with pytest.raises(steptrace.ConfigError) as e:
+        steptrace.Profiler(tmp_path / "bad", metrics_port=0, metrics_host=host)
+    message = str(e.value)
+    assert f"metrics_host={json.dumps(host)}" in message and "IPv4 or IPv6 address" in message
+    assert not (tmp_path / "bad" / "rank0.jsonl").exists()
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (apt-get install prometheus)")
