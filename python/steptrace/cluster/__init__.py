@@ -22,8 +22,9 @@ waiting for the slowest peer.
 The package's modules: :mod:`.options` (the options and their ranges), :mod:`.stats`
 (one rank's window summary, the medians), :mod:`.rules` (:class:`ClusterAnalyzer`),
 :mod:`.episodes` (the one alert-episode tracker every rule uses), :mod:`.exchange` (the
-live store thread), :mod:`.offline` (a run folder's records) and :mod:`.format` (the
-text of ``steptrace cluster``).
+live store thread), :mod:`.values` (other ranks' store values, parsed and checked one by
+one), :mod:`.offline` (a run folder's records) and :mod:`.format` (the text of
+``steptrace cluster``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 from steptrace import flight_recorder
 from steptrace.cluster.rules import ClusterAnalyzer
 from steptrace.cluster.stats import _median, window_summary
+from steptrace.cluster.values import BadValue, parse_busy, parse_heartbeat, parse_summary
 
 logger = logging.getLogger("steptrace")
 
@@ -113,6 +114,7 @@ class ClusterExchange:
         self._step_ms: list[float] = []
         # aggregator state
         self._seen: set[int] = set()
+        self._w_seen: set[int] = set()  # ranks whose window summary key exists
         self._hb: dict[int, dict] = {}
         self._hb_raw: dict[int, bytes] = {}
         self._hosts: dict[int, str] = {}
@@ -127,6 +129,10 @@ class ClusterExchange:
         self._summaries: dict[int, dict[int, dict]] = {}
         self._probe = 0
         self.errors = 0
+        #: (rank, "heartbeat" / "window summary" / ...) -> why this rank could not use that
+        #: rank's last such value: left out of the view until it publishes one it can use.
+        self.unreadable: dict[tuple[int, str], str] = {}
+        self._warned: set[int] = set()  # one warning per rank, not one per poll
         self._thread = threading.Thread(target=self._run, name="steptrace-cluster", daemon=True)
 
     def start(self) -> "ClusterExchange":
@@ -274,19 +280,26 @@ class ClusterExchange:
                 self._probe += _PROBES
         raw = self._fetch("h", sorted(self._seen))
         now = self._clock()
-        # unchanged: the rank published nothing since the last poll; the others in one parse
-        changed = [(r, value) for r, value in raw.items() if self._hb_raw.get(r) != value]
-        parsed = json.loads(b"[" + b",".join(bytes(v) for _, v in changed) + b"]") if changed else []
-        for (r, value), raw_hb in zip(changed, parsed):
+        # unchanged: the rank published nothing since the last poll. Each value is parsed
+        # alone (another rank's bytes never decide where this one's fields go) and checked.
+        for r, value in raw.items():
+            if self._hb_raw.get(r) == value:
+                continue
             self._hb_raw[r] = value
+            try:
+                hb = parse_heartbeat(value)
+            except BadValue as exc:
+                self._hb.pop(r, None)  # no verdict from a value it cannot read (not "silent")
+                self._unreadable(r, "heartbeat", exc)
+                continue
+            self.unreadable.pop((r, "heartbeat"), None)
             # On this rank's clock (hosts' clocks differ): seen now, progress as old as the
             # publisher says (a difference of its own clock's readings).
-            age = max(0.0, float(raw_hb["t"]) - float(raw_hb["p"]))
-            self._hb[r] = {"t": now, "progress_t": now - age, "step": int(raw_hb["s"]),
-                           "phase": raw_hb["ph"], "in_collective": bool(raw_hb["c"]),
-                           "interval": raw_hb.get("i", ""),
-                           "window": int(raw_hb["w"]), "median_step_s": float(raw_hb["m"]),
-                           "host": self._hosts.get(r, ""), "fr": raw_hb.get("fr")}
+            age = max(0.0, hb["t"] - hb["p"])
+            self._hb[r] = {"t": now, "progress_t": now - age, "step": hb["s"],
+                           "phase": hb["ph"], "in_collective": hb["c"], "interval": hb["i"],
+                           "window": hb["w"], "median_step_s": hb["m"],
+                           "host": self._hosts.get(r, ""), "fr": hb["fr"]}
         median_step_s = _median(hb.get("median_step_s", 0.0) for hb in self._hb.values()) or 0.0
         self._publish_busy(now, median_step_s)
         unix_ns = time.time_ns()
@@ -297,7 +310,12 @@ class ClusterExchange:
         self._read_summaries(published)
         # A rank more than one window behind the newest (stopped, or hung: rank_silent says
         # so) does not hold the view back; the record's ranks_reporting shows it is missing.
-        newest = max(published.values())
+        # The newest is at most one window past this rank's own (known here, not read from
+        # the store): one rank's corrupt window number cannot move the view past every
+        # other rank's windows for the rest of the run.
+        newest = max((w for w in published.values() if w <= self._published_window + 1), default=-1)
+        if newest < 0:
+            return
         target = min(w for w in published.values() if w >= newest - 1)
         if target <= self._windows_done:
             return
@@ -308,20 +326,40 @@ class ClusterExchange:
         # (too few steps in it) or published two since the last poll sits this record out.
         summaries = {r: kept[target] for r, kept in self._summaries.items()
                      if target in kept and published.get(r, -1) >= target}
+        if not summaries:
+            return
         record, alerts = self._analyzer.window(summaries, world_size=self.world, unix_ns=unix_ns)
         self._windows_done = target
         self._write_all([record, *alerts])
 
     def _read_summaries(self, published: dict[int, int]) -> None:
         """Reads the window summary of each rank that published a newer one than the last
-        read (one multi_get, one parse), keeping the last two of each rank."""
+        read (one multi_get; each value parsed and checked alone), keeping the last two of
+        each rank."""
         newer = [r for r, w in published.items() if w > max(self._summaries.get(r, {-1: None}))]
+        # Only keys that exist: get() waits for a missing key up to the store's timeout, and
+        # a heartbeat's window number is the publisher's word (a corrupt one named a window
+        # never published). Keys are never deleted: each checked until seen once.
+        unseen = [r for r in newer if r not in self._w_seen]
+        if unseen:
+            if self._store.check([self._prefix + f"w{r}" for r in unseen]):
+                self._w_seen.update(unseen)
+            else:
+                for r in unseen[:_PROBES]:
+                    if self._store.check([self._prefix + f"w{r}"]):
+                        self._w_seen.add(r)
+            newer = [r for r in newer if r in self._w_seen]
         if not newer:
             return
-        fetched = self._fetch("w", newer)
-        parsed = json.loads(b"[" + b",".join(bytes(v) for v in fetched.values()) + b"]")
-        for r, summary in zip(fetched, parsed):
-            self._hosts[r] = summary.get("host", "")
+        for r, value in self._fetch("w", newer).items():
+            try:
+                summary = parse_summary(value, r)
+            except BadValue as exc:
+                self._summaries.pop(r, None)  # sits the windows out until it publishes one
+                self._unreadable(r, "window summary", exc)
+                continue
+            self.unreadable.pop((r, "window summary"), None)
+            self._hosts[r] = summary["host"]
             kept = self._summaries.setdefault(r, {})
             window = int(summary["window"])
             kept[window] = summary
@@ -350,11 +388,25 @@ class ClusterExchange:
                 self._busy_seen = bool(self._store.check([self._busy_key]))
                 if not self._busy_seen:
                     return
-            busy = json.loads(self._store.get(self._busy_key))
+            try:
+                busy = parse_busy(self._store.get(self._busy_key))
+            except BadValue as exc:
+                self._unreadable(int(self.options["cluster_rank"]), "list of busy ranks", exc)
+                busy = []
         peers = sum(1 for r in busy if r != self.rank)
         if peers != self._peers_busy:
             self._peers_busy = peers
             self._core.set_peers_in_interval(peers, self._notice_s)
+
+    def _unreadable(self, rank: int, what: str, exc: BadValue) -> None:
+        """Leaves out a rank's value it cannot use; says so once per rank (a rank that keeps
+        publishing one would otherwise fill the log at every poll)."""
+        self.unreadable[(rank, what)] = str(exc)
+        if rank not in self._warned:
+            self._warned.add(rank)
+            logger.warning("steptrace: rank %d published a %s this rank cannot use (%s; another steptrace "
+                           "version, or a corrupt value); that rank is left out of the cross-rank view until "
+                           "it publishes one it can use, the other ranks' verdicts go on", rank, what, exc)
 
     def _write_all(self, records: list[dict]) -> None:
         for rec in records:
