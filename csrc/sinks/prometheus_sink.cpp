@@ -1,5 +1,6 @@
 #include "prometheus_sink.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "../core/work.hpp"
 #include "steptrace/backend.hpp"
@@ -692,19 +694,39 @@ std::string PrometheusSink::first_error() const {
 
 bool PrometheusSink::write_textfile() {
   // node_exporter reads *.prom files: write a temporary name it ignores, then rename it
-  // over the old one, so a scrape never sees half a file.
-  const std::string tmp = fmt::format("{}.{}.tmp", outputs_.textfile, ::getpid());
+  // over the old one, so a scrape never sees half a file. The temporary is created anew
+  // under a random name (O_EXCL, no link followed): a name planted in a shared textfile
+  // folder (a symlink to a victim file) is never opened, only skipped.
   const std::string text = registry_.render();
   std::string error;
-  if (std::FILE* f = std::fopen(tmp.c_str(), "w")) {
-    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    const bool closed = std::fclose(f) == 0;
-    if (!ok || !closed) {
+  std::string tmp;
+  int fd = -1;
+  std::random_device random;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    tmp = fmt::format("{}.{:08x}{:08x}.tmp", outputs_.textfile, random(), random());
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd >= 0) {
+    const char* p = text.data();
+    std::size_t left = text.size();
+    while (left > 0 && error.empty()) {
+      const ssize_t n = ::write(fd, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        error = fmt::format("writing {}: {}", tmp, std::strerror(errno));
+      } else {
+        p += n;
+        left -= static_cast<std::size_t>(n);
+      }
+    }
+    if (::close(fd) != 0 && error.empty()) {
       error = fmt::format("writing {}: {}", tmp, std::strerror(errno));
-    } else if (std::rename(tmp.c_str(), outputs_.textfile.c_str()) != 0) {
+    }
+    if (error.empty() && std::rename(tmp.c_str(), outputs_.textfile.c_str()) != 0) {
       error = fmt::format("renaming {} to {}: {}", tmp, outputs_.textfile, std::strerror(errno));
     }
-    if (!error.empty()) std::remove(tmp.c_str());
+    if (!error.empty()) ::unlink(tmp.c_str());
   } else {
     error = fmt::format("creating {}: {}", tmp, std::strerror(errno));
   }

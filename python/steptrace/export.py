@@ -30,6 +30,7 @@ import math
 import os
 from typing import IO, Any, Iterable, Optional
 
+from steptrace._files import write_atomically
 from steptrace._table import BETWEEN_FIELDS, HOST_FIELDS
 from steptrace.reader import Paths, log_files, read
 
@@ -325,8 +326,9 @@ def export_csv(path: Paths, out: IO[str], *, steps: Optional[StepRange] = None, 
 def export(path: Paths, fmt: str, output: "str | os.PathLike[str]", **kwargs: Any) -> int:
     """Export ``path`` as ``fmt`` ("chrome" or "csv") to the file ``output`` ("-": stdout).
 
-    Writes to a temporary file next to ``output`` and renames it, so a failed export
-    leaves no half-written file behind. Returns the number of events / rows written.
+    Writes to a new temporary file next to ``output`` (a random name, created exclusively:
+    a planted name is never opened) and renames it, so a failed export leaves no
+    half-written file behind. Returns the number of events / rows written.
     """
     import sys
 
@@ -335,16 +337,7 @@ def export(path: Paths, fmt: str, output: "str | os.PathLike[str]", **kwargs: An
     fn = export_chrome if fmt == "chrome" else export_csv
     if os.fspath(output) == "-":
         return fn(path, sys.stdout, **kwargs)
-    target = os.fspath(output)
-    tmp = f"{target}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            n = fn(path, fh, **kwargs)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return n
+    return write_atomically(os.fspath(output), lambda fh: fn(path, fh, **kwargs), newline="")
 
 
 __all__ = ["export", "export_chrome", "export_csv", "StepRange", "FORMATS"]

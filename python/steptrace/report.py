@@ -18,6 +18,7 @@ import json
 import os
 from typing import Any, Optional
 
+from steptrace._files import write_atomically
 from steptrace._table import as_object
 from steptrace.analysis import Run, load, require
 from steptrace.errors import SteptraceError
@@ -327,14 +328,7 @@ def write_report(run: Any, output: "str | os.PathLike[str]", **kwargs: Any) -> s
     """Write the report of ``run`` to ``output``; returns the path written."""
     text = render_report(run, **kwargs)
     target = os.fspath(output)
-    tmp = f"{target}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomically(target, lambda fh: fh.write(text))  # a new temporary, then a rename
     return target
 
 
