@@ -497,6 +497,18 @@ def _step_value(name: str, value: Any, warned: set) -> Optional[float]:
                     f"tensor), got {type(value).__name__}")
 
 
+def _exception_text(exc_type: type, exc: Optional[BaseException]) -> str:
+    """``Type: message`` for run_end, whatever the exception holds: a message with a lone
+    surrogate (``ValueError("\\udcff")``) cannot cross into C++ as UTF-8, and a ``__str__``
+    may raise."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still ends the run
+        message = f"<{exc_type.__name__}: str() failed>"
+    text = f"{exc_type.__name__}: {message}"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _exit_reason() -> tuple[str, str]:
     """Why the interpreter is ending, for the profilers nobody closed: an uncaught
     exception leaves ``sys.last_exc`` (3.12+) / ``sys.last_value`` set before atexit runs
@@ -506,7 +518,7 @@ def _exit_reason() -> tuple[str, str]:
     if isinstance(exc, KeyboardInterrupt):
         return "signal", "KeyboardInterrupt"
     if isinstance(exc, BaseException) and not isinstance(exc, SystemExit):
-        return "exception", f"{type(exc).__name__}: {exc}"
+        return "exception", _exception_text(type(exc), exc)
     return "exit", ""
 
 
@@ -864,12 +876,17 @@ class Profiler:
     def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> bool:
         if exc_type is None:
             self.close("normal")
-        elif issubclass(exc_type, KeyboardInterrupt):
-            self.close("signal", "KeyboardInterrupt")
+            return False
+        if issubclass(exc_type, KeyboardInterrupt):
+            reason, error = "signal", "KeyboardInterrupt"
         elif issubclass(exc_type, SystemExit):
-            self.close("exit", f"SystemExit: {exc}")
+            reason, error = "exit", _exception_text(exc_type, exc)
         else:
-            self.close("exception", f"{exc_type.__name__}: {exc}")
+            reason, error = "exception", _exception_text(exc_type, exc)
+        try:
+            self.close(reason, error)
+        except Exception:  # never in place of the user's exception (it would chain onto it)
+            logger.exception("steptrace: closing the profiler after %s failed", exc_type.__name__)
         return False  # the exception propagates unchanged
 
     def __repr__(self) -> str:
