@@ -34,8 +34,11 @@ Paths = Union[PathArg, Sequence[PathArg]]
 SCHEMA_VERSION = 1
 SCHEMA_NAME = f"steptrace/{SCHEMA_VERSION}"
 _SCHEMA_FILE = "steptrace-1.schema.json"
-_SCHEMA_RE = re.compile(r"steptrace/(\d+)")
-_RANK_RE = re.compile(r"rank(\d+)\.jsonl$")
+# ASCII digits, and few of them: int() of 5,000 digits raises (Python's 4,300-digit limit),
+# and \d also matches other scripts' digits, which no steptrace writes.
+_SCHEMA_RE = re.compile(r"steptrace/([0-9]{1,9})")
+_SCHEMA_ANY_RE = re.compile(r"steptrace/[0-9]+")
+_RANK_RE = re.compile(r"rank([0-9]{1,9})\.jsonl$")
 _RECORD_START = re.compile(rb'\{\s*"kind"\s*:')
 _TORN_LINES_NAMED = 5  # line numbers a TornLineWarning lists
 _TEAR_TRIES = 8  # record starts tried in a torn line, from its end
@@ -248,6 +251,8 @@ def _check_header(name: str, lineno: int, rec: Any) -> None:
         raise LogFormatError(f"{where}: not a steptrace log (first record is not a run_start)")
     schema = rec.get("schema")
     m = _SCHEMA_RE.fullmatch(schema) if isinstance(schema, str) else None
+    if m is None and isinstance(schema, str) and _SCHEMA_ANY_RE.fullmatch(schema):
+        raise LogFormatError(f"{where}: unknown schema version {_brief(schema)}")
     if m is None:
         raise LogFormatError(f"{where}: not a steptrace log (run_start has no steptrace schema, got {_brief(schema)})")
     version = int(m.group(1))
