@@ -65,7 +65,10 @@ def _print_warning(message: Any, category: type, filename: str, lineno: int,
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    from steptrace._terminal import printable
+
+    # messages name files and may quote a log: nothing in them reaches the terminal raw
+    return printable(" ".join(text.split()), one_line=True)
 
 
 def _json_safe(obj: Any) -> Any:
@@ -279,14 +282,19 @@ def _render_compare_rich(result: dict[str, Any], console: Any) -> None:
 
     from steptrace.compare import compare_footer, compare_header, compare_rows, goodput_line, goodput_rows, work_rows
 
-    console.print(Text(compare_header(result), style="bold"))
+    from steptrace._terminal import printable
+
+    def text(line: str, style: str = "") -> Any:  # log text (phase names): no markup, inert controls
+        return Text(printable(line, one_line=True), style=style)
+
+    console.print(text(compare_header(result), style="bold"))
     rows = compare_rows(result)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, h in enumerate(rows[0]):
         t.add_column(h, justify="left" if i in (0, 6) else "right")
     styles = {"regressed": "bold red", "improved": "bold green", "slower": "yellow", "faster": "green"}
     for r, (name, info) in zip(rows[1:], result["phases"].items()):
-        t.add_row(*r[:-1], Text(r[-1], style=styles.get(info["verdict"], "")))
+        t.add_row(*(text(c) for c in r[:-1]), Text(r[-1], style=styles.get(info["verdict"], "")))
     console.print(t)
     work = work_rows(result)
     if work:
@@ -306,7 +314,7 @@ def _render_compare_rich(result: dict[str, Any], console: Any) -> None:
             g.add_row(*r)
         console.print(g)
         console.print(goodput_line(result))
-    console.print(Text(compare_footer(result), style="bold red" if result["regressed"] else "green"))
+    console.print(text(compare_footer(result), style="bold red" if result["regressed"] else "green"))
 
 
 # --------------------------------------------------------------------------- plot
@@ -464,18 +472,21 @@ def _add_metrics(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
 
 def _cupti_dirs() -> list[str]:
-    """The nvidia/cuda_cupti/lib folder of an installed CUDA wheel (torch's), found without
-    importing torch."""
+    """The lib folders of the CUDA wheels' CUPTI (torch's), found without importing torch, in
+    each layout they ship: nvidia/cu13/lib (the CUDA 13 wheels), nvidia/cu12/lib,
+    nvidia/cuda_cupti/lib (before them)."""
     import importlib.util
 
     try:
-        spec = importlib.util.find_spec("nvidia.cuda_cupti")
+        spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         return []
     if spec is None or not spec.submodule_search_locations:
         return []
-    return [os.path.join(loc, "lib") for loc in spec.submodule_search_locations
-            if os.path.isdir(os.path.join(loc, "lib"))]
+    return [os.path.join(loc, layout, "lib") for loc in spec.submodule_search_locations
+            for layout in ("cu13", "cu12", "cuda_cupti")
+            if os.path.isfile(os.path.join(loc, layout, "lib", "libcupti.so.13"))
+            or os.path.isfile(os.path.join(loc, layout, "lib", "libcupti.so.12"))]
 
 
 def _cmd_metrics(args: argparse.Namespace) -> int:
@@ -491,7 +502,10 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
         raise _Usage(str(exc)) from None
     if args.json:
         _print_json(report)
-        return EXIT_OK if not report["error"] else EXIT_ERROR
+        if report["error"]:
+            _error(report["error"])  # the one error line of every failing command, as without --json
+            return EXIT_ERROR
+        return EXIT_OK
     head = f"chip {report['chip']} (table {report['family']}): {report['mode']}"
     if report["trigger"]:
         head += f", trigger {report['trigger']}"

@@ -51,6 +51,7 @@ import math
 from typing import Any, Iterable, Optional, Sequence
 
 from steptrace._table import StepTable
+from steptrace._terminal import printable
 from steptrace.summary import DEFAULT_PHASES, DEFAULT_WARMUP, GOODPUT_PARTS, _ms, goodput
 
 DEFAULT_THRESHOLD = 0.05
@@ -517,7 +518,8 @@ def format_compare(result: dict[str, Any]) -> str:
     if wall:
         lines += [""] + align(wall) + [goodput_line(result)]
     lines += ["", compare_footer(result)]
-    return "\n".join(lines)
+    # phase names come from the logs: one line each, control characters inert
+    return "\n".join(printable(line, one_line=True) for line in lines)
 
 
 __all__ = [

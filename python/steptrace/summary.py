@@ -15,6 +15,7 @@ from array import array
 from typing import Any, Iterable, Optional, Sequence
 
 from steptrace._table import GROUPS, INTERVAL_KINDS, HwSeries, StepTable, as_object, collect, numpy
+from steptrace._terminal import printable
 
 #: The phases the summary knows, listed first and in this order when present.
 DEFAULT_PHASES = ("forward", "loss", "backward", "clip", "optimizer")
@@ -1001,7 +1002,9 @@ def _bytes(v: Optional[int]) -> str:
 
 def _table(rows: list[list[str]], gap: str = "   ", left: Sequence[int] = (0,)) -> list[str]:
     """Align a table: the columns in ``left`` (default the first) to the left, the others
-    to the right."""
+    to the right. Cells come from the log (phase, kernel and host names): control
+    characters in them are shown as escapes, never sent to the terminal."""
+    rows = [[printable(c, one_line=True) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for r in rows:
@@ -1219,7 +1222,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += [f"{b}   {r[3]}".rstrip() for b, r in zip(body, rows)]
     else:
         lines.append("alerts: none")
-    return "\n".join(lines)
+    # every line may hold log text (an alert's message, a device name): one line each
+    return "\n".join(printable(line, one_line=True) for line in lines)
 
 
 def render_rich(summary: dict[str, Any], console: Any) -> None:
@@ -1228,15 +1232,20 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console.print(Text(headline(summary), style="bold"))
+    def text(line: str, style: str = "") -> Any:
+        # log text as a Text: rich reads no markup in it ("[link=...]" would become an OSC 8
+        # link), and its control characters are shown as escapes
+        return Text(printable(line, one_line=True), style=style)
+
+    console.print(text(headline(summary), style="bold"))
 
     def table(rows: list[list[str]], left: Sequence[int] = (0,), first_style: Optional[str] = None) -> Any:
         t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for i, h in enumerate(rows[0]):
-            t.add_column(h, justify="left" if i in left else "right", style=first_style if i == 0 else None,
+            t.add_column(text(h), justify="left" if i in left else "right", style=first_style if i == 0 else None,
                          overflow="fold")
         for r in rows[1:]:
-            t.add_row(*r)
+            t.add_row(*(text(c) for c in r))
         return t
 
     if summary.get("iteration"):
@@ -1247,7 +1256,7 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
     if wall:
         console.print(table(wall, left=(0, 3)))
     for line in goodput_lines(summary):
-        console.print(line)
+        console.print(text(line))
     if summary.get("memory"):
         console.print(table(memory_rows(summary), left=(0, 4)))
     counters = counter_rows(summary)
@@ -1257,7 +1266,7 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
     if work:
         console.print(table(work, left=(0, len(work[0]) - 1)))
     for line in work_lines(summary):
-        console.print(line)
+        console.print(text(line))
     hw = hw_rows(summary)
     if hw:
         console.print(table(hw, left=(0, 1)))
@@ -1265,7 +1274,7 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
     if top:
         console.print(table(top, left=(0, 1)))
     for line in device_lines(summary):
-        console.print(line)
+        console.print(text(line))
     if summary.get("alerts"):
         console.print(table(alert_rows(summary), left=(0, 3), first_style="red"))
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from steptrace._terminal import printable
 from steptrace.cluster.options import HW_POWER_KEY, HW_TEMP_KEY
 from steptrace.cluster.stats import WORK_KEYS
 
@@ -37,7 +38,7 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
     table = result["table"]
     lines = []
     if table is None:
-        return f"{source or 'run'}: no completed steps"
+        return printable(f"{source or 'run'}: no completed steps", one_line=True)
     lines.append(f"cluster view of {source or 'run'}: {len(table['ranks'])} rank(s), "
                  f"windows of {result['interval']} steps, communication timed by: "
                  f"{table['method'] or 'nothing (comm_timing off, or collectives steptrace does not see)'}")
@@ -53,7 +54,7 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
     rows = [head]
     for row in table["ranks"]:
         mem = row.get("memory_bytes")
-        rows.append([str(row["rank"]), row.get("host") or "?", str(row["steps"]), _fmt(row["step_ms"], ".2f"),
+        rows.append([str(row["rank"]), printable(str(row.get("host") or "?"), one_line=True), str(row["steps"]), _fmt(row["step_ms"], ".2f"),
                      _fmt(row["step_p95_ms"], ".2f"), _share(row["compute_ms"], row["step_ms"]),
                      _share(row["comm_ms"], row["step_ms"]), _share(row["wait_ms"], row["step_ms"]),
                      _share(row["data_ms"], row["step_ms"]), _fmt(row["straggler_pct"], "+.1f", "%"),
@@ -96,4 +97,5 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
                      f"against the other ranks' median over the run, in {windows} windows compared")
     elif len(table["ranks"]) < 2:
         lines.append("one rank only: nothing to compare across ranks")
-    return "\n".join(lines)
+    # host names, phases and alert messages come from the logs: one line each, inert
+    return "\n".join(printable(line, one_line=True) for line in lines)
