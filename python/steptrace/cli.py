@@ -472,18 +472,21 @@ def _add_metrics(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
 
 def _cupti_dirs() -> list[str]:
-    """The nvidia/cuda_cupti/lib folder of an installed CUDA wheel (torch's), found without
-    importing torch."""
+    """The lib folders of the CUDA wheels' CUPTI (torch's), found without importing torch, in
+    each layout they ship: nvidia/cu13/lib (the CUDA 13 wheels), nvidia/cu12/lib,
+    nvidia/cuda_cupti/lib (before them)."""
     import importlib.util
 
     try:
-        spec = importlib.util.find_spec("nvidia.cuda_cupti")
+        spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         return []
     if spec is None or not spec.submodule_search_locations:
         return []
-    return [os.path.join(loc, "lib") for loc in spec.submodule_search_locations
-            if os.path.isdir(os.path.join(loc, "lib"))]
+    return [os.path.join(loc, layout, "lib") for loc in spec.submodule_search_locations
+            for layout in ("cu13", "cu12", "cuda_cupti")
+            if os.path.isfile(os.path.join(loc, layout, "lib", "libcupti.so.13"))
+            or os.path.isfile(os.path.join(loc, layout, "lib", "libcupti.so.12"))]
 
 
 def _cmd_metrics(args: argparse.Namespace) -> int:
@@ -499,7 +502,10 @@ def _cmd_metrics(args: argparse.Namespace) -> int:
         raise _Usage(str(exc)) from None
     if args.json:
         _print_json(report)
-        return EXIT_OK if not report["error"] else EXIT_ERROR
+        if report["error"]:
+            _error(report["error"])  # the one error line of every failing command, as without --json
+            return EXIT_ERROR
+        return EXIT_OK
     head = f"chip {report['chip']} (table {report['family']}): {report['mode']}"
     if report["trigger"]:
         head += f", trigger {report['trigger']}"

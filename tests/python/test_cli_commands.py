@@ -260,7 +260,7 @@ def test_every_command_rejects_bad_input_in_one_line(tmp_path: Path, cmd: str, b
     assert proc.stdout == ""
     if output is not None:
         assert not output.exists(), "a failed command must not leave an output file"
-        assert not list(tmp_path.glob("out.*.tmp-*"))
+        assert not list(tmp_path.glob("out.*.tmp"))  # the temporary: <target>.<random>.tmp
 
 
 @pytest.mark.parametrize("cmd", ["summary", "compare", "export", "report"])

@@ -23,7 +23,9 @@ METRICS = textwrap.dedent("""
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # faulthandler on, as under pytest: a crash in steptrace's probe child must not print
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
+                          timeout=120)
 
 
 def _torch_cupti() -> str:
@@ -43,12 +45,14 @@ def test_metrics_command_ends_normally_beside_any_cupti(imports):
     p = _run(imports + "\n" + METRICS)
     assert p.returncode >= 0, f"killed by signal {-p.returncode}: {p.stderr[-800:]}"
     report = json.loads(p.stdout)
+    assert "Fatal Python error" not in p.stderr, p.stderr[-800:]
     if p.returncode == 0:
         assert report["cupti_version"] > 0 and report["cupti_library"], report
         assert [m for m in report["metrics"] if m["exists"] and m["selected"]], report
-    else:  # the one-line reason names the library and why it is not used
+    else:  # the one-line reason names the library and why it is not used, on stderr too
         assert p.returncode == 2 and "libcupti" in report["error"], report.get("error")
         assert "\n" not in report["error"]
+        assert p.stderr.strip().splitlines() == [f"steptrace: error: {report['error']}"], p.stderr[-800:]
 
 
 def test_torch_cupti_that_crashes_without_a_driver_is_refused_with_the_reason():

@@ -72,7 +72,7 @@ def test_report_shows_useful_work_beside_step_time_and_power(tmp_path: Path) -> 
 def test_write_report(tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     assert write_report(_run(tmp_path), out) == str(out)
-    assert out.stat().st_size > 20_000 and list(tmp_path.glob("r.html.tmp-*")) == []
+    assert out.stat().st_size > 20_000 and list(tmp_path.glob("r.html.*.tmp")) == []
 
 
 @needs_chromium

@@ -4,6 +4,7 @@
 #include "cupti_host.hpp"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <link.h>
 #include <poll.h>
 #include <signal.h>
@@ -108,6 +109,14 @@ bool call_in_child(GetVersion get, std::uint32_t* version, std::string* why) {
     close(fds[0]);
     const rlimit no_core{0, 0};
     setrlimit(RLIMIT_CORE, &no_core);
+    // The process's own fault handlers (Python's faulthandler prints "Fatal Python error")
+    // would speak for the child's crash on the shared stderr: the default action instead,
+    // and the child's output goes nowhere.
+    for (const int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) signal(sig, SIG_DFL);
+    if (const int null = open("/dev/null", O_WRONLY); null >= 0) {
+      dup2(null, STDOUT_FILENO);
+      dup2(null, STDERR_FILENO);
+    }
     std::uint32_t out[2] = {0, 0};
     out[0] = static_cast<std::uint32_t>(get(&out[1]));
     const ssize_t n = write(fds[1], out, sizeof out);
@@ -157,6 +166,23 @@ bool probe_version(void* handle, const std::string& path, std::uint32_t* version
   return false;
 }
 
+// Whether the libcupti at `handle` can be used by this build: it says its version (see
+// probe_version) and is of the headers' major release. false with `why` (one line).
+bool usable(void* handle, const std::string& path, std::uint32_t* version, std::string* why) {
+  if (!probe_version(handle, path, version, why)) return false;
+  const int v = static_cast<int>(*version);
+  if (kBuiltFor > 0 && v > 0 && major_of(v) != major_of(kBuiltFor)) {
+    *why = fmt::format(
+        "libcupti at {} is CUPTI {}, and steptrace was built with the CUPTI {} headers "
+        "(CUPTI_API_VERSION {}): another major release, whose calls and records this build "
+        "cannot read. CUPTI is off; rebuild steptrace against this CUPTI's headers (pip "
+        "install steptrace from source in the environment that holds it)",
+        path, version_string(v), version_string(kBuiltFor), kBuiltFor);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::vector<std::string> library_candidates(const std::vector<std::string>& extra_dirs) {
@@ -202,14 +228,35 @@ const Library* load_library(const std::vector<std::string>& extra_dirs, std::str
       path = mapped;
     }
   }
-  // 2. the loader's search path, then the toolkit folders and the caller's
-  if (handle == nullptr) {
+  // 2. the loader's search path, then the toolkit folders and the caller's: the first that
+  //    can be used (one that fails, e.g. a CUDA 13.2 wheel's on a machine without a driver,
+  //    is closed and the next one tried)
+  std::uint32_t version = 0;
+  if (handle != nullptr) {
+    path = loaded_path(handle, path);
+    if (!usable(handle, path, &version, &g_failure)) {
+      *why = g_failure;
+      return nullptr;
+    }
+  } else {
+    std::string first_failure;
     for (const auto& c : library_candidates(extra_dirs)) {
-      handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (handle != nullptr) {
-        path = c;
+      void* h = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (h == nullptr) continue;
+      const std::string p = loaded_path(h, c);
+      std::string failure;
+      if (usable(h, p, &version, &failure)) {
+        handle = h;
+        path = p;
         break;
       }
+      if (first_failure.empty()) first_failure = failure;
+      dlclose(h);
+    }
+    if (handle == nullptr && !first_failure.empty()) {
+      g_failure = first_failure;
+      *why = g_failure;
+      return nullptr;
     }
   }
   if (handle == nullptr) {
@@ -220,24 +267,9 @@ const Library* load_library(const std::vector<std::string>& extra_dirs, std::str
     return nullptr;
   }
   g_library.handle = handle;
-  g_library.path = loaded_path(handle, path);
+  g_library.path = path;
   g_library.built_for = kBuiltFor;
-  std::uint32_t v = 0;
-  if (!probe_version(handle, g_library.path, &v, &g_failure)) {
-    *why = g_failure;
-    return nullptr;
-  }
-  g_library.version = static_cast<int>(v);
-  if (kBuiltFor > 0 && v > 0 && major_of(g_library.version) != major_of(kBuiltFor)) {
-    g_failure = fmt::format(
-        "libcupti at {} is CUPTI {}, and steptrace was built with the CUPTI {} headers "
-        "(CUPTI_API_VERSION {}): another major release, whose calls and records this build "
-        "cannot read. CUPTI is off; rebuild steptrace against this CUPTI's headers (pip "
-        "install steptrace from source in the environment that holds it)",
-        g_library.path, version_string(g_library.version), version_string(kBuiltFor), kBuiltFor);
-    *why = g_failure;
-    return nullptr;
-  }
+  g_library.version = static_cast<int>(version);
   g_loaded = true;
   return &g_library;
 }
