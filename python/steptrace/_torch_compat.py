@@ -41,13 +41,13 @@ def dynamo_callback_handler(modules: Any = None) -> Any:
     return handler
 
 
-def cuda_memory_stats(c: Any = None) -> tuple[Optional[Callable[[int], dict]], Optional[Callable[[int], None]]]:
+def cuda_memory_stats(torch: Any) -> tuple[Optional[Callable[[int], dict]], Optional[Callable[[int], None]]]:
     """The caching allocator's statistics as one dict per call and the peak reset
     (``torch._C._cuda_memoryStats`` / ``_cuda_resetPeakMemoryStats``, which
-    ``torch.cuda.memory_stats`` flattens at some cost); (None, None) where either is missing,
-    and the caller uses torch.cuda's public functions. ``c`` stands in for ``torch._C``."""
-    if c is None:
-        c = getattr(sys.modules.get("torch"), "_C", None)
+    ``torch.cuda.memory_stats`` flattens at some cost) of the ``torch`` given (the module, or
+    a stand-in); (None, None) where either is missing, and the caller uses torch.cuda's public
+    functions."""
+    c = getattr(torch, "_C", None)
     stats = getattr(c, "_cuda_memoryStats", None)
     reset = getattr(c, "_cuda_resetPeakMemoryStats", None)
     if stats is None or reset is None:

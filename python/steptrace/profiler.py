@@ -206,7 +206,7 @@ def _cuda_step_hooks(torch: Any, memory: bool, device_index: int = -1,
         d = step_device()
         return cuda.current_stream(d).cuda_stream, d
 
-    memory_stats, reset_peak = cuda_memory_stats()  # one dict, not four
+    memory_stats, reset_peak = cuda_memory_stats(torch)  # one dict, not four
     device_memory: dict = {}  # device -> (when mem_get_info was read, used, total)
     capturing = getattr(cuda, "is_current_stream_capturing", lambda: False)
 

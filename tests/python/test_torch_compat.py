@@ -45,11 +45,12 @@ def test_dynamo_handler_of_this_torch():
 
 def test_cuda_memory_stats_both_or_neither():
     stats, reset = (lambda d: {}), (lambda d: None)
-    assert compat.cuda_memory_stats(SimpleNamespace(_cuda_memoryStats=stats, _cuda_resetPeakMemoryStats=reset)) == (
-        stats, reset)
+    both = SimpleNamespace(_C=SimpleNamespace(_cuda_memoryStats=stats, _cuda_resetPeakMemoryStats=reset))
+    assert compat.cuda_memory_stats(both) == (stats, reset)
     # one without the other is no use: the public functions are taken instead
-    assert compat.cuda_memory_stats(SimpleNamespace(_cuda_memoryStats=stats)) == (None, None)
-    mine = compat.cuda_memory_stats()
+    assert compat.cuda_memory_stats(SimpleNamespace(_C=SimpleNamespace(_cuda_memoryStats=stats))) == (None, None)
+    assert compat.cuda_memory_stats(SimpleNamespace()) == (None, None)  # a stand-in torch without _C
+    mine = compat.cuda_memory_stats(torch)
     assert mine[0] is torch._C._cuda_memoryStats and mine[1] is torch._C._cuda_resetPeakMemoryStats
 
 
