@@ -424,6 +424,20 @@ def a_dripping_client(port: int) -> Iterator[None]:
         th.join(timeout=20)
 
 
+def assert_sigterm_ends_the_run_promptly(t) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM to the trainer: it exits by the signal within 3 s, run_end written."""
+    t0 = time.monotonic()
+    t.proc.send_signal(signal.SIGTERM)
+    try:
+        rc = t.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        rc = None
+    took = time.monotonic() - t0
+    assert rc == -signal.SIGTERM and took < 3.0, f"after SIGTERM: rc {rc} after {took:.1f} s"
+    end = t.records()[-1]
+    assert end["kind"] == "run_end" and end["reason"] == "signal"
+
+
 def test_close_does_not_wait_on_a_dripping_client(trainer):
     t = trainer()
     with a_dripping_client(t.port):
@@ -435,16 +449,7 @@ def test_close_does_not_wait_on_a_dripping_client(trainer):
 def test_sigterm_ends_the_run_promptly_beside_a_dripping_client(trainer):
     t = trainer()
     with a_dripping_client(t.port):
-        t0 = time.monotonic()
-        t.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = t.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            rc = None
-        took = time.monotonic() - t0
-    assert rc == -signal.SIGTERM and took < 3.0, f"after SIGTERM: rc {rc} after {took:.1f} s"
-    end = t.records()[-1]
-    assert end["kind"] == "run_end" and end["reason"] == "signal"
+        assert_sigterm_ends_the_run_promptly(t)
 
 
 class DribblingGateway:
@@ -504,13 +509,4 @@ def test_close_does_not_wait_on_a_dribbling_pushgateway(trainer, gateway):
 
 def test_sigterm_ends_the_run_promptly_beside_a_dribbling_pushgateway(trainer, gateway):
     t = trainer(metrics_pushgateway=f"http://127.0.0.1:{gateway.port}")
-    t0 = time.monotonic()
-    t.proc.send_signal(signal.SIGTERM)
-    try:
-        rc = t.proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        rc = None
-    took = time.monotonic() - t0
-    assert rc == -signal.SIGTERM and took < 3.0, f"after SIGTERM: rc {rc} after {took:.1f} s"
-    end = t.records()[-1]
-    assert end["kind"] == "run_end" and end["reason"] == "signal"
+    assert_sigterm_ends_the_run_promptly(t)
