@@ -9,6 +9,7 @@
     steptrace report RUN -o report.html                one self-contained HTML report
     steptrace metrics --chip GH100 [--json]            the CUPTI counter set for a chip (no GPU needed)
     steptrace cluster RUN [--fail-on-straggler]        per-rank table, the straggler named (exit 1)
+    steptrace goodput JOB_ROOT [--gpu-hour-cost X]     the job's goodput across attempts, GPU-hours per cause
     steptrace run [--log-dir DIR] train.py [ARGS]      profile an unmodified script (steptrace.launcher)
 
 RUN is a ``rank<N>.jsonl`` file or a run folder (every rank). Every command takes
@@ -184,10 +185,9 @@ def _add_summary(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from steptrace.reader import read
-    from steptrace.summary import format_summary, render_rich, summarize
+    from steptrace.summary import format_summary, render_rich, summarize_job
 
-    summary = summarize(read(args.path, skip_bad=args.skip_bad, progress=_progress(args)), source=args.path)
+    summary = summarize_job(args.path, skip_bad=args.skip_bad, progress=_progress(args))
     if args.json:
         _print_json(summary)
         return EXIT_OK
@@ -456,6 +456,35 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     return EXIT_FOUND if args.fail_on_straggler and stragglers_found(result) else EXIT_OK
 
 
+def _add_goodput(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "goodput",
+        help="the job's goodput across its attempts: seconds and GPU-hours lost per cause",
+        description="Account the wall clock of a job across its attempts (restarts): productive time, slow "
+                    "steps above the ideal step time, wasted progress, recovery, startup, data, checkpoint "
+                    "save and restore, evaluation, compile, host contention, other; in seconds, GPU-hours "
+                    "(x ranks) and, with a price, money (docs/goodput.md).",
+    )
+    p.add_argument("path", metavar="JOB_ROOT",
+                   help="a job root (rank<N>.jsonl and attempt<k>/ folders), a run folder or a .jsonl log")
+    p.add_argument("--gpu-hour-cost", type=_nonneg_float, default=None, metavar="X",
+                   help="the price of one GPU-hour (default: run_start's config gpu_hour_cost, else none)")
+    p.add_argument("--json", action="store_true", help="print the account as one JSON object")
+    _common(p)
+    p.set_defaults(func=_cmd_goodput)
+
+
+def _cmd_goodput(args: argparse.Namespace) -> int:
+    from steptrace.goodput import format_job, job_goodput
+
+    job = job_goodput(args.path, args.gpu_hour_cost, skip_bad=args.skip_bad, progress=_progress(args))
+    if args.json:
+        _print_json(job)
+    else:
+        print(format_job(job))  # its cells (a run_end's error text) are made printable there
+    return EXIT_OK
+
+
 def _add_metrics(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = sub.add_parser(
         "metrics",
@@ -565,7 +594,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 _COMMANDS: list[Callable[[Any], None]] = [_add_summary, _add_compare, _add_plot, _add_export, _add_report,
-                                          _add_cluster, _add_metrics, _add_run]
+                                          _add_cluster, _add_goodput, _add_metrics, _add_run]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -240,6 +240,32 @@ def _work_section(summary: dict[str, Any]) -> str:
               "beside the step time and the GPU's power.</p>")
 
 
+def _waste_section(job: dict[str, Any]) -> str:
+    """The job's goodput across attempts (docs/goodput.md): the sentence, then the tables
+    per cause and, with several attempts, per attempt."""
+    from steptrace.goodput import attempt_rows, cause_rows, header_lines
+
+    lines = header_lines(job)
+    per_attempt = _table(attempt_rows(job), left=(0, 2, 8), msg_col=8) if len(job["attempts"]) > 1 else ""
+    return ("<h2>Waste report</h2>" + f"<p><b>{_e(lines[0])}</b></p>"
+            + "".join(f"<p>{_e(line)}</p>" for line in lines[1:]) + _table(cause_rows(job)) + per_attempt
+            + "<p class='sub'>Where the job's wall clock went, across its attempts, as rank 0 saw it: seconds, "
+              "GPU-hours (x ranks) and their share; slow steps are the steps' time above the ideal step time, "
+              "wasted progress the steps a failed attempt lost, recovery the gap before the next attempt "
+              "(<code>steptrace goodput</code>, docs/goodput.md).</p>")
+
+
+def _job_waste(run: Run, summary: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The waste report: the job's across its attempts where the run is a job root with
+    several, else the run's own (the summary's)."""
+    from steptrace.goodput import job_attempts, job_goodput
+
+    source = run.source
+    if source and os.path.isdir(source) and len(job_attempts(source)) > 1:
+        return job_goodput(source)
+    return summary.get("waste")
+
+
 def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] = None) -> str:
     """The report of ``run`` (a path or :class:`~steptrace.analysis.Run`) as an HTML string."""
     require("matplotlib", "plot", "steptrace report")
@@ -267,6 +293,10 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
     good = summary.get("goodput") or {}
     if good:
         cards.append(_card(_pct(good.get("training_pct")), "of the wall clock training"))
+    waste = _job_waste(run, summary)
+    if waste and waste.get("goodput_ratio") is not None:
+        ratio = waste["goodput_ratio"]
+        cards.append(_card(_pct(100 * ratio), "goodput (productive)", bad=ratio < 0.5))
     work = summary.get("work") or {}
     if "mfu_pct" in work:
         cards.append(_card(work_value_text("mfu_pct", work["mfu_pct"]["p50"]), "median MFU"))
@@ -288,6 +318,8 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
         sections.append("<h2>Step time by phase</h2><p>No completed steps recorded.</p>")
     sections.append('<h2>Timeline</h2><img class="plot" alt="step time stacked by phase, memory and counters '
                     f'over the steps" src="data:image/png;base64,{png}">')
+    if waste:
+        sections.append(_waste_section(waste))
     if len(run.ranks) > 1:
         sections.append(_ranks_section(run))
     if work:

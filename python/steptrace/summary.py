@@ -254,14 +254,52 @@ def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None
     """
     if isinstance(records, StepTable):
         return summarize_table(records, source=source)
-    return summarize_table(collect(records), source=source)
+    from steptrace.goodput import StepExtras
+
+    extras = StepExtras()
+    return summarize_table(collect(extras.tee(records)), source=source, extras=extras)
+
+
+def summarize_job(path: Any, *, skip_bad: bool = False, progress: bool = False) -> dict[str, Any]:
+    """:func:`summarize` of a run folder, a log file or a job root with several attempts
+    (docs/goodput.md): the phases pooled over every attempt, and ``waste``, the job's
+    goodput across them (:func:`steptrace.goodput.job_goodput`); with several attempts
+    ``goodput`` (one run's wall clock) is None and ``attempts`` says how many."""
+    from steptrace.goodput import account, job_attempts, load_job
+    from steptrace.reader import read
+
+    attempts = job_attempts(path)
+    source = str(path)
+    if len(attempts) == 1:
+        return summarize(read(attempts[0].path, skip_bad=skip_bad, progress=progress), source=source)
+    loaded = load_job(path, skip_bad=skip_bad, progress=progress)
+    out = summarize(read([a.path for a in attempts], skip_bad=skip_bad), source=source)
+    out["goodput"] = None  # one run's account: the waste report covers every attempt
+    out["attempts"] = len(attempts)
+    out["waste"] = account(loaded, root=source)
+    return out
+
+
+def _waste(table: StepTable, source: Optional[str], extras: Any) -> Optional[dict[str, Any]]:
+    """The waste report of one run (a job of one attempt), None for a log that does not
+    account its wall clock."""
+    from steptrace.errors import LogFormatError
+    from steptrace.goodput import account
+
+    if not table.run_starts:
+        return None
+    try:
+        return account([(0, source or "", table, extras)], root=source)
+    except (LogFormatError, OverflowError, ValueError):  # an older or corrupt log: no report
+        return None
 
 
 def summarize_table(table: StepTable, *, source: Optional[str] = None,
-                    hw: Optional["HwSeries"] = None) -> dict[str, Any]:
+                    hw: Optional["HwSeries"] = None, extras: Any = None) -> dict[str, Any]:
     """:func:`summarize` of records already collected into a :class:`StepTable`; ``hw``
     the steps' NVML readings (:class:`HwSeries`) for the "hw" part, by default the
-    table's own (``table.hw``)."""
+    table's own (``table.hw``); ``extras`` the steps' :class:`steptrace.goodput.StepExtras`
+    (progress, compile and restore times) for the waste report, where collected."""
     hw = table.hw if hw is None else hw
     ops = _ops()
     ok = ops.col(table.ok)
@@ -440,7 +478,9 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
         "end_reason": end_reason,
         "end_reasons": end_reasons,
         "warmup_steps": warmup,
-        "goodput": goodput(table, ops=ops, rows_by_rank=rows_by_rank),
+        "goodput": goodput(table, ops=ops, rows_by_rank=rows_by_rank,
+                           restore=ops.col(extras.restore_ms) if extras is not None else None),
+        "waste": _waste(table, source, extras),
         "intervals": table.intervals.totals(),
         "runq": _runq(table, ops),
     }
@@ -595,6 +635,12 @@ def _goodput_of_end(end: dict[str, Any]) -> Optional[dict[str, Any]]:
     if not isinstance(g, dict) or not all(_finite(g.get(k)) for k in ("wall_s", *GOODPUT_PARTS)):
         return None
     out = {k: float(g[k]) for k in ("wall_s", *GOODPUT_PARTS)}
+    # checkpoint restore (newer logs): a part of its own, 0 where the log has none
+    out["restore_s"] = float(g["restore_s"]) if _finite(g.get("restore_s")) and g["restore_s"] > 0 else 0.0
+    end_ns = end.get("end_unix_ns")
+    if isinstance(end_ns, int) and not isinstance(end_ns, bool):
+        out["end_unix_ns"] = end_ns
+        out["start_unix_ns"] = end_ns - round(out["wall_s"] * 1e9)
     out["training_pct"] = float(g["training_pct"]) if _finite(g.get("training_pct")) else (
         100.0 * out["steps_s"] / out["wall_s"] if out["wall_s"] > 0 else 0.0)
     out["from"] = g.get("from") if g.get("from") in ("process_start", "profiler_start") else "unknown"
@@ -603,11 +649,13 @@ def _goodput_of_end(end: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 
 def _goodput_of_steps(table: StepTable, ops: Any, rank: int, idx: Any,
-                      end: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+                      end: Optional[dict[str, Any]], restore: Any = None) -> Optional[dict[str, Any]]:
     """A rank's goodput computed from its step and interval records (no run_end, or one
     without goodput): from the profiler's start (its run_start) to the end of the last
-    step or interval (run_end's end when there is one). None for a log whose steps do not
-    account the time between steps (older logs: no other_ms) or that has no usable step."""
+    step or interval (run_end's end when there is one). ``restore``: the steps'
+    ``restore_ms`` (a column beside the table's, :class:`steptrace.goodput.StepExtras`),
+    a part of its own where given. None for a log whose steps do not account the time
+    between steps (older logs: no other_ms) or that has no usable step."""
     if not len(idx) or not len(ops.nonnan(ops.take(ops.col(table.between["other_ms"]), idx))):
         return None
     start_ns = ops.col(table.start_ns)
@@ -637,8 +685,9 @@ def _goodput_of_steps(table: StepTable, ops: Any, rank: int, idx: Any,
     last_end = int(start_ns[last]) + round(v(host, last) * 1e6)
     # the time between steps before the first step: the loader's wait and the intervals
     # listed with it that did not run inside it
+    restore_first = v(restore, first) if restore is not None else 0.0
     before_first = (v(data, first) + v(cols["other_ms"], first) + v(cols["eval_ms"], first)
-                    + v(cols["checkpoint_ms"], first) - v(cols["interval_in_step_ms"], first))
+                    + v(cols["checkpoint_ms"], first) + restore_first - v(cols["interval_in_step_ms"], first))
     # intervals listed for a step that never came: after the last step
     tail_eval = tail_ckpt = 0.0
     tail_end = -1
@@ -662,11 +711,14 @@ def _goodput_of_steps(table: StepTable, ops: Any, rank: int, idx: Any,
         "data_s": total(data) / 1e3,
         "eval_s": (total(cols["eval_ms"]) + tail_eval) / 1e3,
         "checkpoint_s": (total(cols["checkpoint_ms"]) + tail_ckpt) / 1e3,
+        "restore_s": total(restore) / 1e3 if restore is not None else 0.0,
         "other_s": total(cols["other_ms"]) / 1e3,
         "after_last_step_s": max(0.0, (end_ns - last_end) / 1e9 - (tail_eval + tail_ckpt) / 1e3),
         "training_pct": 100.0 * steps_s / wall_s if wall_s > 0 else 0.0,
         "from": "profiler_start",
         "source": "steps",
+        "start_unix_ns": origin,
+        "end_unix_ns": end_ns,
     }
     if not all(_finite(out[k]) for k in ("wall_s", "training_pct", *GOODPUT_PARTS)):
         return None
@@ -674,7 +726,7 @@ def _goodput_of_steps(table: StepTable, ops: Any, rank: int, idx: Any,
 
 
 def goodput(table: StepTable, *, ops: Any = None, rows_by_rank: Optional[dict[int, Any]] = None,
-            ) -> Optional[dict[str, Any]]:
+            restore: Any = None) -> Optional[dict[str, Any]]:
     """Where the wall clock went: each rank's run_end ``goodput`` (startup, steps, data,
     eval, checkpoint, other, after the last step, in seconds; they add up to ``wall_s``),
     or, for a rank without one (a crashed run), the same computed from its step and
@@ -699,7 +751,7 @@ def goodput(table: StepTable, *, ops: Any = None, rows_by_rank: Optional[dict[in
         g = _goodput_of_end(end) if end is not None else None
         if g is None:
             try:
-                g = _goodput_of_steps(table, ops, r, rows_by_rank.get(r, []), end)
+                g = _goodput_of_steps(table, ops, r, rows_by_rank.get(r, []), end, restore)
             except (OverflowError, ValueError):  # a corrupt log's 1e308 ms: no account, not an error
                 g = None
         if g is not None:
@@ -707,13 +759,14 @@ def goodput(table: StepTable, *, ops: Any = None, rows_by_rank: Optional[dict[in
     if not by_rank:
         return None
     parts = list(by_rank.values())
-    out: dict[str, Any] = {k: math.fsum(g[k] for g in parts) for k in ("wall_s", *GOODPUT_PARTS)}
+    out: dict[str, Any] = {k: math.fsum(g[k] for g in parts) for k in ("wall_s", *GOODPUT_PARTS, "restore_s")}
     wall = out["wall_s"]
     if len(parts) == 1:
         out["training_pct"] = parts[0]["training_pct"]
     else:
         out["training_pct"] = 100.0 * out["steps_s"] / wall if wall > 0 else 0.0
-    out["parts_pct"] = {k[:-2]: (100.0 * out[k] / wall if wall > 0 else None) for k in GOODPUT_PARTS}
+    out["parts_pct"] = {k[:-2]: (100.0 * out[k] / wall if wall > 0 else None) for k in GOODPUT_PARTS
+                        + (("restore_s",) if out["restore_s"] > 0 else ())}
     sources = {g["source"] for g in parts}
     origins = {g["from"] for g in parts}
     out["source"] = sources.pop() if len(sources) == 1 else "mixed"
@@ -1051,7 +1104,7 @@ def headline(summary: dict[str, Any]) -> str:
     name = summary.get("source") or summary.get("run_id") or "?"
     ranks = summary.get("ranks") or []
     errors = summary.get("error_steps", 0)
-    head = f"run {name}: "
+    head = f"job {name}, {summary['attempts']} attempts: " if summary.get("attempts", 1) > 1 else f"run {name}: "
     if len(ranks) > 1:
         head += f"{len(ranks)} ranks, "
     head += f"{summary.get('steps', 0)} steps ({errors} error{'' if errors == 1 else 's'})"
@@ -1080,7 +1133,7 @@ def phase_rows(summary: dict[str, Any]) -> list[list[str]]:
 
 
 _GOODPUT_LABELS = {"startup_s": "startup", "steps_s": "steps (training)", "data_s": "data",
-                   "eval_s": "eval", "checkpoint_s": "checkpoint", "other_s": "other",
+                   "eval_s": "eval", "checkpoint_s": "checkpoint", "restore_s": "restore", "other_s": "other",
                    "after_last_step_s": "after last step"}
 _ORIGIN_TEXT = {"process_start": "from process start", "profiler_start": "from profiler start",
                 "mixed": "from process or profiler start"}
@@ -1110,7 +1163,10 @@ def goodput_rows(summary: dict[str, Any]) -> list[list[str]]:
     head = "wall clock" + (f" ({ranks} ranks, summed)" if ranks > 1 else "")
     rows = [[head, "seconds", "share", "intervals"]]
     pct = g.get("parts_pct") or {}
-    for key in GOODPUT_PARTS:
+    keys = list(GOODPUT_PARTS)
+    if g.get("restore_s"):  # newer logs that restored a checkpoint
+        keys.insert(keys.index("checkpoint_s") + 1, "restore_s")
+    for key in keys:
         name = key[:-2]
         iv = intervals.get(name) if name in INTERVAL_KINDS else None
         note = f"{iv['count']}, longest {_duration(1e3 * iv['max_s'])}" if iv else ""
@@ -1136,6 +1192,21 @@ def goodput_lines(summary: dict[str, Any]) -> list[str]:
         out.append(f"run-queue wait (runnable, waiting for a CPU): {_duration(rq['total_ms'])}{share}{alerts}")
         if rq.get("steal_ms"):
             out.append(f"CPU time the hypervisor took (steal): {_duration(rq['steal_ms'])}")
+    return out
+
+
+def waste_parts(summary: dict[str, Any]) -> list[Any]:
+    """The waste report of the summary (docs/goodput.md): its lines (the sentence, the
+    goodput, the ideal step time), then (rows, left-aligned columns) for the table per
+    cause and, with several attempts, per attempt; empty without a report."""
+    job = summary.get("waste")
+    if not job:
+        return []
+    from steptrace.goodput import attempt_rows, cause_rows, header_lines
+
+    out: list[Any] = [header_lines(job), (cause_rows(job), (0,))]
+    if len(job["attempts"]) > 1:
+        out.append((attempt_rows(job), (0, 2, 8)))
     return out
 
 
@@ -1185,6 +1256,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     if wall:
         lines += _table(wall, left=(0, 3))
     lines += extra
+    waste = waste_parts(summary)
+    if waste:
+        lines.append("")
+        lines += waste[0]
+        for k, (rows, left) in enumerate(waste[1:]):
+            lines += [""] * (k > 0) + _table(rows, left=left)
 
     if summary.get("memory"):
         lines.append("")
@@ -1257,6 +1334,12 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
         console.print(table(wall, left=(0, 3)))
     for line in goodput_lines(summary):
         console.print(text(line))
+    waste = waste_parts(summary)
+    if waste:
+        for line in waste[0]:
+            console.print(text(line))
+        for rows, left in waste[1:]:
+            console.print(table(rows, left=left))
     if summary.get("memory"):
         console.print(table(memory_rows(summary), left=(0, 4)))
     counters = counter_rows(summary)

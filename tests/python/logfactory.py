@@ -208,6 +208,91 @@ def timeline_run(n: int = 30, rank: int = 0, world_size: int = 1, end: bool = Tr
     return recs
 
 
+def job_of(job_id: Optional[str], attempt: int, previous: Optional[int] = None, root: str = "runs/job",
+           source: Optional[str] = "STEPTRACE_JOB") -> dict[str, Any]:
+    """run_start's ``job`` object (issue 51): the job id and where it came from, the attempt,
+    the previous attempt found, the job root."""
+    return {"id": job_id, "source": source if job_id is not None else None, "attempt": attempt,
+            "previous_attempt": previous, "root": root}
+
+
+def attempt_run(attempt: int = 0, rank: int = 0, world_size: int = 1, start_ns: int = T0_NS, steps: int = 40,
+                step_ms: Any = 10.0, data_ms: float = 1.0, other_ms: float = 0.5, save_every: Optional[int] = None,
+                save_ms: float = 50.0, first_progress: Optional[int] = 0, restore_ms: Optional[float] = None,
+                end: Optional[str] = "normal", job_id: Optional[str] = "job-1", startup_ms: float = 500.0,
+                profiler_after_ms: float = 1000.0, end_after_ms: float = 50.0, error: Optional[str] = None,
+                config: Optional[dict[str, Any]] = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One rank's log of one attempt of a job, with an exact timeline: the process starts
+    at ``start_ns``, the profiler ``profiler_after_ms`` later; a checkpoint restore of
+    ``restore_ms`` (an interval of kind ``restore``, listed by the first step), then the
+    first step ``startup_ms`` after the profiler's start (plus the restore); ``steps``
+    steps of ``step_ms`` (a number or a function of the step index), each after the first
+    following ``data_ms`` of loader wait and ``other_ms`` of other host work; a checkpoint
+    save of ``save_ms`` before every ``save_every``-th step; ``progress`` counting from
+    ``first_progress`` (None: no progress field). ``end``: the run_end reason (its goodput
+    the exact account), or None for a torn log (no run_end). Returns the records and the
+    facts the tests check: ``process_start_ns``, ``first_start_ns``, ``end_ns`` (the last
+    record's end), ``steps`` [(start_ns, ms, progress)], ``save_ends`` (unix ns)."""
+    ms = 1_000_000
+    prof = start_ns + int(profiler_after_ms * ms)
+    rs = run_start(rank=rank, world_size=world_size, run_id=f"{job_id}-attempt{attempt}", start_unix_ns=prof,
+                   process_start_unix_ns=start_ns, job=job_of(job_id, attempt, attempt - 1 if attempt else None),
+                   config=dict({"log_dir": "runs/job"}, **(config or {})))
+    recs: list[dict[str, Any]] = [rs]
+    t = prof + int(startup_ms * ms)
+    before_first = data_ms
+    if restore_ms:
+        recs.append(interval("restore", 0, restore_ms, rank=rank, start_unix_ns=t))
+        t += int(restore_ms * ms)
+        before_first += restore_ms
+    info: dict[str, Any] = {"process_start_ns": start_ns, "steps": [], "save_ends": []}
+    totals = {"steps": 0.0, "data": 0.0, "other": 0.0, "checkpoint": 0.0}
+    prev_end: Optional[int] = None
+    for i in range(steps):
+        fields: dict[str, Any] = {}
+        other = 0.0 if i == 0 else other_ms
+        if prev_end is not None:
+            t = prev_end + int((data_ms + other) * ms)
+        if i == 0 and restore_ms:
+            fields["restore_ms"] = restore_ms
+        if save_every and i and i % save_every == 0:
+            recs.append(interval("checkpoint", i, save_ms, rank=rank, start_unix_ns=t))
+            t += int(save_ms * ms)
+            info["save_ends"].append(t)
+            fields["checkpoint_ms"] = save_ms
+            totals["checkpoint"] += save_ms
+        if first_progress is not None:
+            fields["progress"] = first_progress + i
+        d = float(step_ms(i) if callable(step_ms) else step_ms)
+        recs.append(step(i, rank=rank, data_ms=data_ms, other_ms=other, step_ms=d, host_ms=d, start_unix_ns=t,
+                         phases={"forward": d / 2, "backward": d / 2}, **fields))
+        info["steps"].append((t, d, fields.get("progress")))
+        if i == 0:
+            info["first_start_ns"] = t
+        totals["steps"] += d
+        totals["data"] += data_ms
+        totals["other"] += other
+        prev_end = t + int(d * ms)
+    last_end = prev_end if prev_end is not None else t
+    if end is None:
+        info["end_ns"] = last_end
+        return recs, info
+    end_ns = last_end + int(end_after_ms * ms)
+    info["end_ns"] = end_ns
+    wall_s = (end_ns - start_ns) / 1e9
+    first_start = info.get("first_start_ns", last_end)
+    g = goodput(wall_s=wall_s, startup_s=(first_start - start_ns) / 1e9 - before_first / 1e3,
+                steps_s=totals["steps"] / 1e3, data_s=totals["data"] / 1e3, eval_s=0.0,
+                checkpoint_s=totals["checkpoint"] / 1e3, other_s=totals["other"] / 1e3,
+                after_last_step_s=end_after_ms / 1e3, training_pct=100.0 * totals["steps"] / 1e3 / wall_s)
+    if restore_ms:
+        g["restore_s"] = restore_ms / 1e3
+    extra: dict[str, Any] = {"error": error} if error else {}
+    recs.append(run_end(steps, rank=rank, reason=end, end_unix_ns=end_ns, wall_s=(end_ns - prof) / 1e9, goodput=g,
+                        **extra))
+    return recs, info
+
+
 def run_records(n_steps: int = 5, rank: int = 0, world_size: int = 1, end: bool = True) -> list[dict[str, Any]]:
     """A whole valid run: run_start, n_steps default steps, run_end (unless end=False)."""
     recs = [run_start(rank=rank, world_size=world_size)]
