@@ -114,6 +114,10 @@ void Config::validate() const {
                   "flops_per_step={} is out of range; allowed: 0 (count them) or the model "
                   "FLOPs of one step, below 1e30",
                   flops_per_step);
+  STEPTRACE_CHECK(gpu_hour_cost >= 0.0 && gpu_hour_cost < 1e9, ConfigError,
+                  "gpu_hour_cost={} is out of range; allowed: 0 (off) or the price of one "
+                  "GPU-hour, below 1e9",
+                  gpu_hour_cost);
   STEPTRACE_CHECK(peak_tflops >= 0.0 && peak_tflops < 1e6, ConfigError,
                   "peak_tflops={} is out of range; allowed: 0 (the datasheet figure) or the "
                   "device's peak in TFLOP/s, below 1e6",

@@ -192,7 +192,7 @@ void append_goodput_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
       end.process_start_unix_ns > 0 ? end.process_start_unix_ns : end.profiler_start_unix_ns;
   const std::int64_t wall = std::max<std::int64_t>(0, end.end_unix_ns - origin);
   const BetweenSteps& tail = end.trailing;
-  const std::int64_t tail_intervals = tail.eval_ns() + tail.checkpoint_ns();
+  const std::int64_t tail_intervals = tail.own_kinds_ns();
   std::int64_t startup = 0, after = 0;
   if (t.steps > 0) {
     startup = t.first_start_unix_ns - origin - t.before_first_ns;
@@ -206,11 +206,11 @@ void append_goodput_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
   fmt::format_to(
       std::back_inserter(out),
       "\"goodput\":{{\"wall_s\":{:.3f},\"startup_s\":{:.3f},\"steps_s\":{:.3f},"
-      "\"data_s\":{:.3f},\"eval_s\":{:.3f},\"checkpoint_s\":{:.3f},\"other_s\":{:.3f},"
-      "\"after_last_step_s\":{:.3f},\"training_pct\":{:.2f},\"from\":\"{}\"}},",
+      "\"data_s\":{:.3f},\"eval_s\":{:.3f},\"checkpoint_s\":{:.3f},\"restore_s\":{:.3f},"
+      "\"other_s\":{:.3f},\"after_last_step_s\":{:.3f},\"training_pct\":{:.2f},\"from\":\"{}\"}},",
       sec(wall), sec(startup), sec(t.training_ns_sum), sec(t.data_ns_sum),
       sec(t.interval_ns_sum[0] + tail.eval_ns()), sec(t.interval_ns_sum[1] + tail.checkpoint_ns()),
-      sec(t.other_ns_sum), sec(after),
+      sec(t.interval_ns_sum[3] + tail.restore_ns()), sec(t.other_ns_sum), sec(after),
       wall > 0 ? 100.0 * static_cast<double>(t.training_ns_sum) / static_cast<double>(wall) : 0.0,
       end.process_start_unix_ns > 0 ? "process_start" : "profiler_start");
 }
@@ -226,8 +226,7 @@ void RunTotals::add(const StepRecord& r) noexcept {
   if (steps == 1) {
     first_start_unix_ns = r.start_unix_ns;
     // what came before the first step and is counted in its own part: not startup
-    before_first_ns =
-        r.data_ns + r.between.eval_ns() + r.between.checkpoint_ns() - r.between.inside_step_ns;
+    before_first_ns = r.data_ns + r.between.own_kinds_ns() - r.between.inside_step_ns;
   }
   last_end_unix_ns = std::max(last_end_unix_ns, r.start_unix_ns + r.host_ns);
   training_ns_sum += r.host_ns - r.between.inside_step_ns;
@@ -301,6 +300,7 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   append_ms(out, r.step_ns);
   out.append(std::string_view(",\"data_ms\":"));
   append_ms(out, r.data_ns);
+  if (r.progress >= 0) fmt::format_to(it, ",\"progress\":{}", r.progress);
   if (r.compile_ns > 0) {
     out.append(std::string_view(",\"compile_ms\":"));
     append_ms(out, r.compile_ns);
@@ -318,6 +318,10 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   if (between.checkpoint_ns() > 0) {
     out.append(std::string_view(",\"checkpoint_ms\":"));
     append_ms(out, between.checkpoint_ns());
+  }
+  if (between.restore_ns() > 0) {
+    out.append(std::string_view(",\"restore_ms\":"));
+    append_ms(out, between.restore_ns());
   }
   if (between.inside_step_ns > 0) {
     out.append(std::string_view(",\"interval_in_step_ms\":"));

@@ -138,13 +138,17 @@ inline constexpr std::size_t kMaxStepIntervals = 4;  // listed per step; more ar
 /// the rest of the gap. Every nanosecond of the gap is data, one interval kind, or other.
 struct BetweenSteps {
   std::array<std::int64_t, kIntervalKinds> interval_ns{};  // by IntervalKind
-  std::int64_t other_ns = 0;        // the gap less data and the eval / checkpoint intervals
-  std::int64_t inside_step_ns = 0;  // the eval / checkpoint intervals that ran inside the step
-  std::uint8_t listed = 0;          // entries in `intervals`
-  std::uint16_t unlisted = 0;       // intervals beyond kMaxStepIntervals (in the sums only)
+  std::int64_t other_ns = 0;  // the gap less data and the eval / checkpoint / restore intervals
+  // the eval / checkpoint / restore intervals that ran inside the step
+  std::int64_t inside_step_ns = 0;
+  std::uint8_t listed = 0;     // entries in `intervals`
+  std::uint16_t unlisted = 0;  // intervals beyond kMaxStepIntervals (in the sums only)
   std::array<IntervalEntry, kMaxStepIntervals> intervals{};
   std::int64_t eval_ns() const noexcept { return interval_ns[0]; }
   std::int64_t checkpoint_ns() const noexcept { return interval_ns[1]; }
+  std::int64_t restore_ns() const noexcept { return interval_ns[3]; }
+  // The intervals that are kinds of their own (other is part of `other_ns`).
+  std::int64_t own_kinds_ns() const noexcept { return eval_ns() + checkpoint_ns() + restore_ns(); }
 };
 
 // Laid out in three parts: the fields the training thread fills in, then the per-slot
@@ -163,6 +167,8 @@ struct StepRecord {
   std::int64_t data_start_ns = 0;
   // Of step_ns: compiling (torch.compile) inside the step. Not part of iteration_ns.
   std::int64_t compile_ns = 0;
+  // The training step the program is at (set_progress, counted on from there); -1: unknown.
+  std::int64_t progress = -1;
   std::int64_t host_ns = 0;  // host wall time of the step
   BetweenSteps between;
   // The training thread's run-queue wait (time runnable but not running, Linux schedstat)

@@ -1061,9 +1061,10 @@ steptrace::EndReason parse_reason(const std::string& reason) {
 
 steptrace::IntervalKind parse_interval(const std::string& kind) {
   if (const auto k = steptrace::interval_kind(kind)) return *k;
-  throw steptrace::ConfigError("interval kind \"" + kind +
-                               "\" is unknown; allowed: eval, checkpoint, other (the loader's "
-                               "wait is data: wrap the loader with prof.data())");
+  throw steptrace::ConfigError(
+      "interval kind \"" + kind +
+      "\" is unknown; allowed: eval, checkpoint, restore, other (the loader's "
+      "wait is data: wrap the loader with prof.data())");
 }
 
 }  // namespace
@@ -1218,7 +1219,8 @@ PYBIND11_MODULE(_core, m) {
           [](PyProfiler& p, const std::string& kind) {
             p.core().begin_interval(parse_interval(kind));
           },
-          py::arg("kind"), "Begins an interval (eval, checkpoint, other); ends the open one")
+          py::arg("kind"),
+          "Begins an interval (eval, checkpoint, restore, other); ends the open one")
       .def(
           "end_interval",
           [](PyProfiler& p, const std::string& kind) {
@@ -1237,6 +1239,11 @@ PYBIND11_MODULE(_core, m) {
             p.core().set_step_value(name, value);
           },
           py::arg("name"), py::arg("value"))
+      .def(
+          "set_progress",
+          [](PyProfiler& p, std::int64_t progress) { p.core().set_progress(progress); },
+          py::arg("progress"),
+          "The training step the program is at (0-based), for the step record's progress")
       .def(
           "add_work",  // positional only: called per step or per micro-batch
           [](PyProfiler& p, double samples, double tokens, double flops, int source) {

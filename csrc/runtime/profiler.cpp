@@ -79,7 +79,7 @@ class ProfilerImpl final : public SignalClosable {
   ProfilerImpl(Config config, const RunInfo& info, Backends backends)
       : config_(std::move(config)), pid_(getpid()), fork_generation_(fork_generation()) {
     config_.validate();
-    resolve(config_);
+    job_ = resolve(config_);
     host_clock_ = !backends.clock;
     counter_clock_ = host_clock_ && tsc_clock_chosen();  // once: run_start says what is read
     clock_ = backends.clock ? std::move(backends.clock) : make_host_clock();
@@ -102,7 +102,9 @@ class ProfilerImpl final : public SignalClosable {
     peak_ = choose_peak(config_.peak_tflops, config_.mfu_dtype, device_name());
     for (const auto& name : config_.phases) names_.intern(name);
 
-    const int fd = open_log_file(config_, log_path_);
+    log_ = open_log_file(config_, job_);
+    log_path_ = log_.path;
+    const int fd = log_.fd;
     start_.start_ns = clock_->now_ns();
     start_.start_unix_ns = unix_now_ns();
     process_start_unix_ns_ = process_start_unix_ns();
@@ -212,6 +214,7 @@ class ProfilerImpl final : public SignalClosable {
   void set_step_memory(const MemorySample& s) { recorder_.set_step_memory(s); }
   StepValueId step_value_id(std::string_view name) { return names_.intern_value(name); }
   void set_step_value(StepValueId id, double value) { recorder_.set_step_value(id, value); }
+  void set_progress(std::int64_t progress) noexcept { recorder_.set_progress(progress); }
   void add_work(double samples, double tokens, double flops, WorkSource source) noexcept {
     if (!detached_) recorder_.add_work(samples, tokens, flops, source);
   }
@@ -520,6 +523,9 @@ class ProfilerImpl final : public SignalClosable {
     m.config = &config_;
     m.info = &info;
     m.start_unix_ns = start_.start_unix_ns;
+    m.process_start_unix_ns = process_start_unix_ns_;
+    m.job = &job_;
+    m.log = &log_;
     m.memory_sources = &memory_sources_;
     m.heap = heap_.has_value();
     m.device = device_.get();
@@ -574,6 +580,8 @@ class ProfilerImpl final : public SignalClosable {
   std::optional<HeapSampler> heap_;  // the C heap, when sample_heap
   PhaseNames names_;
   std::string log_path_;
+  JobIdentity job_;
+  LogFile log_;                             // which attempt of the job this run is
   ClockMapping start_;                      // unix time of a reading of clock_
   std::int64_t process_start_unix_ns_ = 0;  // 0: unknown
 
@@ -732,6 +740,11 @@ std::optional<IntervalKind> Profiler::open_interval() const noexcept {
 [[gnu::hot]] void Profiler::end_data(bool loader_start) { impl_->end_data(loader_start); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
 void Profiler::set_step_value(StepValueId id, double value) { impl_->set_step_value(id, value); }
+void Profiler::set_progress(std::int64_t progress) {
+  STEPTRACE_CHECK(progress >= 0, UsageError,
+                  "set_progress({}): the training step is 0-based; allowed: 0 or more", progress);
+  impl_->set_progress(progress);
+}
 [[gnu::hot]] void Profiler::add_work(double samples, double tokens, double flops,
                                      WorkSource source) noexcept {
   impl_->add_work(samples, tokens, flops, source);

@@ -24,12 +24,31 @@ std::int64_t process_start_unix_ns();
 std::string host_name();
 /// An int from the environment, or `fallback` when unset; ConfigError when malformed.
 int env_int(const char* name, int fallback);
-/// Resolves rank, world size, run id and job from the environment where unset; throws
-/// ConfigError for inconsistent values.
-void resolve(Config& c);
-/// Creates log_dir and opens the rank's file (its path in path_out); every failure is a
-/// ConfigError that names the path, and nothing is left behind when the folder is unusable.
-int open_log_file(const Config& c, std::string& path_out);
+/// Which job a run belongs to, and where it came from: the `job` option, else
+/// $STEPTRACE_JOB, $TORCHELASTIC_RUN_ID (not "none"), $SLURM_JOB_ID; empty id: none known.
+struct JobIdentity {
+  std::string id;
+  std::string source;  // the option or variable it came from
+};
+JobIdentity resolve_job(const Config& c);
+/// Resolves rank, world size, run id and the job from the environment where unset (`job`
+/// becomes the metrics' label: the job id, else "steptrace"); throws ConfigError for
+/// inconsistent values.
+JobIdentity resolve(Config& c);
+
+/// The rank's log file of this attempt of the job: attempt 0 is `<log_dir>/rank<N>.jsonl`,
+/// attempt k >= 1 `<log_dir>/attempt<k>/rank<N>.jsonl`.
+struct LogFile {
+  int fd = -1;
+  std::string path;
+  int attempt = 0;
+  int previous_attempt = -1;  // the latest earlier attempt with a file of this rank; -1: none
+};
+/// Creates log_dir and opens the rank's file. With a job id, a file of the same job is an
+/// earlier attempt and is never replaced: the run becomes the next attempt (from
+/// $TORCHELASTIC_RESTART_COUNT, else $SLURM_RESTART_COUNT, upwards). Every failure is a
+/// ConfigError that names the path; nothing is left behind when the folder is unusable.
+LogFile open_log_file(const Config& c, const JobIdentity& job);
 /// The machine's physical memory in bytes (0: unknown).
 std::int64_t host_memory_bytes();
 

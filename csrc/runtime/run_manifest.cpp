@@ -138,6 +138,25 @@ ordered_json work_json(const Config& config, const PeakChoice& peak) {
   return w;
 }
 
+// Which job and attempt this run is (docs/goodput.md): a restart's files sit beside the
+// earlier attempts' under the job root.
+ordered_json job_json(const Config& config, const RunManifest& m) {
+  ordered_json j = {{"id", nullptr},
+                    {"source", nullptr},
+                    {"attempt", 0},
+                    {"previous_attempt", nullptr},
+                    {"root", config.log_dir}};
+  if (m.job != nullptr && !m.job->id.empty()) {
+    j["id"] = m.job->id;
+    j["source"] = m.job->source;
+  }
+  if (m.log != nullptr) {
+    j["attempt"] = m.log->attempt;
+    if (m.log->previous_attempt >= 0) j["previous_attempt"] = m.log->previous_attempt;
+  }
+  return j;
+}
+
 }  // namespace
 
 std::string run_start_json(const RunManifest& m) {
@@ -164,6 +183,7 @@ std::string run_start_json(const RunManifest& m) {
       {"pid", getpid()},
       {"start_unix_ns", m.start_unix_ns},
       {"versions", versions},
+      {"job", job_json(config, m)},
       {"device", device_json(m)},
       {"config", config_json(config)},
       {"backends",
@@ -174,6 +194,7 @@ std::string run_start_json(const RunManifest& m) {
         {"counters", counters_json(m)},
         {"telemetry", telemetry_json(m)}}},
   };
+  if (m.process_start_unix_ns > 0) record["process_start_unix_ns"] = m.process_start_unix_ns;
   if (!m.info->comm_method.empty() || !m.info->comm_untimed.empty()) {
     record["backends"]["comm"] = comm_json(*m.info);
   }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "run_environment.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
 #include "steptrace/ext/device_activity.hpp"
@@ -24,6 +25,9 @@ struct RunManifest {
   const Config* config = nullptr;
   const RunInfo* info = nullptr;
   std::int64_t start_unix_ns = 0;
+  std::int64_t process_start_unix_ns = 0;  // 0: unknown
+  const JobIdentity* job = nullptr;
+  const LogFile* log = nullptr;  // the attempt
   const std::vector<std::unique_ptr<MemorySource>>* memory_sources = nullptr;
   bool heap = false;  // the C heap is sampled
   DeviceTiming* device = nullptr;

@@ -59,6 +59,8 @@ void StepRecorder::bind(const Parts& parts) {
   current_.data_ns = data_wrapped_ ? data_accum_ns_ : 0;
   current_.data_start_ns = data_wrapped_ ? data_start_accum_ns_ : 0;
   current_.compile_ns = 0;
+  current_.progress = next_progress_;
+  if (next_progress_ >= 0) ++next_progress_;
   if (pending_.listed == 0 && pending_.unlisted == 0) {
     // Nothing ended since the last step (the usual case): reset the sums, and leave the
     // list's entries, which nothing reads past `listed`, untouched (two cold lines fewer).
@@ -71,8 +73,8 @@ void StepRecorder::bind(const Parts& parts) {
     pending_ = BetweenSteps{};
   }
   const std::int64_t gap = last_step_end_ns_ == kUnset ? 0 : start - last_step_end_ns_;
-  current_.between.other_ns = std::max<std::int64_t>(
-      0, gap - current_.data_ns - current_.between.eval_ns() - current_.between.checkpoint_ns());
+  current_.between.other_ns =
+      std::max<std::int64_t>(0, gap - current_.data_ns - current_.between.own_kinds_ns());
   book_.phase_count = 0;
   current_.failed = false;
   current_.phase_memory = parts_.detection && parts_.detection->wants_phase_memory();

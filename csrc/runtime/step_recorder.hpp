@@ -204,6 +204,16 @@ class StepRecorder {
     if (open_interval_ >= 0) end_open_interval(now_ns());
   }
 
+  // The training step the program is at (0-based: the steps it completed before), for the
+  // step in progress (between steps: the next one); the steps after it count on by one.
+  void set_progress(std::int64_t progress) noexcept {
+    if (book_.in_step) {
+      current_.progress = progress;
+      ++progress;
+    }
+    next_progress_ = progress;
+  }
+
   void set_step_value(StepValueId id, double value) {
     STEPTRACE_CHECK(id < parts_.names->value_count(), UsageError,
                     "step value id {} was never interned", id);
@@ -381,6 +391,7 @@ class StepRecorder {
   std::int64_t data_start_accum_ns_ = 0;
   std::int64_t compile_begin_ns_ = kUnset;  // a compile in progress inside the step
   bool data_wrapped_ = false;
+  std::int64_t next_progress_ = -1;     // the next step's progress; -1: never set
   int open_interval_ = -1;              // IntervalKind of the open interval, -1: none
   bool data_suspended_ = false;         // a data wait was open when the interval began
   std::int64_t runq_read_ns_ = kUnset;  // when it was last read, and the figures then

@@ -150,8 +150,12 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
   // (they are booked under their own kind), so the kinds add up to the wall clock.
   const BetweenSteps& between = r.between;
   const std::int64_t parts_ns[kTimeKinds.size()] = {
-      std::max<std::int64_t>(0, r.host_ns - between.inside_step_ns), r.data_ns, between.eval_ns(),
-      between.checkpoint_ns(), between.other_ns};
+      std::max<std::int64_t>(0, r.host_ns - between.inside_step_ns),
+      r.data_ns,
+      between.eval_ns(),
+      between.checkpoint_ns(),
+      between.restore_ns(),
+      between.other_ns};
   for (std::size_t k = 0; k < kTimeKinds.size(); ++k) {
     if (parts_ns[k] > 0) v.time_s[k] += static_cast<double>(parts_ns[k]) / 1e9;
   }
@@ -355,9 +359,9 @@ std::string MetricsRegistry::render() const {
   // Every kind from the first scrape on (0 until seen), so a share of the wall clock never
   // lacks a term.
   header(out, "steptrace_time_seconds_total", "counter",
-         "Wall clock by kind: step (training steps, less evaluation / checkpoint intervals "
-         "inside them), data (loader waits), eval, checkpoint, other (the rest of the time "
-         "between steps). Booked when the step after it ends.");
+         "Wall clock by kind: step (training steps, less evaluation / checkpoint / restore "
+         "intervals inside them), data (loader waits), eval, checkpoint, restore, other (the "
+         "rest of the time between steps). Booked when the step after it ends.");
   for (std::size_t k = 0; k < kTimeKinds.size(); ++k) {
     sample(out, "steptrace_time_seconds_total", fmt::format("{},kind=\"{}\"", l, kTimeKinds[k]),
            v.time_s[k]);
@@ -370,7 +374,8 @@ std::string MetricsRegistry::render() const {
   if (open_interval_) {
     const OpenIntervalProbe open = open_interval_();
     header(out, "steptrace_interval_in_flight_seconds", "gauge",
-           "Age of the interval (eval, checkpoint, other) now open; 0 for the kinds not open.");
+           "Age of the interval (eval, checkpoint, other, restore) now open; 0 for the kinds "
+           "not open.");
     for (std::size_t k = 0; k < kIntervalKinds; ++k) {
       const auto kind = static_cast<IntervalKind>(k);
       const double age = open.kind == kind && open.age_s > 0 ? open.age_s : 0.0;

@@ -51,11 +51,11 @@ struct ClusterRow {
 };
 
 /// Where the wall clock went, by kind (steptrace_time_seconds_total{kind}): the step less
-/// the intervals inside it, the loader's waits, evaluation, checkpoints, and other host
-/// work between steps. Each step record adds its parts; together they cover the time
-/// from the first step's start to the last step's end.
-inline constexpr std::array<const char*, 5> kTimeKinds = {"step", "data", "eval", "checkpoint",
-                                                          "other"};
+/// the intervals inside it, the loader's waits, evaluation, checkpoint saves and restores,
+/// and other host work between steps. Each step record adds its parts; together they cover
+/// the time from the first step's start to the last step's end.
+inline constexpr std::array<const char*, 6> kTimeKinds = {"step",       "data",    "eval",
+                                                          "checkpoint", "restore", "other"};
 
 /// The interval open now (Profiler::begin_interval), as a live probe reports it for the
 /// steptrace_interval_in_flight_seconds gauge: its kind and age in seconds; no kind when

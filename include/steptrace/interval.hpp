@@ -15,8 +15,9 @@ enum class IntervalKind : std::uint8_t {
   kEval = 0,        // evaluation / validation / prediction
   kCheckpoint = 1,  // saving a checkpoint
   kOther = 2,       // other host work the program names (logging, callbacks)
+  kRestore = 3,     // restoring a checkpoint (resuming a job)
 };
-inline constexpr std::size_t kIntervalKinds = 3;
+inline constexpr std::size_t kIntervalKinds = 4;
 
 /// The kind's name in records and APIs: "eval", "checkpoint", "other".
 constexpr std::string_view interval_name(IntervalKind kind) noexcept {
@@ -27,6 +28,8 @@ constexpr std::string_view interval_name(IntervalKind kind) noexcept {
       return "checkpoint";
     case IntervalKind::kOther:
       return "other";
+    case IntervalKind::kRestore:
+      return "restore";
   }
   return "other";
 }

@@ -241,6 +241,13 @@ class STEPTRACE_API Profiler {
   /// kMaxPhaseNameBytes bytes, control characters) or more than kMaxStepValues names.
   StepValueId step_value_id(std::string_view name);
 
+  /// The training step the program is at, 0-based (the steps it completed before: a
+  /// framework's global step, or where a restored checkpoint left off), for the step in
+  /// progress (between steps: the next one); its record gets "progress", and the steps
+  /// after it count on by one. Lets the waste report tell steps recomputed after a restart.
+  /// Training thread only; UsageError for a negative value.
+  void set_progress(std::int64_t progress);
+
   /// Useful work of the step in progress (between steps: of the next one), for the step
   /// record's "work": samples, tokens and model FLOPs (forward and backward), each < 0
   /// when unknown. Calls in one step add up (one per micro-batch, or one per step); a

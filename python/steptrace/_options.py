@@ -61,6 +61,7 @@ OPTION_GROUPS: dict[str, str] = {
     "count_work": "work",
     "flops_per_step": "work",
     "peak_tflops": "work",
+    "gpu_hour_cost": "work",
     "mfu_dtype": "work",
     "close_wait_s": "outputs",
     "on_alert": "outputs",

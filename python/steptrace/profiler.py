@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import operator
 import os
 import platform
 import signal
@@ -552,7 +553,7 @@ class IntervalScope:
 
 
 #: What an interval between steps can be (see :meth:`Profiler.interval`).
-INTERVAL_KINDS = ("eval", "checkpoint", "other")
+INTERVAL_KINDS = ("eval", "checkpoint", "restore", "other")
 
 
 class Profiler:
@@ -709,6 +710,21 @@ class Profiler:
         ``loss_fn`` is the timed loss callable, ``micro_steps`` the forward calls of the
         step in progress); empty once closed."""
         return tuple(self._phase_hooks)
+
+    # ---- progress ----
+    def set_step(self, step: int) -> None:
+        """Says which training step the program is at, 0-based (the steps it completed
+        before: a framework's ``global_step``, or the step a restored checkpoint left off
+        at), for the step in progress (between steps: the next one). Its record gets
+        ``"progress"`` and the steps after it count on by one, so that the waste report
+        (``steptrace goodput``) knows the steps a restart recomputed. UsageError for a
+        negative step; TypeError for a non-integer."""
+        if isinstance(step, bool) or not isinstance(step, int):
+            try:
+                step = operator.index(step)  # numpy and 0-d integer tensors
+            except TypeError:
+                raise TypeError(f"set_step({step!r}): the step must be an int") from None
+        self._core.set_progress(step)
 
     # ---- per-step values ----
     def set_step_values(self, **values: Any) -> None:

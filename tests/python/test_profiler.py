@@ -60,7 +60,7 @@ def test_unwrapped_loader_gap_is_other_not_data(tmp_path, records_of):
 
 def test_interval_kinds_and_errors(tmp_path, records_of):
     with steptrace.Profiler(tmp_path) as prof:
-        with pytest.raises(ValueError, match="'evaluation' is unknown; allowed: eval, checkpoint, other"):
+        with pytest.raises(ValueError, match="'evaluation' is unknown; allowed: eval, checkpoint, restore, other"):
             prof.interval("evaluation")
         train(prof, batches(2))
         with prof.interval("eval"):
