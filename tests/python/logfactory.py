@@ -423,6 +423,19 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def installed_env(**extra: str) -> dict[str, str]:
+    """The environment for a training subprocess: the source tree's python/ off PYTHONPATH,
+    so it imports the installed steptrace (the compiled core lives there, not in the tree)."""
+    import os
+
+    env = dict(os.environ)
+    src = str(REPO / "python")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                        if p and os.path.abspath(p) != src)
+    env.update(extra)
+    return env
+
+
 def run_cli(*args: Any, timeout: float = 180, **env: str) -> Any:
     """Run the real ``steptrace`` console script; returns the CompletedProcess."""
     import subprocess
@@ -513,17 +526,13 @@ def real_runs(tmp_path_factory: Any) -> dict[str, Path]:
     """Run folders written by real (tiny) CPU training loops under steptrace.Profiler,
     made once per test session in a subprocess that imports the installed steptrace (the
     compiled core lives there, not in the source tree)."""
-    import os
     import subprocess
     import sys
 
     if _REAL_RUNS:
         return dict(_REAL_RUNS)
     root = tmp_path_factory.mktemp("real_runs")
-    env = dict(os.environ)
-    src = str(REPO / "python")
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != src]
-    env["PYTHONPATH"] = os.pathsep.join(kept)
+    env = installed_env()
     proc = subprocess.run([sys.executable, "-c", _TRAIN_SCRIPT, str(TESTS), str(root), json.dumps(REAL_RUN_SPECS)],
                           capture_output=True, text=True, env=env, timeout=300, cwd=str(root))
     if proc.returncode != 0:

@@ -349,3 +349,28 @@ def test_the_report_of_a_job_root_has_the_waste_section(tmp_path: Path) -> None:
     assert ">wasted progress</td><td class=\"\">0.100</td>" in page
     assert "rank 1: its run_end says it ended on an exception" in page  # the per-attempt table
     assert f"{100 * job['goodput_ratio']:.1f}%" in page
+
+
+def test_the_summary_of_the_example_shows_the_waste_table(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    run = tmp_path / "train_mlp"
+    proc = subprocess.run([sys.executable, str(lf.REPO / "examples" / "train_mlp.py"), str(run), "--synthetic",
+                           "--epochs", "2"], capture_output=True, text=True, env=lf.installed_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = lf.run_cli("summary", run)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    sentence = next(ln for ln in lines if ln.startswith("this job lost "))
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("cause"))
+    assert lines[head - 1].startswith("ideal step time ") and lines[head - 2].startswith("goodput ")
+    table = {ln[:20].strip(): ln.split() for ln in lines[head + 1:head + 2 + len(CAUSES)]}
+    assert list(table)[-1] == "total" and len(table) == len(CAUSES) + 1
+    # one normal attempt: nothing restarted; the evaluations and checkpoints are in
+    assert table["wasted progress"][2] == "0.000" and table["recovery"][1] == "0.000"
+    assert float(table["evaluation"][1]) > 0 and float(table["checkpoint save"][2]) > 0
+    assert "restarts" not in sentence
+    job = json.loads(lf.run_cli("goodput", run, "--json").stdout)
+    _adds_up(job)
+    assert job["attempts"][0]["steps"] == 2 * 64 and not job["attempts"][0]["failed"]
