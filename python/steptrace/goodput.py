@@ -47,6 +47,12 @@ IDEAL_METHOD = ("the mean of the steps at or below median + 3 x MAD (median abso
                 "training time, all attempts, rank 0, the first step of each attempt left out")
 
 _ATTEMPT_RE = re.compile(r"attempt([0-9]{1,9})")
+#: An exception a rank got because another rank failed (the collective's transport saw the
+#: peer go): gloo's "Connection closed by peer" / "reset by peer", NCCL's aborted
+#: communicator, torch's DistBackendError, a collective timeout. Such a rank is not the
+#: origin where another rank raised on its own or was killed.
+_PEER_ERROR = re.compile(r"closed by peer|reset by peer|remote (worker|process)|DistBackendError|"
+                         r"communicator was aborted|collective operation timeout|Broken pipe", re.IGNORECASE)
 PathArg = Union[str, "os.PathLike[str]"]
 
 
@@ -208,12 +214,18 @@ def _origin(table: StepTable, ranks: list[int], ends: dict[int, dict[str, Any]],
     def earliest(cands: list[int]) -> int:
         return min(cands, key=lambda r: (last_ns.get(r, 1 << 62), r))
 
+    def error(r: int) -> str:
+        err = ends.get(r, {}).get("error")
+        return err if isinstance(err, str) else ""
+
+    def raised_why(r: int) -> str:
+        return f"its run_end says it ended on an exception: {error(r)}"[:300] if error(r) else \
+            "its run_end says it ended on an exception"
+
     raised = [r for r in ranks if ends.get(r, {}).get("reason") == "exception"]
-    if raised:
-        r = earliest(raised)
-        err = ends[r].get("error")
-        detail = f": {err}" if isinstance(err, str) and err else ""
-        return {"rank": r, "why": f"its run_end says it ended on an exception{detail}"[:300]}
+    own = [r for r in raised if not _PEER_ERROR.search(error(r))]
+    if own:
+        return {"rank": earliest(own), "why": raised_why(earliest(own))}
     torn = [r for r in ranks if r not in ends and r in last_ns]
     if torn:
         r = earliest(torn)
@@ -232,6 +244,9 @@ def _origin(table: StepTable, ranks: list[int], ends: dict[int, dict[str, Any]],
         details = as_object(a.get("details"))
         if a.get("type") == "hang" and isinstance(a.get("rank"), int) and not details.get("collectives_in_flight"):
             return {"rank": a["rank"], "why": "its own hang alert (no collective in flight: not waiting for a peer)"}
+    if raised:  # every exception was a peer's failure seen in a collective: the first of them
+        r = earliest(raised)
+        return {"rank": r, "why": raised_why(r) + " (a peer's failure, seen by this rank first)"}
     stopped = [r for r in ranks if ends.get(r, {}).get("reason") in ("signal", "exit")]
     if stopped:
         r = earliest(stopped)

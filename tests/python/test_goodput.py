@@ -187,6 +187,22 @@ def test_the_origin_is_the_rank_killed_first_while_the_others_went_on(tmp_path: 
     assert job["attempts"][0]["wasted_steps"] == 10
 
 
+def test_a_killed_rank_is_the_origin_not_the_rank_that_saw_it_go(tmp_path: Path) -> None:
+    # kill -9 of rank 1: its log ends without run_end; rank 0's all-reduce fails on the
+    # closed connection and ends on that exception
+    seen = ("RuntimeError: [gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:1434. This is "
+            "typically caused by a remote worker crashing.")
+    r0, _ = lf.attempt_run(0, rank=0, world_size=2, save_every=10, end="exception", end_after_ms=1500.0, error=seen)
+    r1, _ = lf.attempt_run(0, rank=1, world_size=2, save_every=10, end=None)
+    _write(tmp_path, 0, {0: r0, 1: r1})
+    origin = job_goodput(tmp_path)["attempts"][0]["origin"]
+    assert origin["rank"] == 1 and "without run_end" in origin["why"]
+    # with no torn rank, the peer's exception is all there is: its first rank, said so
+    _write(tmp_path, 0, {0: r0, 1: lf.attempt_run(0, rank=1, world_size=2, end="signal", end_after_ms=2000.0)[0]})
+    origin = job_goodput(tmp_path)["attempts"][0]["origin"]
+    assert origin["rank"] == 0 and "a peer's failure" in origin["why"]
+
+
 def test_a_rank_silent_alert_names_the_origin_when_no_rank_raised(tmp_path: Path) -> None:
     r0, _ = lf.attempt_run(0, rank=0, world_size=2, end="signal")
     r0.insert(-1, lf.alert("rank_silent", 39, rank=0, phase=None, subject_rank=1,

@@ -1,6 +1,6 @@
 """The waste report of a real job that torchrun restarts (issue 51): 2 ranks on gloo, a
-checkpoint every 50 steps, rank 1 raises at step 180 of attempt 0, attempt 1 resumes
-from step 150. Each process writes its own start and exit times to a side file, the
+checkpoint every 50 steps, rank 1 raises (or is killed with SIGKILL) at step 180 of
+attempt 0, attempt 1 resumes from step 150. Each process writes its own start and exit times to a side file, the
 launcher's view of the restart that the report's recovery is checked against."""
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ FAIL_AT = 180
 _TRAIN = r"""
 import time
 _t0 = time.time_ns()
-import atexit, json, os, sys
-root, side, steps, save_every, fail_at = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+import atexit, json, os, signal, sys
+root, side, how = sys.argv[1], sys.argv[2], sys.argv[6]
+steps, save_every, fail_at = map(int, sys.argv[3:6])
 rank = int(os.environ["RANK"])
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
@@ -42,7 +43,6 @@ def _term(*_):  # torchrun stops the surviving ranks with SIGTERM: note the time
     os._exit(143)
 
 atexit.register(_exit)
-import signal
 signal.signal(signal.SIGTERM, _term)  # before the profiler: its watcher then only flushes
 import datetime
 import torch
@@ -73,6 +73,8 @@ with steptrace.Profiler(root) as prof:
         prof.set_step(start)
     for i in range(start, steps):
         if attempt == 0 and rank == 1 and i == fail_at:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)  # no run_end, no atexit: a lost node
             raise RuntimeError(f"injected failure at step {i}")
         with prof.step():
             with prof.phase("forward"):
@@ -92,7 +94,7 @@ dist.destroy_process_group()
 """
 
 
-def _torchrun(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path, Path]:
+def _torchrun(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
     root, side = tmp_path / "job", tmp_path / "side"
     side.mkdir()
     script = tmp_path / "train.py"
@@ -103,7 +105,7 @@ def _torchrun(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path, Path]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", f"goodput-{uuid.uuid4().hex}",
            "--monitor-interval", "1", str(script), str(root), str(side), str(STEPS), str(SAVE_EVERY),
-           str(FAIL_AT)]
+           str(FAIL_AT), how]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=str(tmp_path))
     return proc, root, side
 
@@ -112,17 +114,23 @@ def _side(side: Path, attempt: int, rank: int) -> dict[str, Any]:
     return json.loads((side / f"a{attempt}r{rank}.json").read_text())
 
 
-def test_a_restarted_torchrun_job_accounts_its_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_a_restarted_torchrun_job_accounts_its_restart(tmp_path: Path, how: str) -> None:
+    """Rank 1 raises (``raise``) or is killed with SIGKILL (``kill``) at step 180."""
     from steptrace.goodput import CAUSES, job_goodput
 
-    proc, root, side = _torchrun(tmp_path)
+    proc, root, side = _torchrun(tmp_path, how)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (root / "rank0.jsonl").exists() and (root / "attempt1" / "rank0.jsonl").exists(), sorted(
         str(p.relative_to(root)) for p in root.rglob("*"))
     job = job_goodput(root)
     a0, a1 = job["attempts"]
     assert [a0["attempt"], a1["attempt"]] == [0, 1] and a0["failed"] and not a1["failed"]
-    assert a0["origin"]["rank"] == 1 and "injected failure" in a0["origin"]["why"]
+    assert a0["origin"]["rank"] == 1, a0["origin"]
+    if how == "raise":
+        assert "injected failure" in a0["origin"]["why"] and a0["end_reasons"]["1"] == "exception"
+    else:  # rank 0 saw the connection close: the killed rank is the origin all the same
+        assert "without run_end" in a0["origin"]["why"] and a0["end_reasons"]["1"] == "missing"
 
     # wasted progress: the steps from 150 on that rank 0 ran in attempt 0 (the save after
     # step 149 was its last), at their own measured time: steps 150..179, and the step 180
@@ -147,7 +155,8 @@ def test_a_restarted_torchrun_job_accounts_its_restart(tmp_path: Path) -> None:
     # recovery: the gap the processes saw, from the last of attempt 0's ranks exiting (rank
     # 0, stopped when gloo saw rank 1 go, or by torchrun's SIGTERM) to attempt 1's rank 0
     # running its first line
-    outside_s = (_side(side, 1, 0)["start_ns"] - max(_side(side, 0, r)["exit_ns"] for r in (0, 1))) / 1e9
+    ended = [_side(side, 0, r)["exit_ns"] for r in (0, 1) if (side / f"a0r{r}.json").exists()]
+    outside_s = (_side(side, 1, 0)["start_ns"] - max(ended)) / 1e9
     assert outside_s > 0
     assert job["seconds"]["recovery"] == pytest.approx(outside_s, rel=0.10)
 
