@@ -273,7 +273,7 @@ def summarize_job(path: Any, *, skip_bad: bool = False, progress: bool = False) 
     if len(attempts) == 1:
         return summarize(read(attempts[0].path, skip_bad=skip_bad, progress=progress), source=source)
     loaded = load_job(path, skip_bad=skip_bad, progress=progress)
-    out = summarize(read([a.path for a in attempts], skip_bad=skip_bad), source=source)
+    out = summarize_table(collect(read([a.path for a in attempts], skip_bad=skip_bad)), source=source, waste=False)
     out["goodput"] = None  # one run's account: the waste report covers every attempt
     out["attempts"] = len(attempts)
     out["waste"] = account(loaded, root=source)
@@ -295,11 +295,12 @@ def _waste(table: StepTable, source: Optional[str], extras: Any) -> Optional[dic
 
 
 def summarize_table(table: StepTable, *, source: Optional[str] = None,
-                    hw: Optional["HwSeries"] = None, extras: Any = None) -> dict[str, Any]:
+                    hw: Optional["HwSeries"] = None, extras: Any = None, waste: bool = True) -> dict[str, Any]:
     """:func:`summarize` of records already collected into a :class:`StepTable`; ``hw``
     the steps' NVML readings (:class:`HwSeries`) for the "hw" part, by default the
     table's own (``table.hw``); ``extras`` the steps' :class:`steptrace.goodput.StepExtras`
-    (progress, compile and restore times) for the waste report, where collected."""
+    (progress, compile and restore times) for the waste report, where collected;
+    ``waste=False``: no waste report (the table pools several attempts)."""
     hw = table.hw if hw is None else hw
     ops = _ops()
     ok = ops.col(table.ok)
@@ -480,7 +481,7 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
         "warmup_steps": warmup,
         "goodput": goodput(table, ops=ops, rows_by_rank=rows_by_rank,
                            restore=ops.col(extras.restore_ms) if extras is not None else None),
-        "waste": _waste(table, source, extras),
+        "waste": _waste(table, source, extras) if waste else None,
         "intervals": table.intervals.totals(),
         "runq": _runq(table, ops),
     }
