@@ -168,6 +168,19 @@ def job() -> dict:
           description="The share of the wall clock spent in training steps (recorded job-wide as "
                       "steptrace:goodput_ratio_5m:job; never alerted on), and the share the training thread "
                       "was runnable but waiting for a CPU (host contention, a ticket, never a page).")
+    p.add("The job's waste by cause (seconds lost per second, across attempts)", "timeseries",
+          [(f"sum by (cause) (rate(steptrace_badput_seconds_total{{{sel}}}[5m]))", "{{cause}}")],
+          w=16, unit="s", options={"stacking": {"mode": "normal"}},
+          description="Summed over the selected ranks (n ranks stack to n; x GPUs = GPU-hours lost): steps "
+                      "above the ideal step time (slow_steps), the steps a failed attempt lost "
+                      "(wasted_progress) and the restart's gap (recovery: booked when the next attempt "
+                      "starts), startup, data, checkpoint save and restore, evaluation, compile, waiting for a "
+                      "CPU (host_contention) and other. `steptrace goodput JOB_ROOT` gives the same table "
+                      "offline, in GPU-hours and money (docs/goodput.md).")
+    p.add("Job goodput across attempts", "timeseries",
+          [(f"min(steptrace_job_goodput_ratio{{{sel}}})", "job goodput")], w=8, unit="percentunit",
+          description="Productive training time (at the ideal step time) over all the wall clock the job "
+                      "has used, its earlier attempts included; the lowest rank's view.")
     p.add("Compute / communication / exposed communication per rank", "timeseries", [
         (f"sum by (rank) (rate(steptrace_compute_seconds_total{{{sel}}}[5m]))", "compute r{{rank}}"),
         (f"sum by (rank) (rate(steptrace_comm_seconds_total{{{sel}}}[5m]))", "comm r{{rank}}"),

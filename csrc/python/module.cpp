@@ -1245,6 +1245,12 @@ PYBIND11_MODULE(_core, m) {
           py::arg("progress"),
           "The training step the program is at (0-based), for the step record's progress")
       .def(
+          "add_earlier_attempts",
+          [](PyProfiler& p, std::string_view cause, double seconds) {
+            p.core().add_earlier_attempts(cause, seconds);
+          },
+          py::arg("cause"), py::arg("seconds"))
+      .def(
           "add_work",  // positional only: called per step or per micro-batch
           [](PyProfiler& p, double samples, double tokens, double flops, int source) {
             if (source < static_cast<int>(steptrace::WorkSource::kModel) ||

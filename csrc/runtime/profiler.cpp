@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include <thread>
 
 #include "../core/alert.hpp"
+#include "../core/badput.hpp"
 #include "../core/check.hpp"
 #include "../core/detection_stage.hpp"
 #include "../core/device_activity.hpp"
@@ -115,6 +117,7 @@ class ProfilerImpl final : public SignalClosable {
         !config_.metrics_pushgateway.empty()) {
       metrics_ = make_metrics_sink(config_, names_, detection_.get(), clock_.get(),
                                    &recorder_.inflight(), &peers_);
+      metrics_->registry().start_badput(process_start_unix_ns_);
       sinks.push_back(metrics_.get());
     }
     writer_ = std::make_unique<RecordPipeline>(std::make_unique<JsonlFileSink>(fd),
@@ -215,6 +218,18 @@ class ProfilerImpl final : public SignalClosable {
   StepValueId step_value_id(std::string_view name) { return names_.intern_value(name); }
   void set_step_value(StepValueId id, double value) { recorder_.set_step_value(id, value); }
   void set_progress(std::int64_t progress) noexcept { recorder_.set_progress(progress); }
+  void add_earlier_attempts(std::string_view cause, double seconds) {
+    const auto c = badput_cause(cause);
+    STEPTRACE_CHECK(c.has_value(), UsageError,
+                    "add_earlier_attempts: cause {:?} is unknown; allowed: productive, "
+                    "slow_steps, wasted_progress, recovery, startup, data, checkpoint, restore, "
+                    "eval, compile, host_contention, other",
+                    cause);
+    STEPTRACE_CHECK(std::isfinite(seconds) && seconds >= 0, UsageError,
+                    "add_earlier_attempts: seconds={} for {:?}; allowed: a finite number >= 0",
+                    seconds, cause);
+    if (metrics_) metrics_->registry().seed_badput(*c, seconds);
+  }
   void add_work(double samples, double tokens, double flops, WorkSource source) noexcept {
     if (!detached_) recorder_.add_work(samples, tokens, flops, source);
   }
@@ -740,6 +755,9 @@ std::optional<IntervalKind> Profiler::open_interval() const noexcept {
 [[gnu::hot]] void Profiler::end_data(bool loader_start) { impl_->end_data(loader_start); }
 void Profiler::set_step_memory(const MemorySample& sample) { impl_->set_step_memory(sample); }
 void Profiler::set_step_value(StepValueId id, double value) { impl_->set_step_value(id, value); }
+void Profiler::add_earlier_attempts(std::string_view cause, double seconds) {
+  impl_->add_earlier_attempts(cause, seconds);
+}
 void Profiler::set_progress(std::int64_t progress) {
   STEPTRACE_CHECK(progress >= 0, UsageError,
                   "set_progress({}): the training step is 0-based; allowed: 0 or more", progress);

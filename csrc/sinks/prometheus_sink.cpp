@@ -133,6 +133,19 @@ MetricsRegistry::MetricsRegistry(MetricLabels labels, const PhaseNames& names, s
   values_.ratios.fill(kNaN);
 }
 
+void MetricsRegistry::start_badput(std::int64_t process_start_unix_ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  badput_ = BadputAccount(process_start_unix_ns);
+  values_.badput_s = badput_.seconds();
+}
+
+void MetricsRegistry::seed_badput(BadputCause cause, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  badput_.seed(cause, seconds);
+  values_.badput_s = badput_.seconds();
+  values_.goodput_ratio = badput_.goodput_ratio();
+}
+
 void MetricsRegistry::observe_step(const StepRecord& r) {
   std::lock_guard<std::mutex> lock(mu_);
   Values& v = values_;
@@ -159,6 +172,9 @@ void MetricsRegistry::observe_step(const StepRecord& r) {
   for (std::size_t k = 0; k < kTimeKinds.size(); ++k) {
     if (parts_ns[k] > 0) v.time_s[k] += static_cast<double>(parts_ns[k]) / 1e9;
   }
+  badput_.add_step(r);
+  v.badput_s = badput_.seconds();
+  v.goodput_ratio = badput_.goodput_ratio();
   if (r.runq_ns >= 0) {
     v.runq_seen = true;
     v.runq_wait_s += static_cast<double>(r.runq_ns) / 1e9;
@@ -365,6 +381,21 @@ std::string MetricsRegistry::render() const {
   for (std::size_t k = 0; k < kTimeKinds.size(); ++k) {
     sample(out, "steptrace_time_seconds_total", fmt::format("{},kind=\"{}\"", l, kTimeKinds[k]),
            v.time_s[k]);
+  }
+  // Every cause from the first scrape on (0 until seen), as the time kinds.
+  header(out, "steptrace_badput_seconds_total", "counter",
+         "The job's lost wall clock by cause (docs/goodput.md): slow_steps (above the ideal "
+         "step time), wasted_progress and recovery (earlier attempts, seeded at start), "
+         "startup, data, checkpoint, restore, eval, compile, host_contention, other.");
+  for (std::size_t c = 1; c < kBadputCauseNames.size(); ++c) {  // 0 is productive
+    sample(out, "steptrace_badput_seconds_total",
+           fmt::format("{},cause=\"{}\"", l, kBadputCauseNames[c]), v.badput_s[c]);
+  }
+  if (std::isfinite(v.goodput_ratio)) {
+    header(out, "steptrace_job_goodput_ratio", "gauge",
+           "The job's goodput: productive training time (at the ideal step time) over all the "
+           "wall clock accounted, earlier attempts included.");
+    sample(out, "steptrace_job_goodput_ratio", l, v.goodput_ratio);
   }
   if (v.runq_seen) {
     header(out, "steptrace_runq_wait_seconds_total", "counter",

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../core/alert.hpp"
+#include "../core/badput.hpp"
 #include "../core/record_sink.hpp"
 #include "../core/step_record.hpp"
 #include "../core/telemetry.hpp"
@@ -87,6 +88,11 @@ class MetricsRegistry {
   void observe_cluster(const nlohmann::ordered_json& record);
   /// The exposition, text format 0.0.4.
   std::string render() const;
+  /// Where the job's wall clock starts for its waste account: this process's start (unix
+  /// ns; 0: unknown). Before the first step.
+  void start_badput(std::int64_t process_start_unix_ns);
+  /// Seconds an earlier attempt of the job lost, by cause (Profiler::add_earlier_badput).
+  void seed_badput(BadputCause cause, double seconds);
 
   struct Histogram {
     std::array<std::int64_t, kDurationBuckets.size()> counts{};  // not cumulative
@@ -102,8 +108,11 @@ class MetricsRegistry {
     std::int64_t error_steps = 0;
     double data_wait_s = 0;
     std::array<double, kTimeKinds.size()> time_s{};  // by kTimeKinds
-    bool runq_seen = false;                          // a step had a run-queue reading
-    double runq_wait_s = 0;                          // summed over the readings
+    // The job's waste account (BadputAccount's seconds by cause, earlier attempts seeded).
+    std::array<double, kBadputCauseNames.size()> badput_s{};
+    double goodput_ratio = std::numeric_limits<double>::quiet_NaN();
+    bool runq_seen = false;  // a step had a run-queue reading
+    double runq_wait_s = 0;  // summed over the readings
     double last_step_unix_s = 0;
     // allocated, reserved, peak, rss, heap, device_used; NaN: never seen
     std::array<double, 6> memory_bytes{};
@@ -153,7 +162,8 @@ class MetricsRegistry {
   const std::function<OpenIntervalProbe()> open_interval_;
   std::string base_labels_;  // job="...",run_id="...",rank="...",host="..."
   mutable std::mutex mu_;
-  Values values_;  // guarded by mu_
+  Values values_;            // guarded by mu_
+  BadputAccount badput_{0};  // guarded by mu_; its figures copied into values_ per step
 };
 
 /// Where the metrics go besides the registry.
@@ -197,6 +207,7 @@ class PrometheusSink final : public RecordSink {
   const std::string& host() const noexcept { return outputs_.host; }
   const std::string& error() const noexcept { return error_; }
   const MetricsRegistry& registry() const noexcept { return registry_; }
+  MetricsRegistry& registry() noexcept { return registry_; }
   /// Stops serving (idempotent).
   void stop() noexcept;
   /// Writes the textfile now (tmp file + rename); false on failure (said once).

@@ -247,6 +247,12 @@ class STEPTRACE_API Profiler {
   /// after it count on by one. Lets the waste report tell steps recomputed after a restart.
   /// Training thread only; UsageError for a negative value.
   void set_progress(std::int64_t progress);
+  /// Seconds earlier attempts of the job spent by `cause` (productive, or a
+  /// steptrace_badput_seconds_total cause: wasted_progress, recovery, slow_steps, startup,
+  /// ...), so the live waste metrics continue across attempts (Python reads the earlier
+  /// attempts' logs and adds them at start). UsageError for an unknown cause or seconds
+  /// < 0 / NaN; nothing without metrics. Any thread.
+  void add_earlier_attempts(std::string_view cause, double seconds);
 
   /// Useful work of the step in progress (between steps: of the next one), for the step
   /// record's "work": samples, tokens and model FLOPs (forward and backward), each < 0

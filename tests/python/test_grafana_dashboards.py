@@ -36,6 +36,7 @@ STEPTRACE_METRICS = {
     "steptrace_comm_busbw_bytes_per_second", "steptrace_comm_algbw_bytes_per_second",
     "steptrace_tokens_per_second", "steptrace_samples_per_second", "steptrace_model_tflops_per_second",
     "steptrace_mfu_ratio", "steptrace_tokens_total", "steptrace_samples_total",
+    "steptrace_badput_seconds_total", "steptrace_job_goodput_ratio",
 }
 
 
