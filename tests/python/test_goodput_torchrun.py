@@ -1,7 +1,8 @@
-"""The waste report of a real job that torchrun restarts (issue 51): 2 ranks on gloo, a
-checkpoint every 50 steps, rank 1 raises (or is killed with SIGKILL) at step 180 of
-attempt 0, attempt 1 resumes from step 150. Each process writes its own start and exit times to a side file, the
-launcher's view of the restart that the report's recovery is checked against."""
+"""The waste report of real jobs that restart (issue 51). Under torchrun: 2 ranks on gloo,
+a checkpoint every 50 steps, rank 1 raises (or is killed with SIGKILL) at step 180 of
+attempt 0, attempt 1 resumes from step 150; each process writes its own start and exit
+times to a side file, the view of the restart the report's recovery is checked against.
+And a Slurm-style requeue: a new process of the same job id resuming from its checkpoint."""
 
 from __future__ import annotations
 
@@ -168,3 +169,93 @@ def test_a_restarted_torchrun_job_accounts_its_restart(tmp_path: Path, how: str)
     # attempt 1's rank 0 exit (a little after its last record)
     outside_wall = (_side(side, 1, 0)["exit_ns"] - _side(side, 0, 0)["start_ns"]) / 1e9
     assert job["wall_s"] == pytest.approx(outside_wall, rel=0.10)
+
+
+# A Slurm-style requeue: a new process of the same job (SLURM_JOB_ID), its restart count
+# one up, resuming from the job's last checkpoint. The side file holds the process's first
+# line and the moment before it raised; the test notes when it started the second process.
+_REQUEUE = r"""
+import time
+_t0 = time.time_ns()
+import json, os, sys
+root, side = sys.argv[1], sys.argv[2]
+attempt = int(os.environ["SLURM_RESTART_COUNT"])
+marks = {"start_ns": _t0}
+import torch
+import steptrace
+torch.set_num_threads(1)
+net = torch.nn.Linear(32, 8)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+x, y = torch.randn(16, 32), torch.randn(16, 8)
+ckpt = os.path.join(side, "ckpt.pt")
+try:
+    with steptrace.Profiler(root) as prof:
+        start = 0
+        if os.path.exists(ckpt):
+            with prof.interval("restore"):
+                state = torch.load(ckpt)
+                net.load_state_dict(state["model"])
+            start = state["progress"]
+            prof.set_step(start)
+        for i in range(start, 120):
+            if attempt == 0 and i == 80:
+                marks["raise_ns"] = time.time_ns()
+                raise RuntimeError("the node went away at step 80")
+            with prof.step():
+                loss = torch.nn.functional.mse_loss(net(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            if (i + 1) % 25 == 0:
+                with prof.interval("checkpoint"):
+                    torch.save({"model": net.state_dict(), "progress": i + 1}, ckpt)
+finally:
+    marks["exit_ns"] = time.time_ns()
+    with open(os.path.join(side, f"a{attempt}.json"), "w") as fh:
+        json.dump(marks, fh)
+"""
+
+
+def test_a_slurm_style_requeue_is_the_next_attempt_of_the_job(tmp_path: Path) -> None:
+    import time
+
+    from steptrace.goodput import CAUSES, job_goodput
+    from steptrace.reader import read
+
+    root, side = tmp_path / "job", tmp_path / "side"
+    side.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(_REQUEUE)
+    spawned = []
+    for attempt in (0, 1):
+        env = lf.installed_env(OMP_NUM_THREADS="1", SLURM_JOB_ID="4242", SLURM_RESTART_COUNT=str(attempt))
+        for var in ("STEPTRACE_JOB", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
+            env.pop(var, None)
+        spawned.append(time.time_ns())
+        proc = subprocess.run([sys.executable, str(script), str(root), str(side)], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert proc.returncode == (1 if attempt == 0 else 0), proc.stderr[-3000:]
+    start = next(r for r in read(root / "attempt1" / "rank0.jsonl") if r["kind"] == "run_start")
+    assert start["job"]["id"] == "4242" and start["job"]["source"] == "SLURM_JOB_ID"
+    assert start["job"]["attempt"] == 1 and start["job"]["previous_attempt"] == 0
+
+    job = job_goodput(root)
+    a0, a1 = job["attempts"]
+    assert a0["failed"] and a0["end_reasons"] == {"0": "exception"} and not a1["failed"]
+    assert a0["origin"] == {"rank": 0, "why": "its run_end says it ended on an exception: RuntimeError: the node "
+                                              "went away at step 80"}
+    # the save after step 74 was the last: steps 75..79 were lost, at their measured time
+    steps0 = [r for r in read(root / "rank0.jsonl") if r["kind"] == "step"]
+    lost = [r for r in steps0 if r["step"] >= 75]
+    assert [r["step"] for r in lost] == [75, 76, 77, 78, 79] and a0["wasted_steps"] == 5
+    assert job["seconds"]["wasted_progress"] == pytest.approx(
+        math.fsum(r["host_ms"] - r.get("interval_in_step_ms", 0.0) for r in lost) / 1e3, rel=1e-6)
+    assert a1["first_progress"] == 75 and job["seconds"]["restore"] > 0
+    # recovery, bounded from outside: attempt 0's last record came after it raised, and
+    # attempt 1's process started after the test spawned it and before its first line
+    # (the kernel's start time has 10 ms ticks)
+    m0, m1 = (json.loads((side / f"a{k}.json").read_text()) for k in (0, 1))
+    tick = 0.02
+    assert (spawned[1] - m0["exit_ns"]) / 1e9 - tick <= job["seconds"]["recovery"]
+    assert job["seconds"]["recovery"] <= (m1["start_ns"] - m0["raise_ns"]) / 1e9 + tick
+    assert math.fsum(job["seconds"][c] for c in CAUSES) == pytest.approx(job["wall_s"], rel=1e-6)
