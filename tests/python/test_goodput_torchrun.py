@@ -189,7 +189,7 @@ opt = torch.optim.SGD(net.parameters(), lr=0.01)
 x, y = torch.randn(16, 32), torch.randn(16, 8)
 ckpt = os.path.join(side, "ckpt.pt")
 try:
-    with steptrace.Profiler(root) as prof:
+    with steptrace.Profiler(root, gpu_hour_cost=3.0) as prof:
         start = 0
         if os.path.exists(ckpt):
             with prof.interval("restore"):
@@ -259,3 +259,6 @@ def test_a_slurm_style_requeue_is_the_next_attempt_of_the_job(tmp_path: Path) ->
     assert (spawned[1] - m0["exit_ns"]) / 1e9 - tick <= job["seconds"]["recovery"]
     assert job["seconds"]["recovery"] <= (m1["start_ns"] - m0["raise_ns"]) / 1e9 + tick
     assert math.fsum(job["seconds"][c] for c in CAUSES) == pytest.approx(job["wall_s"], rel=1e-6)
+    # the price of a GPU-hour, from the gpu_hour_cost option in run_start's config
+    assert job["cost"]["per_gpu_hour"] == 3.0 and job["cost"]["from"] == "run_start config gpu_hour_cost"
+    assert job["cost"]["lost"] == pytest.approx(3.0 * job["lost_gpu_hours"])
