@@ -390,3 +390,20 @@ def test_the_summary_of_the_example_shows_the_waste_table(tmp_path: Path) -> Non
     job = json.loads(lf.run_cli("goodput", run, "--json").stdout)
     _adds_up(job)
     assert job["attempts"][0]["steps"] == 2 * 64 and not job["attempts"][0]["failed"]
+
+
+@pytest.mark.parametrize("end", ["normal", None], ids=["run_end", "torn"])
+def test_the_wall_clock_table_of_a_run_that_restored_has_a_restore_row(end: Optional[str]) -> None:
+    # from run_end's goodput, or computed from the records of a torn log: the restore
+    # before the first step is its own part, not startup, and the parts still add up
+    recs, info = lf.attempt_run(1, restore_ms=80.0, end=end)
+    g = summarize(recs)["goodput"]
+    assert g["restore_s"] == pytest.approx(0.080, abs=1e-9)
+    origin = info["process_start_ns"] if end else recs[0]["start_unix_ns"]
+    assert g["startup_s"] == pytest.approx((info["first_start_ns"] - origin) / 1e9 - 0.080 - 0.001, abs=1e-9)
+    parts = ("startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "restore_s", "other_s", "after_last_step_s")
+    assert math.fsum(g[k] for k in parts) == pytest.approx(g["wall_s"], rel=1e-9)
+    lines = format_summary(summarize(recs)).splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("wall clock"))
+    labels = [ln[:28].strip() for ln in lines[head + 1:head + 10]]
+    assert labels[:6] == ["startup", "steps (training)", "data", "eval", "checkpoint", "restore"]
