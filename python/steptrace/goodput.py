@@ -303,9 +303,10 @@ def _view(number: int, path: str, table: StepTable, extras: Optional[StepExtras]
         runq.append(min(t - c, v(table.host["runq_ms"], i)))
         st.append(int(table.start_ns[i]))
         prog.append(int(extras.progress[i]) if extras is not None else -1)
-    save_end = extras.save_end_ns.get(view) if extras is not None else None
+    # the job's last save: by whichever rank saved (DDP saves on rank 0 alone, FSDP on all)
+    save_end = max(extras.save_end_ns.values(), default=None) if extras is not None else None
     if save_end is None:  # no checkpoint interval records: a step that lists a save follows it
-        saved = [table.start_ns[i] for i in rows if v(table.between["checkpoint_ms"], i) > 0]
+        saved = [table.start_ns[i] for i in range(table.n) if v(table.between["checkpoint_ms"], i) > 0]
         save_end = max(saved) if saved else None
     cost = None
     for rs in table.run_starts:

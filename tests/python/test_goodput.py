@@ -407,3 +407,22 @@ def test_the_wall_clock_table_of_a_run_that_restored_has_a_restore_row(end: Opti
     head = next(i for i, ln in enumerate(lines) if ln.startswith("wall clock"))
     labels = [ln[:28].strip() for ln in lines[head + 1:head + 10]]
     assert labels[:6] == ["startup", "steps (training)", "data", "eval", "checkpoint", "restore"]
+
+
+def test_the_last_save_of_any_rank_bounds_the_wasted_progress(tmp_path: Path) -> None:
+    # rank 1 saved; rank 0 waited for it (a barrier): to rank 0 the saves were other time
+    r0, _ = lf.attempt_run(0, rank=0, world_size=2, save_every=10, first_progress=None, end="signal")
+    r0 = [r for r in r0 if r["kind"] != "interval"]
+    for r in r0:
+        if r["kind"] == "step" and "checkpoint_ms" in r:
+            r["other_ms"] += r.pop("checkpoint_ms")
+    g = r0[-1]["goodput"]
+    g["other_s"], g["checkpoint_s"] = g["other_s"] + g["checkpoint_s"], 0.0
+    r1, _ = lf.attempt_run(0, rank=1, world_size=2, save_every=10, first_progress=None, end="exception")
+    _write(tmp_path, 0, {0: r0, 1: r1})
+    job = job_goodput(tmp_path)
+    _adds_up(job)
+    assert job["seconds"]["checkpoint"] == 0  # rank 0's view: it did not save
+    # rank 1's last save ended as step 30 began: rank 0's steps 30..39 were lost, not all 40
+    assert job["attempts"][0]["wasted_steps"] == 10
+    assert job["seconds"]["wasted_progress"] == pytest.approx(0.100, abs=1e-9)
