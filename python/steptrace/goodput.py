@@ -300,11 +300,7 @@ def _view(number: int, path: str, table: StepTable, extras: Optional[StepExtras]
         c = min(t, extras.compile_ms[i]) if extras is not None else 0.0
         t_ms.append(t)
         comp.append(c)
-        # the run-queue wait that fell inside the step, at its lowest (as the slow-step rule
-        # counts it): the reading less the part of its span before the step
-        span = float(table.host["runq_span_ms"][i])
-        before = max(0.0, span - t) if span == span else 0.0
-        runq.append(min(t - c, max(0.0, v(table.host["runq_ms"], i) - before)))
+        runq.append(min(t - c, v(table.host["runq_ms"], i)))
         st.append(int(table.start_ns[i]))
         prog.append(int(extras.progress[i]) if extras is not None else -1)
     # the job's last save: by whichever rank saved (DDP saves on rank 0 alone, FSDP on all)

@@ -231,12 +231,8 @@ def test_slow_steps_are_the_excess_over_the_ideal_step_time(tmp_path: Path) -> N
 
 
 def test_host_contention_and_compile_are_not_slow_steps(tmp_path: Path) -> None:
-    # step 7 waited 4 ms for a CPU (a reading over the step alone); step 12's reading of 3 ms
-    # spans 30 ms, 20 ms of them before the step: at least 3 - (30 - 10) < 0 of it inside
-    fields = {7: {"host": {"runq_ms": 4.0, "runq_span_ms": 14.0}}, 9: {"compile_ms": 20.0},
-              12: {"host": {"runq_ms": 3.0, "runq_span_ms": 30.0}},
-              15: {"host": {"runq_ms": 6.0, "runq_span_ms": 16.0}}}  # 6 - (16 - 11): 1 ms inside
-    durations = {7: 14.0, 9: 30.0, 0: 25.0, 15: 11.0}  # the first step warms up: startup, not a slow step
+    fields = {7: {"host": {"runq_ms": 4.0, "runq_span_ms": 14.0}}, 9: {"compile_ms": 20.0}}
+    durations = {7: 14.0, 9: 30.0, 0: 25.0}  # the first step warms up: startup, not a slow step
     recs, _ = lf.attempt_run(0, steps=20, step_ms=lambda i: durations.get(i, 10.0))
     for r in recs:
         if r["kind"] == "step" and r["step"] in fields:
@@ -245,7 +241,7 @@ def test_host_contention_and_compile_are_not_slow_steps(tmp_path: Path) -> None:
     job = job_goodput(tmp_path)
     _adds_up(job)
     s = job["seconds"]
-    assert s["host_contention"] == pytest.approx(0.004 + 0.001, abs=1e-9)
+    assert s["host_contention"] == pytest.approx(0.004, abs=1e-9)
     assert s["compile"] == pytest.approx(0.020, abs=1e-9)
     assert s["slow_steps"] == 0
     assert s["productive"] == pytest.approx(0.200, abs=1e-9)  # 20 steps at the ideal 10 ms
