@@ -426,3 +426,16 @@ def test_the_last_save_of_any_rank_bounds_the_wasted_progress(tmp_path: Path) ->
     # rank 1's last save ended as step 30 began: rank 0's steps 30..39 were lost, not all 40
     assert job["attempts"][0]["wasted_steps"] == 10
     assert job["seconds"]["wasted_progress"] == pytest.approx(0.100, abs=1e-9)
+
+
+def test_without_rank_0s_log_the_lowest_rank_present_is_the_view(tmp_path: Path) -> None:
+    slow = {5: 30.0}  # rank 2's own view: its step 5 was slow
+    r2, _ = lf.attempt_run(0, rank=2, world_size=4, step_ms=lambda i: slow.get(i, 10.0))
+    r3, _ = lf.attempt_run(0, rank=3, world_size=4)
+    _write(tmp_path, 0, {2: r2, 3: r3})
+    job = job_goodput(tmp_path)
+    _adds_up(job)
+    a = job["attempts"][0]
+    assert a["view_rank"] == 2 and a["ranks"] == [2, 3] and a["world_size"] == 4
+    assert job["seconds"]["slow_steps"] == pytest.approx(0.020, abs=1e-9)
+    assert job["gpu_hours"]["slow_steps"] == pytest.approx(0.020 * 4 / 3600)
