@@ -8,6 +8,16 @@ on the training thread (the thread that makes it):
   ``save_model`` is a checkpoint interval (calls inside one are part of it). Only calls
   made through those names after the watch is installed are seen: a module that did
   ``from torch import save`` earlier keeps the untimed function.
+- restore: each call, outside a step and outside a DataLoader fetch, of ``torch.load``,
+  ``torch.distributed.checkpoint.load`` / ``load_state_dict`` and
+  ``safetensors.torch.load_file`` / ``load_model`` is a restore interval (before the
+  first step too: a resume, or pretrained weights). ``nn.Module.load_state_dict`` and
+  ``torch.optim.Optimizer.load_state_dict`` are restore only when they apply a load:
+  after one of those loads and before the next step (``model.load_state_dict(torch.load(p))``);
+  alone, between steps, they are not (a DQN's target network copied from the policy
+  network every step, an EMA's weights swapped in for evaluation). A load inside a
+  step is not a restore (a dataset reading its tensors). A save inside a restore, or a
+  load inside a save, is one interval of the outer kind.
 - data (``data=True``): each fetch of a ``torch.utils.data.DataLoader`` between steps is a
   data wait (the framework's own fetch); inside a step or an interval it is not data.
 - eval: :meth:`forward_without_grad` is called by the forward hooks (see
@@ -39,14 +49,41 @@ CHECKPOINT_FUNCTIONS = (
     ("safetensors.torch", "save_model"),
 )
 
+#: Functions whose calls (outside a step) are restore intervals: (module, attribute).
+RESTORE_FUNCTIONS = (
+    ("torch", "load"),
+    ("torch.serialization", "load"),
+    ("torch.distributed.checkpoint", "load"),
+    ("torch.distributed.checkpoint", "load_state_dict"),
+    ("safetensors.torch", "load_file"),
+    ("safetensors.torch", "load_model"),
+)
+
+#: Methods that apply loaded state: restore only right after a load (see the module doc).
+APPLY_METHODS = (
+    ("torch.nn", "Module", "load_state_dict"),
+    ("torch.optim", "Optimizer", "load_state_dict"),
+)
+
+#: An interval of the key's kind begun while one of these is open joins it (one interval
+#: of the outer kind) instead of ending it.
+_JOINS = {"checkpoint": ("restore",), "restore": ("checkpoint",)}
+
+try:  # dynamo folds it to True while tracing: a traced wrapper adds nothing to the graph
+    from torch.compiler import is_compiling as _compiling
+except ImportError:  # torch < 2.3
+    def _compiling() -> bool:
+        return False
+
 
 class IntervalWatch:
-    """Checkpoint saves (and optionally DataLoader fetches) of the training thread timed
-    as their own kinds in ``core`` (a ``steptrace._core.Profiler``), until :meth:`remove`.
+    """Checkpoint saves and restores (and optionally DataLoader fetches) of the training
+    thread timed as their own kinds in ``core`` (a ``steptrace._core.Profiler``), until
+    :meth:`remove`.
 
-    ``checkpoints=False`` leaves the save functions alone (an integration that knows its
-    framework's checkpoints better); ``data=True`` times DataLoader fetches between steps
-    as data (for programs whose loader steptrace does not wrap)."""
+    ``checkpoints=False`` leaves the save and load functions alone (an integration that
+    knows its framework's checkpoints better); ``data=True`` times DataLoader fetches
+    between steps as data (for programs whose loader steptrace does not wrap)."""
 
     def __init__(self, core: Any, *, checkpoints: bool = True, data: bool = False) -> None:
         import torch
@@ -54,10 +91,19 @@ class IntervalWatch:
         self._core = core
         self._thread = threading.get_ident()
         self._undo: list[Callable[[], None]] = []
+        self._wrappers: dict[int, Any] = {}
         self._grad_enabled = torch.is_grad_enabled
+        self._fetching = 0  # inside a DataLoader fetch we time: a load there is the dataset's
+        self._restored_at = -1  # step_index when the last restore ended (a load to apply)
         if checkpoints:
             for module_name, attr in CHECKPOINT_FUNCTIONS:
                 self._patch(module_name, attr, self._as_checkpoint)
+            for module_name, attr in RESTORE_FUNCTIONS:
+                self._patch(module_name, attr, self._as_restore)
+            for module_name, owner, attr in APPLY_METHODS:
+                cls = getattr(importlib.import_module(module_name), owner, None)
+                if cls is not None:
+                    self._patch_attr(cls, attr, self._as_apply)
         if data:
             from torch.utils.data import dataloader
 
@@ -89,9 +135,15 @@ class IntervalWatch:
 
     def begin(self, kind: str) -> bool:
         """Opens an interval of ``kind`` on the training thread unless one of that kind is
-        open; True when it did (then :meth:`end` it)."""
+        open (or, for a checkpoint save and a restore, one of the other: the outer one
+        holds both); a restore only outside a step. True when it did (then :meth:`end` it)."""
         core = self._core
-        if threading.get_ident() != self._thread or core.closed or core.open_interval == kind:
+        if threading.get_ident() != self._thread or core.closed or _compiling():
+            return False
+        open_kind = core.open_interval
+        if open_kind == kind or open_kind in _JOINS.get(kind, ()):
+            return False
+        if kind == "restore" and core.in_step:
             return False
         try:
             core.begin_interval(kind)
@@ -100,8 +152,11 @@ class IntervalWatch:
         return True
 
     def end(self, kind: str) -> None:
-        if not self._core.closed:
-            self._core.end_interval(kind)
+        core = self._core
+        if not core.closed:
+            core.end_interval(kind)
+            if kind == "restore":
+                self._restored_at = core.step_index
 
     # ---- installation ----
     def _patch(self, module_name: str, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -115,13 +170,18 @@ class IntervalWatch:
         original = getattr(owner, attr, None)
         if original is None:
             return
-        wrapper = wrap(original)
-        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
-            try:
-                setattr(wrapper, name, getattr(original, name))
-            except (AttributeError, TypeError):
-                pass
+        # one wrapper per function, whatever its names (torch.load is torch.serialization.load):
+        # pickle finds a function by its module and name and wants that very object back
+        wrapper = self._wrappers.get(id(original))
+        if wrapper is None or wrapper.__wrapped__ is not original:
+            wrapper = wrap(original)
+            wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+            for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+                try:
+                    setattr(wrapper, name, getattr(original, name))
+                except (AttributeError, TypeError):
+                    pass
+            self._wrappers[id(original)] = wrapper
         setattr(owner, attr, wrapper)
 
         def undo() -> None:
@@ -130,16 +190,30 @@ class IntervalWatch:
 
         self._undo.append(undo)
 
-    def _as_checkpoint(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, original: Callable[..., Any], kind: str, when: Callable[[], bool]) -> Callable[..., Any]:
+        """``original`` timed as an interval of ``kind`` when ``when()`` and :meth:`begin` allow."""
+
         def timed(*args: Any, **kwargs: Any) -> Any:
-            opened = self.begin("checkpoint")
+            opened = when() and self.begin(kind)
             try:
                 return original(*args, **kwargs)
             finally:
                 if opened:
-                    self.end("checkpoint")
+                    self.end(kind)
 
         return timed
+
+    def _as_checkpoint(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        return self._timed(original, "checkpoint", lambda: True)
+
+    def _as_restore(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        return self._timed(original, "restore", lambda: not self._fetching)
+
+    def _as_apply(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        core = self._core
+        # applying what a load since the last step brought in: part of the restore
+        return self._timed(original, "restore", lambda: (not self._fetching and not core.in_step
+                                                         and self._restored_at == core.step_index))
 
     def _as_data(self, original: Callable[..., Any]) -> Callable[..., Any]:
         return self._data_wait(original, always_start=False)
@@ -163,12 +237,14 @@ class IntervalWatch:
             except UsageError:  # a fetch inside a fetch (a loader in a dataset), or closed
                 return original(it)
             start = always_start or getattr(it, "_num_yielded", None) == 0
+            self._fetching += 1
             try:
                 return original(it)
             except StopIteration:
                 start = True
                 raise
             finally:
+                self._fetching -= 1
                 if not core.closed:
                     core.end_data(start)
 
@@ -179,3 +255,4 @@ class IntervalWatch:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
+        self._wrappers.clear()

@@ -10,8 +10,10 @@ arguments) with a :class:`steptrace.Profiler` created before it starts and
 step returns, the next one begins at the next training forward (or backward, or
 optimizer step), and its phases come from the outermost module calls, autograd, grad
 clipping and the optimizer. Between steps, a DataLoader's fetch is data, forwards with
-gradients disabled are evaluation, and checkpoint saves (torch.save, DCP, safetensors)
-are checkpoints (:mod:`steptrace.intervals`); the rest is other host work. The script's exit status and exceptions are its own; the log
+gradients disabled are evaluation, checkpoint saves (torch.save, DCP, safetensors)
+are checkpoints and their loads (torch.load, DCP, safetensors, and the load_state_dict
+that applies one) are restores, before the first step too: the watch is in place before
+the script's first line (:mod:`steptrace.intervals`); the rest is other host work. The script's exit status and exceptions are its own; the log
 is closed (``run_end``) on every way out.
 
 With ``--nproc-per-node N`` or ``--torchrun ARGS`` the launcher re-executes itself under

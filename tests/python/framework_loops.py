@@ -13,12 +13,14 @@ from torch import nn
 
 
 def hf_trainer_run(tmp: Path, *, max_steps: int, eval_steps: int, save_steps: int, save_total_limit=None,
-                   loader_workers: int = 0, train_samples: int = 640, epochs: float = 3.0, **options) -> Path:
+                   loader_workers: int = 0, train_samples: int = 640, epochs: float = 3.0,
+                   training_args: "dict | None" = None, **options) -> Path:
     """The Trainer on a tiny GPT-2 built from a config: evaluation every ``eval_steps``, a
     checkpoint every ``save_steps`` (0: neither); ``options`` go to the profiler. With
     ``loader_workers`` the train loader has that many workers, each of which takes 150 ms
     over its first sample (a worker's set-up: opening shards, an index), and ``max_steps``
-    -1 trains ``epochs`` epochs of ``train_samples``. Returns the log folder."""
+    -1 trains ``epochs`` epochs of ``train_samples``; ``training_args`` are more
+    ``TrainingArguments``. Returns the log folder."""
     import transformers
 
     from steptrace.integrations.transformers import SteptraceCallback
@@ -47,7 +49,7 @@ def hf_trainer_run(tmp: Path, *, max_steps: int, eval_steps: int, save_steps: in
         learning_rate=1e-3, logging_steps=10, report_to=[], eval_strategy="steps" if eval_steps else "no",
         eval_steps=eval_steps or None, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         save_total_limit=save_total_limit, use_cpu=True, disable_tqdm=True, dataloader_num_workers=loader_workers,
-        max_steps=max_steps, num_train_epochs=epochs)
+        max_steps=max_steps, num_train_epochs=epochs, **(training_args or {}))
     transformers.Trainer(model=model, args=args, train_dataset=Tokens(train_samples), eval_dataset=Tokens(96),
                          callbacks=[SteptraceCallback(tmp / "run", **options)]).train()
     return tmp / "run"

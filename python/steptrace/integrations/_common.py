@@ -88,15 +88,17 @@ class FrameworkPhases:
         self._gate.begin(name)
 
 
-def wrap_method(obj: Any, attr: str, begin: "Callable[[], bool]", end: "Callable[[], None]") -> "Callable[[], None]":
+def wrap_method(obj: Any, attr: str, begin: "Callable[..., bool]", end: "Callable[[], None]", *,
+                with_args: bool = False) -> "Callable[[], None]":
     """Replaces ``obj.<attr>`` (a bound method, or someone's wrapper of it) by an instance
-    attribute that calls ``begin()`` before it and, when that returned True, ``end()``
-    after it (also when it raises). Returns the undo, which leaves a later wrapper in place."""
+    attribute that calls ``begin()`` (``begin(*args, **kwargs)`` of the call with
+    ``with_args``) before it and, when that returned True, ``end()`` after it (also when
+    it raises). Returns the undo, which leaves a later wrapper in place."""
     original = getattr(obj, attr)
     had_own = attr in vars(obj)
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        opened = begin()
+        opened = begin(*args, **kwargs) if with_args else begin()
         try:
             return original(*args, **kwargs)
         finally:

@@ -12,8 +12,11 @@ Rank and world size come from the accelerator (``process_index`` / ``num_process
 While it is open, ``accelerator.backward`` is timed as the backward phase and
 ``accelerator.clip_grad_norm_`` / ``clip_grad_value_`` as clip (all put back at close);
 ``model`` and ``optimizer`` are watched (:meth:`steptrace.Profiler.watch`) for the
-forward and optimizer phases, and ``accelerator.save_state`` is a checkpoint interval
-(:meth:`steptrace.Profiler.interval`). ``meta``: ``global_step`` (optimizer steps
+forward and optimizer phases, ``accelerator.save_state`` is a checkpoint interval and
+``accelerator.load_state`` (between steps) a restore interval (:meth:`steptrace.Profiler.interval`).
+accelerate keeps no training-step count across ``load_state``: call ``prof.set_step(n)``
+after it, and the steps get ``progress`` n, n+1, ... and ``meta.global_step`` counts on
+from n. ``meta``: ``global_step`` (optimizer steps
 taken, counted by the optimizer's step post-hook: under ``accelerator.accumulate`` only
 the steps that update) and ``lr`` (the first parameter group's after the step). The
 step boundaries are yours: ``with prof.step():`` around each optimizer step (a
@@ -33,6 +36,16 @@ class _AcceleratorProfiler(Profiler):
     """A Profiler that puts the accelerator's backward back and removes its step hook at close."""
 
     _accelerate_undo: list
+    _optimizer_steps: list  # [optimizer steps taken], the global_step meta
+
+    def set_step(self, step: int) -> None:
+        """:meth:`steptrace.Profiler.set_step`, and ``meta.global_step`` counts on from
+        ``step`` too (accelerate keeps no step count across ``load_state``: the program
+        says where it resumed)."""
+        super().set_step(step)
+        counter = getattr(self, "_optimizer_steps", None)
+        if counter is not None:
+            counter[0] = int(step)
 
     def close(self, reason: str = "normal", error: str = "") -> None:
         undo, self._accelerate_undo = getattr(self, "_accelerate_undo", []), []
@@ -60,6 +73,7 @@ def profile(accelerator: Any, log_dir: "str | os.PathLike[str]", *, model: Any =
     prof = open_profiler(log_dir, options, accelerator.process_index, accelerator.num_processes,
                          cls=_AcceleratorProfiler)
     prof._accelerate_undo = []
+    prof._optimizer_steps = [0]
     try:
         if model is not None:
             prof.watch(model, inner)
@@ -68,8 +82,8 @@ def profile(accelerator: Any, log_dir: "str | os.PathLike[str]", *, model: Any =
         for attr in ("clip_grad_norm_", "clip_grad_value_"):
             if callable(getattr(accelerator, attr, None)):
                 _time_method(prof, accelerator, attr, "clip")
-        if callable(getattr(accelerator, "save_state", None)):
-            _time_save_state(prof, accelerator)
+        if callable(getattr(accelerator, "save_state", None)) or callable(getattr(accelerator, "load_state", None)):
+            _time_state(prof, accelerator)
         if inner is not None:
             _count_optimizer_steps(prof, inner)
     except BaseException:
@@ -97,18 +111,21 @@ def _time_method(prof: _AcceleratorProfiler, accelerator: Any, attr: str, phase:
     prof._accelerate_undo.append(undo)
 
 
-def _time_save_state(prof: _AcceleratorProfiler, accelerator: Any) -> None:
-    """``accelerator.save_state`` is a checkpoint interval until the profiler closes."""
+def _time_state(prof: _AcceleratorProfiler, accelerator: Any) -> None:
+    """``accelerator.save_state`` is a checkpoint interval and ``accelerator.load_state``
+    (outside a step) a restore interval, until the profiler closes."""
     from steptrace.intervals import IntervalWatch
 
     intervals = IntervalWatch(prof._core, checkpoints=False)
-    prof._accelerate_undo.append(
-        wrap_method(accelerator, "save_state", lambda: intervals.begin("checkpoint"),
-                    lambda: intervals.end("checkpoint")))
+    for attr, kind in (("save_state", "checkpoint"), ("load_state", "restore")):
+        if callable(getattr(accelerator, attr, None)):
+            prof._accelerate_undo.append(
+                wrap_method(accelerator, attr, lambda kind=kind: intervals.begin(kind),
+                            lambda kind=kind: intervals.end(kind)))
 
 
 def _count_optimizer_steps(prof: _AcceleratorProfiler, optimizer: Any) -> None:
-    steps = [0]
+    steps = prof._optimizer_steps
     set_value = prof._core.set_step_value
 
     def after_step(opt: Any, args: Any, kwargs: Any) -> None:

@@ -24,6 +24,10 @@ and backward run inside the optimizer's closure):
   hooks), less the intervals run in between:
 - eval: ``on_validation_start`` to ``on_validation_end`` (the sanity check included);
 - checkpoint: each ``trainer.save_checkpoint`` call (``ModelCheckpoint`` saves through it).
+- restore: a resume (``fit(ckpt_path=...)``, or Lightning's SLURM requeue checkpoint):
+  the checkpoint's load with the model's and callbacks' state, then the optimizers' and
+  loops' state, two intervals before the first step. The profiler opens at fit's
+  ``setup`` hook, which Lightning calls before it restores.
 
 Under manual optimization (``automatic_optimization = False``; one step record per
 batch) the same hooks fire from inside ``training_step``: forward from the batch start
@@ -31,6 +35,8 @@ to the first ``manual_backward``, backward, optimizer from ``on_before_optimizer
 to the optimizer's step post-hook, and forward again after each optimizer step (the next
 optimizer's loss, a discriminator's) until the next ``manual_backward`` or the batch end.
 
+``progress``: ``trainer.global_step`` when the step begins: optimizer steps completed, all
+optimizers' (two a batch in a GAN's manual loop: 0, 2, 4, ...), restored by a resume.
 ``meta``: ``global_step`` (``trainer.global_step`` after the step), ``epoch``
 (``trainer.current_epoch``), ``lr`` (``trainer.optimizers[0].param_groups[0]["lr"]`` at
 ``on_before_optimizer_step``: the rate the update used), ``loss`` (the step's training
@@ -75,8 +81,8 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
     """Profiles ``trainer.fit`` into ``<log_dir>/rank<N>.jsonl``, one file per rank (rank
     and world size from the trainer unless ``rank=`` / ``world_size=`` are given).
     ``options`` are :class:`steptrace.Profiler`'s; a bad one raises here, before
-    anything is written. The profiler opens at ``on_fit_start`` (:attr:`profiler`) and
-    closes at ``on_fit_end`` / ``teardown``, or with reason exception (signal for Ctrl+C)
+    anything is written. The profiler opens at fit's ``setup`` (:attr:`profiler`), before
+    a checkpoint is restored, and closes at ``on_fit_end`` / ``teardown``, or with reason exception (signal for Ctrl+C)
     in ``on_exception``."""
 
     def __init__(self, log_dir: "str | os.PathLike[str]", **profiler_options: Any) -> None:
@@ -94,10 +100,20 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self._manual = False  # the module uses manual optimization
         self._intervals: Optional[Any] = None  # steptrace.intervals.IntervalWatch while fit runs
         self._unwrap_save: Optional[Any] = None  # puts trainer.save_checkpoint back
+        self._unwrap: list = []  # puts the checkpoint connector's restore methods back
         self._work: Optional[Any] = None  # steptrace.work.BatchWork while fit runs
 
     # ---- lifecycle ----
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # fit's setup hook comes before Lightning restores a checkpoint (ckpt_path): open
+        # here, so that the restore is recorded
+        if stage == "fit":
+            self._open(trainer, pl_module)
+
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._open(trainer, pl_module)
+
+    def _open(self, trainer: Any, pl_module: Any) -> None:
         if self.profiler is not None and not self.profiler.closed:
             return  # a second fit with the same callback appends to the same run
         self.profiler = open_profiler(self.log_dir, self.profiler_options, trainer.global_rank, trainer.world_size)
@@ -112,6 +128,7 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
 
         self._intervals = IntervalWatch(self.profiler._core, checkpoints=False)
         self._time_checkpoints(trainer)
+        self._time_restore(trainer)
 
     def _time_checkpoints(self, trainer: Any) -> None:
         """Every ``trainer.save_checkpoint`` call (ModelCheckpoint's too) is a checkpoint
@@ -119,6 +136,33 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         intervals = self._intervals
         self._unwrap_save = wrap_method(trainer, "save_checkpoint", lambda: intervals.begin("checkpoint"),
                                         lambda: intervals.end("checkpoint"))
+
+    def _time_restore(self, trainer: Any) -> None:
+        """A resume (``fit(ckpt_path=...)``, or Lightning's own SLURM requeue checkpoint) is
+        restore intervals: the checkpoint's load with the model's and callbacks' state
+        (``_restore_modules_and_callbacks``, before the strategy's setup), then the
+        optimizers', schedulers' and loops' state (``restore_training_state``, after
+        ``on_fit_start``). Both are called on every fit: only one that has a checkpoint
+        to load is timed."""
+        connector = getattr(trainer, "_checkpoint_connector", None)
+        if connector is None:
+            return
+        intervals = self._intervals
+
+        def has_path(checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> bool:
+            try:
+                resuming = checkpoint_path is not None or connector._hpc_resume_path is not None
+            except Exception:  # noqa: BLE001 - a private property of another version
+                resuming = checkpoint_path is not None
+            return resuming and intervals.begin("restore")
+
+        def has_loaded(*args: Any, **kwargs: Any) -> bool:
+            return bool(getattr(connector, "_loaded_checkpoint", None)) and intervals.begin("restore")
+
+        end = lambda: intervals.end("restore")  # noqa: E731
+        for attr, begin in (("_restore_modules_and_callbacks", has_path), ("restore_training_state", has_loaded)):
+            if callable(getattr(connector, attr, None)):
+                self._unwrap.append(wrap_method(connector, attr, begin, end, with_args=True))
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._remove_hooks()
@@ -153,6 +197,8 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
             self._end_data(loader_start=batch_idx == 0 or bool(getattr(progress, "is_last_batch", False)))
             core.begin_step()
             self._global_step_at_begin = trainer.global_step
+            # optimizer steps completed (all optimizers'), restored by a resume: the progress
+            core.set_progress(int(trainer.global_step))
             self._micro_steps, self._loss = 0, 0.0
         self._micro_steps += 1
         if self._work is not None:
@@ -248,6 +294,9 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         if self._unwrap_save is not None:
             self._unwrap_save()
             self._unwrap_save = None
+        unwrap, self._unwrap = self._unwrap, []
+        for undo in reversed(unwrap):
+            undo()
         prof = self.profiler
         if prof is None or prof.closed:
             return

@@ -25,9 +25,15 @@ Phases:
   that act only for a Trainer with this callback (HF's ``on_evaluate`` / ``on_predict`` /
   ``on_save`` come after the work, so they only end what is open). With ``watch``, a
   model forward without gradients between steps opens evaluation too.
+- restore intervals: a resume, ``train(resume_from_checkpoint=...)``: each call of
+  ``Trainer._load_from_checkpoint`` (the model's weights, loaded in ``train()`` before
+  ``on_train_begin``: the profiler opens there), ``_load_optimizer_and_scheduler``,
+  ``_load_scaler`` and ``_load_rng_state``; and ``_load_best_model``
+  (``load_best_model_at_end``) while the profiler is open. HF has no hook for them.
 - other: the rest of the time between steps (logging, other callbacks).
 
-``meta``: ``global_step`` and ``epoch`` (``state.global_step`` / ``state.epoch`` at
+``progress``: ``state.global_step`` at ``on_step_begin`` (the optimizer steps completed,
+restored by a resume). ``meta``: ``global_step`` and ``epoch`` (``state.global_step`` / ``state.epoch`` at
 ``on_step_end``, after the update; epoch is fractional), ``lr`` (the first parameter
 group's at ``on_pre_optimizer_step``), and ``loss``: the mean training loss the Trainer
 logs every ``logging_steps`` (``on_log``), with ``loss_global_step``: the global step it
@@ -67,8 +73,8 @@ class SteptraceCallback(TrainerCallback):
     from ``TrainingArguments`` unless ``rank=`` / ``world_size=`` are given). ``options``
     are :class:`steptrace.Profiler`'s; a bad one raises here, before anything is written.
     ``watch=False`` leaves the model unhooked (then only the optimizer phase is
-    recorded). The profiler opens at ``on_train_begin`` (:attr:`profiler`) and closes at
-    ``on_train_end``; HF has no hook for an exception inside ``train()``: call
+    recorded). The profiler opens at ``on_train_begin`` (:attr:`profiler`), or before it
+    at a resume's first load, and closes at ``on_train_end``; HF has no hook for an exception inside ``train()``: call
     :meth:`close` in your ``except`` (else it closes at exit: reason ``exception`` for
     an uncaught one, ``exit`` otherwise)."""
 
@@ -80,24 +86,34 @@ class SteptraceCallback(TrainerCallback):
         self.profiler: Optional[Any] = None
         self._phases: Optional[FrameworkPhases] = None
         self._intervals: Optional[Any] = None
+        self._watched = False  # watch(model) done for the open profiler
+        _resume_intervals.install()
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def _open(self, args: Any) -> None:
+        """Opens the profiler (at ``on_train_begin``, or earlier at a resume's first load)."""
         if self.profiler is not None and not self.profiler.closed:
             return
         self.profiler = open_profiler(self.log_dir, self.profiler_options, args.process_index, args.world_size)
         self._phases = FrameworkPhases(self.profiler)
+        self._watched = False
         from steptrace.intervals import IntervalWatch
 
         self._intervals = IntervalWatch(self.profiler._core, checkpoints=False, data=True)
         _trainer_intervals.add(self)
-        if self.watch and model is not None:
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._open(args)
+        if self.watch and model is not None and not self._watched:
             # the optimizer phase comes from the callbacks below, so watch() gets no optimizer
+            self._watched = True
             self.profiler.watch(model)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         prof = self.profiler
         if prof is not None and not prof.closed and not prof._core.in_step:
-            prof._core.begin_step()
+            core = prof._core
+            core.begin_step()
+            core.set_progress(int(state.global_step))  # optimizer steps completed: continues after a resume
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                               **kwargs: Any) -> None:
@@ -222,3 +238,59 @@ class _TrainerIntervals:
 
 
 _trainer_intervals = _TrainerIntervals()
+
+
+class _ResumeIntervals:
+    """Wrappers on the ``transformers.Trainer`` methods that load a checkpoint when
+    ``train(resume_from_checkpoint=...)`` resumes: each call is a restore interval of
+    the SteptraceCallbacks registered with that Trainer. The first of them runs in
+    ``train()`` before ``on_train_begin``, so the callback's profiler opens there.
+    Installed once, when the first SteptraceCallback is made (a callback can be added
+    after the Trainer is made, when no hook tells us); a Trainer without one of ours
+    calls straight through."""
+
+    #: (method, whether it opens the profiler): the resume's loads run before on_train_begin
+    METHODS = (("_load_from_checkpoint", True), ("_load_optimizer_and_scheduler", True), ("_load_scaler", True),
+               ("_load_rng_state", True), ("_load_best_model", False))
+
+    def __init__(self) -> None:
+        self.installed = False
+
+    def install(self) -> None:
+        if self.installed:
+            return
+        self.installed = True
+        from transformers import Trainer
+
+        for name, opens in self.METHODS:
+            original = Trainer.__dict__.get(name)
+            if original is not None:
+                setattr(Trainer, name, self._wrap(original, opens))
+
+    @staticmethod
+    def _wrap(original: Any, opens: bool) -> Any:
+        def timed(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            handler = getattr(trainer, "callback_handler", None)
+            ours = [cb for cb in getattr(handler, "callbacks", ()) if isinstance(cb, SteptraceCallback)]
+            opened = []
+            for cb in ours:
+                if opens:
+                    try:
+                        cb._open(trainer.args)
+                    except Exception:  # noqa: BLE001 - on_train_begin opens it (and raises) as it always did
+                        continue
+                if cb._begin_interval("restore"):
+                    opened.append(cb)
+            try:
+                return original(trainer, *args, **kwargs)
+            finally:
+                for cb in opened:
+                    cb._end_interval("restore")
+
+        timed.__wrapped__ = original  # type: ignore[attr-defined]
+        timed.__name__ = getattr(original, "__name__", "timed")
+        timed.__doc__ = getattr(original, "__doc__", None)
+        return timed
+
+
+_resume_intervals = _ResumeIntervals()
