@@ -423,7 +423,8 @@ def _add_cluster(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
                     "name the rank that holds the others up (the rules of the live cross-rank view).",
         epilog="Exit status: 0 ok, 1 a straggler was found and --fail-on-straggler was given, 2 error.",
     )
-    p.add_argument("path", metavar="RUN_DIR", help="a run folder (rank<N>.jsonl files)")
+    p.add_argument("path", metavar="RUN_DIR", help="a run folder (rank<N>.jsonl files), or a job root: each "
+                                                   "attempt on its own")
     p.add_argument("--interval", type=_positive_int, default=None,
                    help="steps per window (default: the run's cluster_interval, else 50)")
     p.add_argument("--straggler-pct", type=_positive_float, default=None,
@@ -448,12 +449,27 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         options["straggler_pct"] = args.straggler_pct
     if args.straggler_min_s is not None:
         options["straggler_min_s"] = args.straggler_min_s
-    result = analyze_records(read(args.path, skip_bad=args.skip_bad, progress=_progress(args)), options)
-    if args.json:
-        _print_json(result)
+    from steptrace.goodput import job_attempts
+
+    # a job root: the ranks of each attempt are compared among themselves, attempt by attempt
+    attempts = job_attempts(args.path) if os.path.isdir(args.path) else []
+    if len(attempts) > 1:
+        results = [(a, analyze_records(read(a.path, skip_bad=args.skip_bad, progress=_progress(args)), options))
+                   for a in attempts]
+        if args.json:
+            _print_json({"attempts": [{"attempt": a.number, "path": os.fspath(a.path), **r} for a, r in results]})
+        else:
+            print("\n\n".join(f"attempt {a.number} ({os.fspath(a.path)})\n" + format_cluster(r, source=os.fspath(a.path))
+                              for a, r in results))
+        found = any(stragglers_found(r) for _, r in results)
     else:
-        print(format_cluster(result, source=args.path))
-    return EXIT_FOUND if args.fail_on_straggler and stragglers_found(result) else EXIT_OK
+        result = analyze_records(read(args.path, skip_bad=args.skip_bad, progress=_progress(args)), options)
+        if args.json:
+            _print_json(result)
+        else:
+            print(format_cluster(result, source=args.path))
+        found = stragglers_found(result)
+    return EXIT_FOUND if args.fail_on_straggler and found else EXIT_OK
 
 
 def _add_goodput(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

@@ -439,3 +439,24 @@ def test_without_rank_0s_log_the_lowest_rank_present_is_the_view(tmp_path: Path)
     assert a["view_rank"] == 2 and a["ranks"] == [2, 3] and a["world_size"] == 4
     assert job["seconds"]["slow_steps"] == pytest.approx(0.020, abs=1e-9)
     assert job["gpu_hours"]["slow_steps"] == pytest.approx(0.020 * 4 / 3600)
+
+
+def test_cluster_of_a_job_root_compares_the_ranks_of_each_attempt(tmp_path: Path) -> None:
+    # attempt 0: rank 1 twice as slow as rank 0; attempt 1: the ranks even. Read as one run,
+    # the folder would mix them (two rank 0s); each attempt is its own cluster view.
+    _write(tmp_path, 0, {r: lf.attempt_run(0, rank=r, world_size=2, steps=60, step_ms=10.0 * (1 + r))[0]
+                         for r in (0, 1)})
+    _write(tmp_path, 1, {r: lf.attempt_run(1, rank=r, world_size=2, steps=60, start_ns=lf.T0_NS + 10**10)[0]
+                         for r in (0, 1)})
+    out = lf.run_cli("cluster", tmp_path, "--json", "--interval", "20")
+    assert out.returncode == 0, out.stderr
+    attempts = json.loads(out.stdout)["attempts"]
+    assert [a["attempt"] for a in attempts] == [0, 1]
+
+    def excess(attempt: dict[str, Any]) -> dict[int, float]:
+        return {row["rank"]: row["straggler_pct"] for row in attempt["table"]["ranks"]}
+
+    assert excess(attempts[0])[1] > 50 and abs(excess(attempts[1])[1]) < 1
+    text = lf.run_cli("cluster", tmp_path, "--interval", "20")
+    assert text.returncode == 0, text.stderr
+    assert "attempt 0 (" in text.stdout and "attempt 1 (" in text.stdout
