@@ -32,6 +32,7 @@ class Config:
     hang_threshold: float
     hang_min_s: float
     hang_floor_s: float
+    first_step_hang_s: float
     memory_growth_pct: float
     kernel_activity: str
     counters: str

@@ -37,6 +37,7 @@ OPTION_GROUPS: dict[str, str] = {
     "hang_threshold": "detection",
     "hang_min_s": "detection",
     "hang_floor_s": "detection",
+    "first_step_hang_s": "detection",
     "memory_growth_pct": "detection",
     "kernel_activity": "timing",
     "counters": "timing",
