@@ -33,6 +33,21 @@ def stragglers_found(result: Mapping[str, Any]) -> list[int]:
                    if a["kind"] == "alert" and a["type"] == "straggler"})
 
 
+def verdict_line(v: Mapping[str, Any]) -> str:
+    """The whole run's straggler verdict of :func:`analyze_records` as one line: the rank,
+    its excess, what it cost the others, and apart from that whether the alert's floor was
+    met."""
+    wait = (f"the others waited {v['others_wait_pct']:.0f}% of each step ({v['others_wait_ms']:.1f} ms)"
+            if v.get("others_wait_pct") is not None
+            else f"the others spent {v['others_wait_ms']:.1f} ms more than it in a later phase, waiting for it")
+    excess = "" if v.get("excess_pct") is None else f"{v['excess_pct']:+.0f}% own work, "
+    own = ("" if v.get("others_own_ms") is None
+           else f"compute + data {v['own_ms']:.1f} ms vs the others' {v['others_own_ms']:.1f} ms, ")
+    low = "; lower confidence: communication was not timed" if v.get("confidence") == "low" else ""
+    return (f"rank {v['straggler']} is the straggler (host {v.get('host') or '?'}): {excess}{own}slower in "
+            f"{v['phase']}; {wait}; named in {v['windows_named']} of {v['windows']} windows{low}; {v['floor']}")
+
+
 def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
     """The per-rank table and the verdict of :func:`analyze_records`, as text."""
     table = result["table"]
@@ -86,7 +101,10 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
     hang = result.get("hang")
     if hang and hang.get("parted"):  # from the ranks' hang alerts (PyTorch's flight recorder)
         lines.append(f"HANG: {hang['parted']['message']} (each rank's last hang alert, flight recorder)")
-    if not found and len(table["ranks"]) >= 2 and not table["method"]:
+    verdict = result.get("verdict")
+    if verdict and verdict.get("straggler") is not None:
+        lines.append(verdict_line(verdict))
+    elif not found and len(table["ranks"]) >= 2 and not table["method"]:
         # step times alone: every rank waits for the slowest at each collective, so they agree
         lines.append(f"no verdict: communication was not timed, so a straggler hidden by the others' waiting "
                      f"cannot be told apart (step times alone, {windows} windows compared; see "
@@ -94,7 +112,10 @@ def format_cluster(result: Mapping[str, Any], source: str = "") -> str:
     elif not found and len(table["ranks"]) >= 2:
         slowest = table.get("slowest_rank")
         lines.append(f"no straggler: the slowest rank ({slowest}) is {table.get('slowest_excess_pct', 0):+.1f}% "
-                     f"against the other ranks' median over the run, in {windows} windows compared")
+                     f"against the other ranks' median over the run"
+                     + (f" (the others waited {verdict['slowest_others_wait_ms']:.1f} ms of each step)"
+                        if verdict and verdict.get("slowest_others_wait_ms") is not None else "")
+                     + f", in {windows} windows compared")
     elif len(table["ranks"]) < 2:
         lines.append("one rank only: nothing to compare across ranks")
     # host names, phases and alert messages come from the logs: one line each, inert

@@ -4,6 +4,7 @@ RUN_DIR``), through the same summaries and rules as the live view."""
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Iterable, Mapping, Optional
 
 from steptrace import flight_recorder
@@ -60,12 +61,114 @@ def _clean_step(rec: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     return out
 
 
+def _longest_streak_s(r: int, clusters: list[dict], spans: list[dict]) -> tuple[int, Optional[float]]:
+    """The longest run of compared windows in a row that named rank ``r`` a straggler: how
+    many windows, and how long they lasted on ``r``'s clock (None where a window has no
+    times), as the alert's floor measures it."""
+    best, best_s, n, start = 0, None, 0, None
+    for record, span in zip(clusters, spans):
+        if r not in record["stragglers"]:
+            n, start = 0, None
+            continue
+        first, last = span.get(r, (None, None))
+        n += 1
+        if n == 1:
+            start = first
+        length = (last - start) / 1e9 if start is not None and last is not None else None
+        if n > best or (n == best and length is not None and (best_s is None or length > best_s)):
+            best, best_s = n, length
+    return best, best_s
+
+
+def _others_median(rows: Mapping[int, Mapping[str, Any]], r: int) -> Optional[float]:
+    own = [x["own_ms"] for q, x in rows.items() if q != r and x.get("own_ms") is not None]
+    return statistics.median(own) if own else None
+
+
+def _verdict(table: Optional[dict], whole: Mapping[int, Mapping[str, Any]], view: ClusterAnalyzer,
+             clusters: list[dict], spans: list[dict], alerts: list[dict], opts: Mapping[str, Any],
+             ) -> Optional[dict[str, Any]]:
+    """Which rank held the others up over the whole run, apart from whether the alert's
+    floor (``straggler_windows`` windows in a row lasting ``straggler_min_s``) was met: the
+    floor keeps a live page from a rank slower for seconds, not a short run's verdict
+    from the rank that was slower all along. A rank is the straggler when the rule names
+    it over the whole run (its medians), in at least half the windows compared (a rank
+    slower only in turns with another, as ranks moved between a VM's vCPUs, is not), and
+    the others' median wait is at least half its excess (it held them up); None with fewer
+    than two ranks."""
+    if table is None or len(table["ranks"]) < 2:
+        return None
+    rows = {row["rank"]: row for row in table["ranks"]}
+    named = {r: sum(1 for c in clusters if r in c["stragglers"]) for r in rows}
+
+    def others_wait(r: int) -> Optional[float]:
+        waits = [x["wait_ms"] for q, x in rows.items() if q != r and x["wait_ms"] is not None]
+        return statistics.median(waits) if waits else None
+
+    def held_up(r: int) -> bool:
+        # A straggler costs the others its excess in waiting at the collective. A rank whose
+        # medians are higher while the others hardly wait was not holding them up: on a busy
+        # 2-core host a clean run's load moved between the ranks window by window (one rank
+        # +39% over the run, the other waiting 0.2 ms of a 23 ms step).
+        wait, others_own = others_wait(r), _others_median(rows, r)
+        if wait is None or others_own is None:  # not timed: the phase rule required the wait
+            return True
+        return wait >= 0.5 * (rows[r]["own_ms"] - others_own)
+
+    candidates = [r for r in table["stragglers"]
+                  if (not clusters or 2 * named[r] >= len(clusters)) and held_up(r)]
+    out: dict[str, Any] = {"straggler": None, "windows": len(clusters),
+                           "slowest_rank": table.get("slowest_rank"),
+                           "slowest_excess_pct": table.get("slowest_excess_pct"),
+                           "method": table["method"], "straggler_min_s": float(opts["straggler_min_s"]),
+                           "straggler_windows": int(opts["straggler_windows"])}
+    if out["slowest_rank"] in rows and others_wait(out["slowest_rank"]) is not None:
+        out["slowest_others_wait_ms"] = round(others_wait(out["slowest_rank"]), 4)
+    if not candidates:
+        return out
+    r = max(candidates, key=lambda q: rows[q]["straggler_pct"] if rows[q]["straggler_pct"] is not None else -1e9)
+    row = rows[r]
+    phase, phase_excess_ms, phases_wait_ms = view._slower_phases(whole)(r)
+    others = [x for q, x in rows.items() if q != r]
+    wait = others_wait(r)
+    shares = [100.0 * x["wait_ms"] / x["step_ms"] for x in others if x["wait_ms"] is not None and x["step_ms"]]
+    others_own = _others_median(rows, r)
+    alerted = [a for a in alerts if a["kind"] == "alert" and a["type"] == "straggler" and a.get("subject_rank") == r]
+    streak, streak_s = _longest_streak_s(r, clusters, spans)
+    if alerted:
+        floor = f"met the alert's floor: alerted at step {alerted[0]['step']}"
+    elif streak < out["straggler_windows"]:
+        floor = (f"named in at most {streak} window(s) in a row, fewer than straggler_windows="
+                 f"{out['straggler_windows']}, so no alert would fire")
+    else:
+        floor = (f"{'its windows in a row lasted ' + format(streak_s, '.1f') + ' s, ' if streak_s is not None else ''}"
+                 f"shorter than straggler_min_s={out['straggler_min_s']:g} s, so no alert would fire")
+    out.update({
+        "straggler": r, "host": row["host"], "phase": phase,
+        "confidence": "low" if table["method"] is None else "measured",
+        "excess_pct": row["straggler_pct"], "own_ms": row["own_ms"],
+        "others_own_ms": None if others_own is None else round(others_own, 4),
+        "excess_ms": None if others_own is None else round(row["own_ms"] - others_own, 4),
+        "phase_excess_ms": round(phase_excess_ms, 4),
+        # what it cost the others: the time they waited for it, measured (comm timed) or, from
+        # the phases alone, the most they spend above it in a later phase of the step
+        "others_wait_ms": round(wait if wait is not None else phases_wait_ms, 4),
+        "others_wait_pct": round(statistics.median(shares), 3) if shares else None,
+        "windows_named": named[r], "longest_streak_windows": streak,
+        "longest_streak_s": None if streak_s is None else round(streak_s, 3),
+        "alerted": bool(alerted), "alert_step": alerted[0]["step"] if alerted else None, "floor": floor,
+    })
+    return out
+
+
 def analyze_records(records: Iterable[Mapping[str, Any]], options: Optional[Mapping[str, Any]] = None,
                     ) -> dict[str, Any]:
     """The cross-rank view of a whole run from its records (all ranks): the per-window
     cluster records, the alerts, a per-rank table over the whole run, and ``hang``: where
     the ranks part, from each rank's last hang alert's flight recorder state (None without
-    one). Step records
+    one), and ``verdict``: the rank that held the others up over the run (``straggler``,
+    None when none did), its excess, the others' wait, and whether the alert's floor was
+    met (``alerted``, ``floor``), told apart (see :func:`_verdict`). Step records
     without a whole rank, step index and finite step time are left out (an unvalidated
     log is tolerated, as by the summary)."""
     by_rank: dict[int, list[Mapping[str, Any]]] = {}
@@ -104,6 +207,7 @@ def analyze_records(records: Iterable[Mapping[str, Any]], options: Optional[Mapp
         for rec in steps:
             windows.setdefault(int(rec["step"]) // size, {}).setdefault(r, []).append(rec)
     clusters, alerts = [], []
+    spans: list[dict[int, tuple[Optional[int], Optional[int]]]] = []  # each compared window's, by rank
     last_step = 0
     for w in sorted(windows):
         summaries = {}
@@ -115,6 +219,7 @@ def analyze_records(records: Iterable[Mapping[str, Any]], options: Optional[Mapp
             continue
         record, found = analyzer.window(summaries, world_size=world or len(by_rank))
         clusters.append(record)
+        spans.append({r: (x.get("start_unix_ns"), x.get("end_unix_ns")) for r, x in summaries.items()})
         alerts += found
         last_step = record["step"]
     alerts += analyzer.finish(last_step)
@@ -123,13 +228,15 @@ def analyze_records(records: Iterable[Mapping[str, Any]], options: Optional[Mapp
         summary = window_summary(r, -1, steps, hosts.get(r, ""))
         if summary is not None:
             whole[r] = summary
-    table = ClusterAnalyzer(opts).window(whole, world_size=world or len(whole), all_rows=True)[0] if whole else None
+    whole_view = ClusterAnalyzer(opts)
+    table = whole_view.window(whole, world_size=world or len(whole), all_rows=True)[0] if whole else None
+    verdict = _verdict(table, whole, whole_view, clusters, spans, alerts, opts)
     # where the ranks part, from the flight recorder state of each rank's last hang alert
     try:
         parted = flight_recorder.parting(hung) if hung else None
     except (KeyError, TypeError, AttributeError, ValueError, IndexError):  # an unvalidated log's odd state
         parted = None
-    return {"windows": clusters, "alerts": alerts, "table": table, "interval": size,
+    return {"windows": clusters, "alerts": alerts, "table": table, "interval": size, "verdict": verdict,
             "ranks": sorted(by_rank), "hang": {"ranks": {str(r): c for r, c in sorted(hung.items())},
                                                "parted": parted} if hung else None}
 
