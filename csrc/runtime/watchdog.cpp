@@ -1,5 +1,6 @@
 #include "watchdog.hpp"
 
+#include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -32,6 +33,68 @@ void add_flight_recorder(AlertEvent& event, const std::string& answer) {
 }
 
 }  // namespace
+
+HangLimits::Limits HangLimits::observe(const Seen& seen) {
+  if (seen.last_done_step > done_step_) {
+    // Polled every 100 ms, the watchdog may miss a short step between two others: the
+    // longest seen is a lower bound, and the limit is hang_threshold times it.
+    done_step_ = seen.last_done_step;
+    if (first_done_ns_ < 0) {
+      first_done_ns_ = seen.last_done_ns;
+    } else {
+      longest_later_ns_ = std::max(longest_later_ns_, seen.last_done_ns);
+    }
+  }
+  if (seen.step < 0) {
+    if (idle_from_ns_ < 0) idle_from_ns_ = seen.now_ns;
+  } else if (seen.step != step_) {
+    // A gap shorter than a poll is not seen; one that matters is several polls long.
+    gap_ns_ = idle_from_ns_ >= 0 ? std::max<std::int64_t>(0, seen.start_ns - idle_from_ns_) : 0;
+    idle_from_ns_ = -1;
+  }
+  step_ = seen.step;
+
+  Limits out{config_.hang_floor_s, config_.hang_min_s, Source::kHistory};
+  if (first_done_ns_ < 0) {
+    // The first step: whatever the history says (min_history may be 0), nothing measured.
+    out.floor_s = out.min_s = config_.first_step_hang_s;
+    out.source = Source::kFirstStep;
+    return out;
+  }
+  double limit_s = 0;
+  if (!seen.history_ok) {
+    const std::int64_t known_ns = longest_later_ns_ > 0 ? longest_later_ns_ : first_done_ns_;
+    const double learned_s = config_.hang_threshold * static_cast<double>(known_ns) / 1e9;
+    out.floor_s = std::max(config_.hang_floor_s, learned_s);
+    out.source = learned_s > config_.hang_floor_s ? Source::kEarlierSteps : Source::kFloor;
+    limit_s = out.floor_s;
+  } else {
+    limit_s = std::max(config_.hang_threshold * seen.median_ms / 1e3, config_.hang_min_s);
+  }
+  if (seen.step >= 0 && static_cast<double>(gap_ns_) / 1e9 > limit_s &&
+      limit_s < config_.hang_floor_s) {
+    out.floor_s = std::max(out.floor_s, config_.hang_floor_s);
+    out.min_s = std::max(out.min_s, config_.hang_floor_s);
+    out.source = Source::kAfterGap;
+  }
+  return out;
+}
+
+const char* HangLimits::name(Source source) noexcept {
+  switch (source) {
+    case Source::kFirstStep:
+      return "first_step_hang_s";
+    case Source::kEarlierSteps:
+      return "earlier_steps";
+    case Source::kFloor:
+      return "hang_floor_s";
+    case Source::kAfterGap:
+      return "after_gap";
+    case Source::kHistory:
+      break;
+  }
+  return "median";
+}
 
 void Watchdog::start(const Context& context) {
   context_ = context;
@@ -70,7 +133,11 @@ std::int64_t Watchdog::refresh_steal() noexcept {
 void Watchdog::loop() {
   const Config& config = *context_.config;
   const InflightState& inflight = *context_.inflight;
-  HangDetector hang(config);
+  // HangDetector's floor and least limit, learned per poll (HangLimits): its own copy of the
+  // options, read by it on this thread only.
+  Config hang_config = config;
+  HangDetector hang(hang_config);
+  HangLimits limits(config);
   IntervalHangDetector interval_hang(config);
   std::unique_lock<std::mutex> lock(mu_);
   // Hangs are checked every 100 ms; steal is read at StealCadence's pace (every 10 ms while
@@ -104,6 +171,7 @@ void Watchdog::loop() {
     since_check_ms = 0;
     HangDetector::Poll poll;
     poll.step = inflight.step.load(std::memory_order_acquire);
+    const std::int64_t in_flight = poll.step;  // also while it compiles or is in an interval
     poll.start_ns = inflight.start_ns.load(std::memory_order_relaxed);
     const int phase = inflight.phase.load(std::memory_order_relaxed);
     if (phase >= 0) poll.phase = context_.names->name(static_cast<PhaseId>(phase));
@@ -137,9 +205,35 @@ void Watchdog::loop() {
     if (in_interval.kind >= 0 || inflight.compiling.load(std::memory_order_relaxed)) {
       poll.step = -1;
     }
+    HangLimits::Seen seen;
+    seen.now_ns = poll.now_ns;
+    seen.step = in_flight;
+    seen.start_ns = poll.start_ns;
+    seen.last_done_step = poll.last_done_step;
+    seen.last_done_ns = poll.last_done_ns;
+    seen.history_ok = poll.history_ok;
+    seen.median_ms = poll.median_ms;
+    const HangLimits::Limits limit = limits.observe(seen);
+    hang_config.hang_floor_s = limit.floor_s;
+    hang_config.hang_min_s = limit.min_s;
     poll.start_ns += inflight.excluded_ns.load(std::memory_order_relaxed);
     for (auto event : {hang.check(poll), interval_hang.check(in_interval)}) {
       if (!event) continue;
+      if (event->type == "hang" && !event->resolved) {
+        event->details["limit_source"] = HangLimits::name(limit.source);
+        if (limit.source == HangLimits::Source::kFirstStep) {
+          event->message +=
+              fmt::format("; the run's first step, whose limit is first_step_hang_s ({:g} s)",
+                          config.first_step_hang_s);
+        } else if (limit.source == HangLimits::Source::kEarlierSteps) {
+          event->message +=
+              fmt::format("; the limit is {}x the longest step so far", config.hang_threshold);
+        } else if (limit.source == HangLimits::Source::kAfterGap) {
+          event->message += fmt::format(
+              "; the first step after a gap, whose limit is at least hang_floor_s ({:g} s)",
+              config.hang_floor_s);
+        }
+      }
       event->unix_ns = context_.start.unix_ns_at(poll.now_ns);
       if (!event->resolved) {
         // Where every thread is: from the armed signal handler (faulthandler; no GIL, so

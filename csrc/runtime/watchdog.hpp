@@ -53,6 +53,50 @@ struct PeerState {
   std::atomic<std::int64_t> notice_ns{0};
 };
 
+// The hang limit where the median iteration says nothing, learned from what the watchdog
+// saw (HangDetector reads the result as its hang_floor_s and hang_min_s):
+//   - the run's first step (no step has ended): first_step_hang_s. Nothing of the run is
+//     measured, and a first step legitimately sets up what later ones reuse (NCCL
+//     communicators, cuDNN autotuning, lazy initialisation): minutes on a large model.
+//   - later steps before min_history: hang_threshold x the longest step seen after the
+//     first (the first alone while it is the only one), at least hang_floor_s. A loop of
+//     28 s steps (LBFGS on a CPU) is not hung at 10 s.
+//   - the first step after a gap (no step in flight: an evaluation, a checkpoint, a long
+//     data wait) longer than that step's limit: at least hang_floor_s, as for a step of a
+//     new run (caches and allocator pools may be cold again).
+// A compile inside a step is already left out of its time (InflightState::excluded_ns).
+// Watchdog thread only; pure (tested on given clock values).
+class HangLimits {
+ public:
+  explicit HangLimits(const Config& config) : config_(config) {}
+  enum class Source { kHistory, kFirstStep, kEarlierSteps, kFloor, kAfterGap };
+  struct Seen {
+    std::int64_t now_ns = 0;
+    std::int64_t step = -1;  // the step in flight (also while it compiles), or -1
+    std::int64_t start_ns = 0;
+    std::int64_t last_done_step = -1;
+    std::int64_t last_done_ns = 0;  // its host time
+    bool history_ok = false;
+    double median_ms = 0;
+  };
+  struct Limits {
+    double floor_s = 0;  // HangDetector's limit before history
+    double min_s = 0;    // and its least limit with history
+    Source source = Source::kHistory;
+  };
+  Limits observe(const Seen& seen);
+  static const char* name(Source source) noexcept;
+
+ private:
+  const Config& config_;
+  std::int64_t done_step_ = -1;        // the last ended step seen
+  std::int64_t first_done_ns_ = -1;    // the first ended step's time; -1: none yet
+  std::int64_t longest_later_ns_ = 0;  // the longest of the later ones seen
+  std::int64_t step_ = -1;             // the step in flight at the last poll
+  std::int64_t idle_from_ns_ = -1;     // since when no step was seen in flight; -1: one was
+  std::int64_t gap_ns_ = 0;            // the gap seen before the step in flight
+};
+
 class Watchdog {
  public:
   // What the thread reads and writes to; all of it outlives the thread (stop() joins it).
