@@ -18,7 +18,12 @@ Where each phase comes from:
 - clip: ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` are wrapped while
   something is watched, and restored when the last watcher is removed.
 - optimizer: ``Optimizer.register_step_pre_hook`` / ``register_step_post_hook`` (or the
-  global optimizer step hooks).
+  global optimizer step hooks). A closure optimizer (LBFGS runs forward and backward in
+  ``optimizer.step(closure)``, up to ``max_iter`` times a step) gets its closure wrapped
+  by the pre-hook: the optimizer phase is closed while the closure runs and reopened
+  after it, so the closure's forward, loss and backward are timed as such, inside the
+  optimizer call, and ``optimizer`` holds the optimizer's own work (LBFGS's line search
+  and direction). The step still ends once, when ``step()`` returns.
 
 Phases never nest: a hook opens its phase only inside a step, on the training thread
 (the one that created the hooks), and while no other phase is open, so the user's own
@@ -115,6 +120,41 @@ class PhaseGate:
     def close(self) -> None:
         """From now on :meth:`begin` opens nothing (a phase still open ends with its step)."""
         self.gates.close()
+
+
+def _suspending_closure(gates: Any, index: int, closure: Callable[..., Any]) -> Callable[..., Any]:
+    """``closure`` run with the optimizer phase (gate ``index``, open) closed, and
+    reopened after it: the phases of its forward and backward open inside it, and each
+    phase's time stays its own (phases never nest: they add up to at most the step)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        suspended = gates.opened == "optimizer"
+        if suspended:
+            gates.end(index)
+        try:
+            return closure(*args, **kwargs)
+        finally:
+            if suspended:
+                gates.begin(index)
+
+    run.__wrapped__ = closure  # type: ignore[attr-defined]
+    return run
+
+
+def _with_closure_phases(gates: Any, index: int, args: Any, kwargs: Any) -> Any:
+    """For an optimizer step pre-hook that opened the optimizer phase: ``(args, kwargs)``
+    with the step's closure (``step(closure)`` / ``step(closure=...)``) wrapped by
+    :func:`_suspending_closure`, or None (torch keeps its own) when there is none. torch
+    passes the hooks ``step``'s own arguments, the optimizer first; called only when there
+    is more than it: a plain ``step()`` costs a length test."""
+    if len(args) > 1:
+        if not callable(args[1]):
+            return None
+        return (args[0], _suspending_closure(gates, index, args[1]), *args[2:]), kwargs
+    closure = kwargs.get("closure")
+    if not callable(closure):
+        return None
+    return args, {**kwargs, "closure": _suspending_closure(gates, index, closure)}
 
 
 class _GlobalWrap:
@@ -235,9 +275,10 @@ class _Hooks:
     def _optimizer_hooks(self, optimizer: Any) -> None:
         gates, index = self._gate.gates, _INDEX["optimizer"]
 
-        def pre(opt: Any, args: Any, kwargs: Any) -> None:
-            if not _compiling():
-                gates.begin(index)
+        def pre(opt: Any, args: Any, kwargs: Any) -> Any:
+            if not _compiling() and gates.begin(index) and (len(args) > 1 or kwargs):
+                return _with_closure_phases(gates, index, args, kwargs)
+            return None
 
         def post(opt: Any, args: Any, kwargs: Any) -> None:
             if not _compiling():
@@ -694,10 +735,14 @@ class GlobalPhaseHooks(_Hooks):
             if without_grad is not None and between[0] is None and not gate.closed:
                 between[0] = module_mod.register_module_forward_pre_hook(between_pre)
 
-        def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
+        optimizer_index = _INDEX["optimizer"]
+
+        def opt_pre(opt: Any, args: Any, kwargs: Any) -> Any:
             if not _compiling() and threading.get_ident() == thread:
                 maybe_begin_step()
-                gate.begin("optimizer")
+                if gate.begin("optimizer") and (len(args) > 1 or kwargs):
+                    return _with_closure_phases(gate.gates, optimizer_index, args, kwargs)
+            return None
 
         def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
             if _compiling() or threading.get_ident() != thread:
