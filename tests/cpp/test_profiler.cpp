@@ -696,6 +696,8 @@ struct HangWatch {
   std::int64_t step = -1, start_ns = 0, done_step = -1, done_ns = 0;
   double median_ms = 0;
   bool history_ok = false;
+  bool compiling = false;        // the step in flight compiles: its hang clock stops
+  std::int64_t excluded_ns = 0;  // compile time inside it so far
   std::vector<detail::AlertEvent> alerts, bare_alerts;
   detail::HangLimits::Source source = detail::HangLimits::Source::kHistory;
 
@@ -707,8 +709,8 @@ struct HangWatch {
     hang_config.hang_min_s = limit.min_s;
     detail::HangDetector::Poll p;
     p.now_ns = now_ns;
-    p.step = step;
-    p.start_ns = start_ns;
+    p.step = compiling ? -1 : step;
+    p.start_ns = start_ns + excluded_ns;
     p.last_done_step = done_step;
     p.last_done_ns = done_ns;
     p.median_ms = median_ms;
@@ -827,6 +829,28 @@ TEST(HangLimits, TheFirstStepAfterALongGapGetsTheFloor) {
   w.begin(52, 70 * kS + 810 * kMs);
   w.run(70 * kS + 850 * kMs, 72 * kS);
   w.expect_alert(1, 52, 1'000.0, detail::HangLimits::Source::kHistory);
+}
+
+// A recompile inside a step (a new shape) stops the step's hang clock, as before; it is
+// no gap either: the steps after it keep the median's limit.
+TEST(HangLimits, ACompileInsideAStepIsNeitherAHangNorAGap) {
+  HangWatch w{Config{}};
+  w.history_ok = true;
+  w.median_ms = 100;
+  w.done_step = 49;
+  w.done_ns = 100 * kMs;
+  w.begin(50, 0);
+  w.compiling = true;
+  w.run(0, 60 * kS);  // 60 s compiling
+  w.compiling = false;
+  w.excluded_ns = 60 * kS;
+  w.run(60 * kS, 60 * kS + 500 * kMs);  // then 0.5 s of work
+  EXPECT_TRUE(w.alerts.empty());
+  w.end(60 * kS + 500 * kMs);
+  w.excluded_ns = 0;
+  w.begin(51, 60 * kS + 510 * kMs);
+  w.run(60 * kS + 550 * kMs, 62 * kS);
+  w.expect_alert(0, 51, 1'000.0, detail::HangLimits::Source::kHistory);
 }
 
 // Through the running watchdog (fake clock): the run's first step is judged against
