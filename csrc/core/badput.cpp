@@ -85,9 +85,15 @@ void BadputAccount::add_step(const StepRecord& r) {
   add(BadputCause::kCompile, to_s(r.compile_ns));
   const std::int64_t training_ns =
       std::max<std::int64_t>(0, r.host_ns - between.inside_step_ns - r.compile_ns);
-  const std::int64_t runq_ns = std::clamp<std::int64_t>(r.runq_ns, 0, training_ns);
+  // Python's collections in the step before its run-queue wait: a collection slowed by a
+  // busy host is still the collection (the gc_pause rule's order; goodput.py agrees)
+  std::int64_t gc_ns = 0;
+  for (const std::int64_t ns : r.gc_ns) gc_ns += ns;
+  gc_ns = std::clamp<std::int64_t>(gc_ns, 0, training_ns);
+  add(BadputCause::kGc, to_s(gc_ns));
+  const std::int64_t runq_ns = std::clamp<std::int64_t>(r.runq_ns, 0, training_ns - gc_ns);
   add(BadputCause::kHostContention, to_s(runq_ns));
-  const double training_s = to_s(training_ns - runq_ns);
+  const double training_s = to_s(training_ns - runq_ns - gc_ns);
   if (first_) {  // warm-up: its time above the ideal is startup, once there is an ideal
     first_ = false;
     first_step_s_ = training_s;

@@ -28,13 +28,15 @@ enum class BadputCause : std::uint8_t {
   kEval,
   kCompile,
   kHostContention,
+  kGc,
   kOther,
 };
 // In the order of goodput.CAUSES (the names are the metrics' `cause` label values).
-inline constexpr std::array<std::string_view, 12> kBadputCauseNames = {
+inline constexpr std::array<std::string_view, 13> kBadputCauseNames = {
     "productive", "slow_steps", "wasted_progress", "recovery",
     "startup",    "data",       "checkpoint",      "restore",
-    "eval",       "compile",    "host_contention", "other"};
+    "eval",       "compile",    "host_contention", "gc",
+    "other"};
 
 std::optional<BadputCause> badput_cause(std::string_view name) noexcept;
 std::string_view badput_cause_name(BadputCause cause) noexcept;
@@ -49,9 +51,10 @@ class BadputAccount {
   /// time before the first step the record itself accounts for).
   explicit BadputAccount(std::int64_t process_start_unix_ns);
 
-  /// Books one step record: the time before it by kind, its compile and run-queue wait,
-  /// and its training time at the ideal step time (productive) and above it (slow_steps).
-  /// Until the window has kMinSteps steps their training time waits, unbooked.
+  /// Books one step record: the time before it by kind, its compile, run-queue wait and
+  /// Python garbage collections (those inside the step; a collection between steps stays
+  /// in the gap's kind), and its training time at the ideal step time (productive) and above it
+  /// (slow_steps). Until the window has kMinSteps steps their training time waits, unbooked.
   void add_step(const StepRecord& r);
   /// Seconds from earlier attempts of the job (wasted progress, recovery, and their own
   /// causes), added as they are.

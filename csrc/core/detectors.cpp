@@ -243,6 +243,11 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     work_.push(work);
   }
   const double iteration_ms = static_cast<double>(iteration_ns(r)) / kNsPerMs / work_ratio_;
+  // Python's collections in the iteration (at most all of it), and the iteration without
+  // them: what the window learns.
+  const double gc_ms =
+      std::min(static_cast<double>(gc_in_iteration_ns(r)) / kNsPerMs / work_ratio_, iteration_ms);
+  const double window_ms = iteration_ms - gc_ms;
   // the loader's start at an epoch boundary is not part of the iteration (iteration_ns)
   const double data_ms = static_cast<double>(r.data_ns - r.data_start_ns) / kNsPerMs;
   const double other_ms = static_cast<double>(r.between.other_ns) / kNsPerMs;
@@ -253,6 +258,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   bool contended = false;    // slow, and mostly the host's doing
   bool peer_waited = false;  // slow, and mostly blocked waiting for another rank
   bool recurring = false;    // slow only by the loop's recurring host work between steps
+  bool collected = false;    // slow, and mostly Python's garbage collector
   if (judged) {
     const double median = iteration_.median();
     const double excess = iteration_ms - median;
@@ -286,6 +292,26 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     if (waited_for_peer) {
       slow = stall = false;
       peer_waited = true;
+    }
+    // Most of the excess spent in Python's garbage collector is a collection pause, not the
+    // model (before contention: a collection slowed further by a busy host is still one,
+    // and the advice that helps is the collector's), unless the step is slow without it
+    // too (a regression's steps that also collected). It alerts where the step would have.
+    const bool slow_without_gc =
+        window_ms - median >
+            std::max(config_.min_excess_ms, config_.noise_sigmas * noise.sigma_ms) &&
+        window_ms > config_.regression_threshold * median;
+    if (slow && gc_ms > 0 && gc_ms >= kGcShare * excess && !slow_without_gc) {
+      ++gc_streak_;
+      gc_streak_ms_ += iteration_ms;
+      const bool alert = stall || long_enough(gc_streak_, gc_streak_ms_);
+      slow = stall = false;
+      collected = true;
+      gc_pause(r, iteration_ms, median, gc_ms, alert, out);
+    } else {
+      gc_streak_ = 0;
+      gc_streak_ms_ = 0;
+      if (gc_active_ && r.step - gc_last_ > config_.window) out.push_back(gc_pause_end(r.step));
     }
     // Most of the excess spent waiting for a CPU is the host's doing, not the model's.
     // It alerts where the step would have (a stall, or a regression's run of slow steps).
@@ -360,14 +386,14 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   // raise its own baseline or noise; they join it when the streak or the episode ends, so
   // the window still samples every step. The parts' windows (data, other, phases) skip the
   // held steps, so a slow phase stays slow against its own median while the streak runs.
-  const bool hold = slow || contended || peer_waited || recurring;
+  const bool hold = slow || contended || peer_waited || recurring || collected;
   const auto hold_limit = static_cast<std::size_t>(
       level_ > 0 ? config_.window : std::max(config_.window, kMaxRegressionSteps));
   const bool held = hold && held_.size() < hold_limit;
   if (held) {
-    held_.push_back(iteration_ms);
+    held_.push_back(window_ms);
   } else {
-    iteration_.push(iteration_ms);
+    iteration_.push(window_ms);
   }
   if (!hold && slow_streak_ == 0) {
     for (double v : held_) iteration_.push(v);
@@ -447,22 +473,79 @@ void SlowStepDetector::contention(const StepRecord& r, double iteration_ms, doub
   out.push_back(std::move(a));
 }
 
-AlertEvent SlowStepDetector::contention_end(std::int64_t step) {
-  contention_active_ = false;
+namespace {
+// The end of an episode of slow steps that had a cause other than the model (host_contention,
+// gc_pause): a window of steps without another.
+AlertEvent cause_episode_end(const char* type, const char* cause, std::int64_t step,
+                             std::int64_t first, std::int64_t steps, int window) {
   AlertEvent done;
   done.resolved = true;
-  done.type = "host_contention";
+  done.type = type;
   done.step = step;
-  done.first_step = contention_start_;
-  done.repeats = std::max<std::int64_t>(contention_steps_ - 1, 0);
-  done.message =
-      fmt::format("no step slowed by CPU contention for {} steps ({} slowed from step {})",
-                  config_.window, contention_steps_, contention_start_);
+  done.first_step = first;
+  done.repeats = std::max<std::int64_t>(steps - 1, 0);
+  done.message = fmt::format("no step slowed by {} for {} steps ({} slowed from step {})", cause,
+                             window, steps, first);
   return done;
+}
+}  // namespace
+
+AlertEvent SlowStepDetector::contention_end(std::int64_t step) {
+  contention_active_ = false;
+  return cause_episode_end("host_contention", "CPU contention", step, contention_start_,
+                           contention_steps_, config_.window);
+}
+
+void SlowStepDetector::gc_pause(const StepRecord& r, double iteration_ms, double median,
+                                double gc_ms, bool alert, std::vector<AlertEvent>& out) {
+  if (gc_active_) {  // folded into the open episode
+    gc_last_ = r.step;
+    ++gc_steps_;
+    return;
+  }
+  if (!alert) return;  // one slow collection below stall level: noise, like one slow step
+  gc_last_ = r.step;
+  gc_active_ = true;
+  gc_start_ = r.step;
+  gc_steps_ = 1;
+  // the record's own figures (gc_ms is per unit of the step's work, as the iteration)
+  const double gen2_ms = static_cast<double>(gc_in_iteration_ns(r, true)) / kNsPerMs;
+  const double in_step_ms = static_cast<double>(r.gc_ns[0] + r.gc_ns[1] + r.gc_ns[2]) / kNsPerMs;
+  const double between_ms = static_cast<double>(gc_in_iteration_ns(r)) / kNsPerMs - in_step_ms;
+  AlertEvent a;
+  a.type = "gc_pause";
+  a.step = r.step;
+  a.value = gc_ms;
+  a.baseline = median;
+  a.threshold = kGcShare * (iteration_ms - median);
+  a.message = fmt::format(
+      "step {} took {:.2f} ms vs the trailing median {:.2f} ms, and Python's garbage collector "
+      "ran {:.2f} ms of it ({} collection{}, generation 2: {:.2f} ms): a collection pause, not "
+      "the model; call gc.freeze() after set-up (objects made so far are never scanned again), "
+      "or gc.disable() and gc.collect() every N steps at a point of your choosing (as "
+      "Megatron-LM's --manual-gc does; in a distributed job every rank then collects at the "
+      "same step)",
+      r.step, iteration_ms, median, gc_ms, r.gc_count, r.gc_count == 1 ? "" : "s", gen2_ms);
+  a.details = {{"gc_ms", gc_ms},
+               {"gc_gen2_ms", gen2_ms},
+               {"gc_in_step_ms", in_step_ms},
+               {"gc_between_ms", between_ms},
+               {"gc_count", r.gc_count},
+               {"excess_ms", iteration_ms - median},
+               {"iteration_ms", iteration_ms},
+               {"share_threshold", kGcShare}};
+  out.push_back(std::move(a));
+}
+
+AlertEvent SlowStepDetector::gc_pause_end(std::int64_t step) {
+  gc_active_ = false;
+  return cause_episode_end("gc_pause", "garbage collection", step, gc_start_, gc_steps_,
+                           config_.window);
 }
 
 void SlowStepDetector::finish(std::vector<AlertEvent>& out) {
   release_held_spike(out, "the run ended first");
+  if (gc_active_) out.push_back(gc_pause_end(last_step_));
   if (contention_active_) out.push_back(contention_end(last_step_));
   if (level_ == 0) return;
   out.push_back(episode_end(last_step_, "the run ended during the episode"));

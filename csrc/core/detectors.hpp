@@ -40,6 +40,14 @@ namespace steptrace::detail {
 /// for these rules nor a stall; where the step would have alerted (a stall, or the K-th such step
 /// in a row) it opens a host_contention episode instead (one alert; resolved after a window of
 /// steps without another such step).
+/// gc_pause: a slow step whose Python garbage collections in its iteration (the step's `gc`
+/// and the gap's, gc_in_iteration_ns) are at least kGcShare of its excess, and which is not
+/// slow without them, is the collector's doing: neither slow for these rules nor a stall, whatever
+/// else the step met (a collection beside a busy host is still the collection); where the step
+/// would have alerted (a stall, or the K-th such step in a row) it opens a gc_pause episode (one
+/// alert with the advice; resolved after a window of steps without another such step).
+/// The window learns every step without its collections' time, so pauses never become
+/// the normal it judges by.
 /// A slow step blocked in a collective after its last launch for at least kPeerWaitShare of
 /// its excess waited for another rank: it is not slow for these rules (one incident pages
 /// once, on the rank that was late, or not at all where that rank was in a marked
@@ -72,7 +80,11 @@ class SlowStepDetector {
   void contention(const StepRecord& r, double iteration_ms, double median, bool alert,
                   std::vector<AlertEvent>& out);
   AlertEvent contention_end(std::int64_t step);
+  void gc_pause(const StepRecord& r, double iteration_ms, double median, double gc_ms, bool alert,
+                std::vector<AlertEvent>& out);
+  AlertEvent gc_pause_end(std::int64_t step);
   static constexpr double kContentionShare = 0.5;
+  static constexpr double kGcShare = 0.5;
   static constexpr double kPeerWaitShare = 0.5;
   // The part of the step's host reading (run-queue wait and steal) that fell inside its
   // iteration, at least (ms): the total, and the run-queue wait's part; total -1 when the
@@ -130,6 +142,12 @@ class SlowStepDetector {
   std::int64_t contention_steps_ = 0;
   int contention_streak_ = 0;        // consecutive slow steps that waited for a CPU
   double contention_streak_ms_ = 0;  // their iteration time
+  bool gc_active_ = false;           // a gc_pause episode is open
+  std::int64_t gc_start_ = 0;
+  std::int64_t gc_last_ = 0;
+  std::int64_t gc_steps_ = 0;
+  int gc_streak_ = 0;        // consecutive slow steps that were mostly collection
+  double gc_streak_ms_ = 0;  // their iteration time
 };
 
 /// memory_growth: after warmup, memory (torch allocated bytes, else the C heap's in-use

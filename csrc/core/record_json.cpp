@@ -19,6 +19,28 @@ void append_ms(fmt::memory_buffer& out, std::int64_t ns) {
   fmt::format_to(std::back_inserter(out), "{:.4f}", static_cast<double>(ns) / kNsPerMs);
 }
 
+// `gc`: Python's collections in the step (ms, gen2_ms) and in the gap before it
+// (between_ms, between_gen2_ms), each only when > 0, and how many ended in either.
+void append_gc(fmt::memory_buffer& out, const StepRecord& r) {
+  out.append(std::string_view(",\"gc\":{"));
+  auto field = [&](std::string_view key, std::int64_t ns) {
+    if (ns <= 0) return;
+    out.append(key);
+    append_ms(out, ns);
+    out.push_back(',');
+  };
+  std::int64_t in_step = 0, between = 0;
+  for (std::size_t g = 0; g < kGcGenerations; ++g) {
+    in_step += r.gc_ns[g];
+    between += r.gc_between_ns[g];
+  }
+  field("\"ms\":", in_step);
+  field("\"gen2_ms\":", r.gc_ns[2]);
+  field("\"between_ms\":", between);
+  field("\"between_gen2_ms\":", r.gc_between_ns[2]);
+  fmt::format_to(std::back_inserter(out), "\"count\":{}}}", r.gc_count);
+}
+
 void append_memory(fmt::memory_buffer& out, const MemorySample& m) {
   auto it = std::back_inserter(out);
   bool first = true;
@@ -233,6 +255,9 @@ void RunTotals::add(const StepRecord& r) noexcept {
   other_ns_sum += r.between.other_ns;
   for (std::size_t k = 0; k < kIntervalKinds; ++k) interval_ns_sum[k] += r.between.interval_ns[k];
   if (r.runq_ns > 0) runq_ns_sum += r.runq_ns;
+  gc_ns_sum += gc_in_iteration_ns(r);
+  gc_gen2_ns_sum += gc_in_iteration_ns(r, /*gen2_only=*/true);
+  gc_count += r.gc_count;
   if (r.steal_ns >= 0) steal_ns_sum = std::max<std::int64_t>(steal_ns_sum, 0) + r.steal_ns;
   if (r.device_clock) ++device_clock_steps;
   if (r.captured) ++captured_steps;
@@ -342,6 +367,7 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
     }
     out.push_back('}');
   }
+  if (r.gc_count > 0) append_gc(out, r);
   out.append(std::string_view(",\"host_ms\":"));
   append_ms(out, r.host_ns);
   out.append(std::string_view(",\"phases_ms\":"));
@@ -475,6 +501,13 @@ void append_run_end_json(fmt::memory_buffer& out, const RunEnd& end, const RunTo
   append_ms(out, totals.data_ns_sum);
   out.append(std::string_view(",\"runq_ms_total\":"));
   append_ms(out, totals.runq_ns_sum);
+  if (totals.gc_count > 0) {
+    out.append(std::string_view(",\"gc_ms_total\":"));
+    append_ms(out, totals.gc_ns_sum);
+    out.append(std::string_view(",\"gc_gen2_ms_total\":"));
+    append_ms(out, totals.gc_gen2_ns_sum);
+    fmt::format_to(std::back_inserter(out), ",\"gc_count\":{}", totals.gc_count);
+  }
   if (totals.steal_ns_sum >= 0) {
     out.append(std::string_view(",\"steal_ms_total\":"));
     append_ms(out, totals.steal_ns_sum);

@@ -26,6 +26,9 @@ struct RunTotals {
   std::int64_t other_ns_sum = 0;
   std::array<std::int64_t, kIntervalKinds> interval_ns_sum{};  // by IntervalKind
   std::int64_t runq_ns_sum = 0;
+  std::int64_t gc_ns_sum = 0;       // Python's collections, in steps and between them
+  std::int64_t gc_gen2_ns_sum = 0;  // of which generation 2's
+  std::int64_t gc_count = 0;
   std::int64_t steal_ns_sum = -1;        // -1: steal never sampled
   std::int64_t device_clock_steps = 0;   // timed with device events
   std::int64_t captured_steps = 0;       // host-timed: their stream captured a CUDA graph

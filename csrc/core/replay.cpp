@@ -1,5 +1,7 @@
 #include "steptrace/replay.hpp"
 
+#include <algorithm>
+
 #include "alert.hpp"
 #include "check.hpp"
 #include "detectors.hpp"
@@ -48,6 +50,11 @@ std::vector<std::string> replay_detectors(const Config& config,
     r.runq_span_ns = ns(s.runq_span_ms);
     r.steal_ns = s.steal_ms >= 0 ? ns(s.steal_ms) : -1;
     r.step_ns = r.host_ns = ns(s.step_ms);
+    r.gc_ns[2] = ns(s.gc_gen2_ms);
+    r.gc_ns[0] = std::max<std::int64_t>(0, ns(s.gc_ms) - r.gc_ns[2]);  // the younger ones
+    r.gc_between_ns[2] = ns(s.gc_between_gen2_ms);
+    r.gc_between_ns[0] = std::max<std::int64_t>(0, ns(s.gc_between_ms) - r.gc_between_ns[2]);
+    r.gc_count = s.gc_count;
     r.failed = s.failed;
     r.memory = s.memory;
     r.rss_fresh = s.rss_fresh;

@@ -151,6 +151,9 @@ struct BetweenSteps {
   std::int64_t own_kinds_ns() const noexcept { return eval_ns() + checkpoint_ns() + restore_ns(); }
 };
 
+/// Generations of Python's garbage collector (gc.callbacks' info["generation"]).
+inline constexpr std::size_t kGcGenerations = 3;
+
 // Laid out in three parts: the fields the training thread fills in, then the per-slot
 // arrays (phases, values) of which only the first phase_count / value_count entries
 // belong to the record, then the fields the writer thread's completers fill in. The
@@ -180,6 +183,12 @@ struct StepRecord {
   // CPU time the hypervisor took in that span (host_steal.hpp), at most the thread's time
   // off a CPU without waiting for one (span - on_cpu - runq); -1: not sampled (bare metal)
   std::int64_t steal_ns = -1;
+  // Python's garbage collections (gc.callbacks, by generation 0-2): their time inside the
+  // step, and in the gap before it (counted in data_ns / other_ns there as well), and how
+  // many ended in either. A collection is timed whole where it ends.
+  std::array<std::int64_t, kGcGenerations> gc_ns{};
+  std::array<std::int64_t, kGcGenerations> gc_between_ns{};
+  std::int32_t gc_count = 0;
   MemorySample memory;
   bool rss_fresh = false;  // rss_bytes was read at this step (else repeated from an earlier one)
   bool failed = false;
@@ -232,6 +241,16 @@ struct StepRecord {
   std::uint64_t sampler_deliveries_at_arrival = 0;
   std::uint8_t completed_stages = 0;  // ChainedCompleter: the stages done with this record
 };
+
+/// Python's garbage collections in the record's iteration (in the step and in the gap
+/// before it), ns; generation 2's alone with `gen2_only`.
+inline std::int64_t gc_in_iteration_ns(const StepRecord& r, bool gen2_only = false) noexcept {
+  std::int64_t ns = 0;
+  for (std::size_t g = gen2_only ? 2 : 0; g < kGcGenerations; ++g) {
+    ns += r.gc_ns[g] + r.gc_between_ns[g];
+  }
+  return ns;
+}
 
 /// Copies what the training thread fills in into `to` (a ring slot): the fixed fields,
 /// and of the per-slot arrays the entries in use. `to`'s writer-thread fields keep what

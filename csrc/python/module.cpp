@@ -1210,6 +1210,9 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("begin_compile", [](PyProfiler& p) { p.core().begin_compile(); })
       .def("end_compile", [](PyProfiler& p) { p.core().end_compile(); })
+      // gc.callbacks' start and stop (steptrace.profiler installs them): one call each
+      .def("begin_gc", [](PyProfiler& p, int generation) { p.core().begin_gc(generation); })
+      .def("end_gc", [](PyProfiler& p) { p.core().end_gc(); })
       .def("begin_data", [](PyProfiler& p) { p.core().begin_data(); })
       .def(
           "end_data", [](PyProfiler& p, bool loader_start) { p.core().end_data(loader_start); },
@@ -1378,7 +1381,7 @@ PYBIND11_MODULE(_core, m) {
         "True when the armed signal is back at its default disposition (arm it again)");
   using ReplayTuple = std::tuple<std::int64_t, std::int64_t, double, double, bool,
                                  std::vector<std::pair<std::string, double>>,
-                                 std::array<std::int64_t, 7>, bool, std::array<double, 9>>;
+                                 std::array<std::int64_t, 7>, bool, std::array<double, 14>>;
   m.def(
       "replay_detectors",
       [](const steptrace::Config& config, const std::vector<ReplayTuple>& steps) {
@@ -1398,6 +1401,11 @@ PYBIND11_MODULE(_core, m) {
           s.compile_ms = between[6];
           s.tokens = between[7];
           s.samples = between[8];
+          s.gc_ms = between[9];
+          s.gc_gen2_ms = between[10];
+          s.gc_between_ms = between[11];
+          s.gc_between_gen2_ms = between[12];
+          s.gc_count = static_cast<int>(between[13]);
           const auto& m = std::get<6>(t);
           s.memory.allocated_bytes = m[0];
           s.memory.reserved_bytes = m[1];
@@ -1415,7 +1423,8 @@ PYBIND11_MODULE(_core, m) {
       "The record detectors over steps (step, start_unix_ns, data_ms, step_ms, failed, "
       "[(phase, ms)], (allocated, reserved, peak, rss, heap, device_used, device_total) bytes "
       "or -1, rss_fresh, (other_ms, interval_in_step_ms, runq_ms or -1, runq_span_ms, steal_ms or "
-      "-1, data_start_ms, compile_ms, tokens or -1, samples or -1)): their records as JSON "
+      "-1, data_start_ms, compile_ms, tokens or -1, samples or -1, gc_ms, gc_gen2_ms, "
+      "gc_between_ms, gc_between_gen2_ms, gc_count)): their records as JSON "
       "lines");
   m.def(
       "check_metric_set",

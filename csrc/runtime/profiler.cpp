@@ -203,6 +203,10 @@ class ProfilerImpl final : public SignalClosable {
   void end_compile() {
     if (!detached_) recorder_.end_compile();
   }
+  void begin_gc(int generation) noexcept {
+    recorder_.gc_pauses().begin(generation, monotonic_now_ns());
+  }
+  void end_gc() noexcept { recorder_.gc_pauses().end(monotonic_now_ns()); }
   void begin_interval(IntervalKind kind) {
     if (detached_) return;
     check_open();
@@ -223,7 +227,7 @@ class ProfilerImpl final : public SignalClosable {
     STEPTRACE_CHECK(c.has_value(), UsageError,
                     "add_earlier_attempts: cause {:?} is unknown; allowed: productive, "
                     "slow_steps, wasted_progress, recovery, startup, data, checkpoint, restore, "
-                    "eval, compile, host_contention, other",
+                    "eval, compile, host_contention, gc, other",
                     cause);
     STEPTRACE_CHECK(std::isfinite(seconds) && seconds >= 0, UsageError,
                     "add_earlier_attempts: seconds={} for {:?}; allowed: a finite number >= 0",
@@ -748,6 +752,8 @@ Interval Profiler::interval(IntervalKind kind) {
 void Profiler::begin_interval(IntervalKind kind) { impl_->begin_interval(kind); }
 void Profiler::begin_compile() { impl_->begin_compile(); }
 void Profiler::end_compile() { impl_->end_compile(); }
+void Profiler::begin_gc(int generation) noexcept { impl_->begin_gc(generation); }
+void Profiler::end_gc() noexcept { impl_->end_gc(); }
 void Profiler::end_interval(IntervalKind kind) { impl_->end_interval(kind); }
 std::optional<IntervalKind> Profiler::open_interval() const noexcept {
   return impl_->open_interval();

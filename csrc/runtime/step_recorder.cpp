@@ -59,6 +59,12 @@ void StepRecorder::bind(const Parts& parts) {
   current_.data_ns = data_wrapped_ ? data_accum_ns_ : 0;
   current_.data_start_ns = data_wrapped_ ? data_start_accum_ns_ : 0;
   current_.compile_ns = 0;
+  current_.gc_count = 0;
+  if (STEPTRACE_UNLIKELY(gc_.pending())) {  // collections in the gap before the step
+    gc_.take(current_.gc_between_ns, current_.gc_count);
+  } else {
+    current_.gc_between_ns = {};
+  }
   current_.progress = next_progress_;
   if (next_progress_ >= 0) ++next_progress_;
   if (pending_.listed == 0 && pending_.unlisted == 0) {
@@ -167,6 +173,11 @@ void StepRecorder::begin_backends_step() noexcept {
   current_.step_ns = now - step_start_ns_;
   current_.host_ns = current_.step_ns;
   current_.comm = collectives_.take();
+  if (STEPTRACE_UNLIKELY(gc_.pending())) {  // collections in the step (a whole one, if it ended)
+    gc_.take(current_.gc_ns, current_.gc_count);
+  } else {
+    current_.gc_ns = {};
+  }
   current_.failed = failed;
   current_.rss_fresh = false;
   current_.runq_ns = -1;

@@ -20,6 +20,7 @@
 #include "../core/check.hpp"
 #include "../core/collective_timer.hpp"
 #include "../core/device_timing.hpp"
+#include "../core/gc_pauses.hpp"
 #include "../core/heap_sampler.hpp"
 #include "../core/run_queue.hpp"
 #include "../core/step_record.hpp"
@@ -252,6 +253,8 @@ class StepRecorder {
   std::int64_t data_inside_step() const noexcept {
     return data_inside_step_.load(std::memory_order_relaxed);
   }
+  // Python's garbage collections (gc.callbacks): any thread, under the GIL.
+  GcPauses& gc_pauses() noexcept { return gc_; }
   InflightState& inflight() noexcept { return inflight_; }
   const InflightState& inflight() const noexcept { return inflight_; }
   CollectiveTimer& collectives() noexcept { return collectives_; }
@@ -419,6 +422,7 @@ class StepRecorder {
   bool data_ignored_ = false;  // begin_data came inside a step: its end_data is ignored too
   std::atomic<std::int64_t> data_inside_step_{0};  // read by close() on any thread
 
+  GcPauses gc_;                  // collections since the last step boundary
   InflightState inflight_;       // for the watchdog and the Prometheus scrape
   CollectiveTimer collectives_;  // any thread: collectives timed from the host
 

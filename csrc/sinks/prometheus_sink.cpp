@@ -386,7 +386,7 @@ std::string MetricsRegistry::render() const {
   header(out, "steptrace_badput_seconds_total", "counter",
          "The job's lost wall clock by cause (docs/goodput.md): slow_steps (above the ideal "
          "step time), wasted_progress and recovery (earlier attempts, seeded at start), "
-         "startup, data, checkpoint, restore, eval, compile, host_contention, other.");
+         "startup, data, checkpoint, restore, eval, compile, host_contention, gc, other.");
   for (std::size_t c = 1; c < kBadputCauseNames.size(); ++c) {  // 0 is productive
     sample(out, "steptrace_badput_seconds_total",
            fmt::format("{},cause=\"{}\"", l, kBadputCauseNames[c]), v.badput_s[c]);

@@ -196,6 +196,13 @@ class STEPTRACE_API Profiler {
   /// thread.
   void begin_compile();
   void end_compile();
+  /// Python's garbage collector (gc.callbacks' start and stop) ran a collection of
+  /// `generation` (0-2) from now until end_gc: its time is the step's record's `gc` (or
+  /// that of the gap before the next step), which the slow-step and stall rules judge as
+  /// gc_pause and the waste account as the gc cause. Any thread (a collection stops every
+  /// Python thread); collections do not overlap. No allocation, no lock.
+  void begin_gc(int generation) noexcept;
+  void end_gc() noexcept;
   [[nodiscard]] Interval interval(IntervalKind kind);
   void begin_interval(IntervalKind kind);
   void end_interval(IntervalKind kind);

@@ -30,6 +30,11 @@ struct ReplayStep {
   double runq_span_ms = 0;         // the time that reading spans (0: the step's own)
   double steal_ms = -1;            // CPU time the hypervisor took in that span; -1: none
   double step_ms = 0;
+  double gc_ms = 0;  // Python's collections in the step (gc.ms), of which generation 2's
+  double gc_gen2_ms = 0;
+  double gc_between_ms = 0;  // and in the gap before it (gc.between_ms)
+  double gc_between_gen2_ms = 0;
+  int gc_count = 0;
   bool failed = false;
   std::vector<std::pair<std::string, double>> phases_ms;
   MemorySample memory;

@@ -23,6 +23,7 @@ OPTION_GROUPS: dict[str, str] = {
     "clock": "timing",
     "max_inflight_steps": "timing",
     "cuda_memory": "timing",
+    "gc_watch": "timing",
     "window": "detection",
     "warmup_steps": "detection",
     "regression_threshold": "detection",
@@ -96,6 +97,7 @@ OPTION_GROUPS: dict[str, str] = {
 # callable or None).
 PYTHON_OPTIONS: dict[str, Any] = {
     "cuda_memory": True,
+    "gc_watch": True,
     "count_work": True,
     "on_alert": None,
     "handle_signals": True,

@@ -24,7 +24,7 @@ _EMPTY: dict = {}
 
 #: Nested numeric groups of a step record: (record key, column prefix).
 GROUPS = (("memory", ""), ("counters", ""), ("kernels", "kernel_"), ("telemetry", ""), ("comm", "comm_"), ("meta", "meta_"),
-          ("work", ""))
+          ("work", ""), ("gc", "gc_"))
 #: Step fields with their own fixed columns (the names phases must not take).
 FIXED_COLUMNS = (
     "run_id", "rank", "step", "start_unix_ns", "clock", "status",

@@ -12,7 +12,8 @@ Rank 0's view is the job's (the lowest rank present where rank 0's log of an att
 missing): the other ranks wait for it in every collective. Each attempt's own account
 comes from :func:`steptrace.summary.goodput` (run_end's ``goodput``, or the records of
 a torn log); this module splits its training time into productive time, slow steps
-(above the job's ideal step time), compiling, host contention and wasted progress, and
+(above the job's ideal step time), compiling, host contention, Python's garbage
+collections and wasted progress, and
 adds the time between attempts (recovery).
 """
 
@@ -31,7 +32,7 @@ from steptrace.errors import LogFormatError
 
 #: Every cause, in the order the tables list them. They add up to the job's wall clock.
 CAUSES = ("productive", "slow_steps", "wasted_progress", "recovery", "startup", "data", "checkpoint", "restore",
-          "eval", "compile", "host_contention", "other")
+          "eval", "compile", "host_contention", "gc", "other")
 #: The causes that are lost time (all but productive).
 BADPUT = CAUSES[1:]
 #: Badput caused by a restart.
@@ -40,7 +41,7 @@ RESTART_CAUSES = ("wasted_progress", "recovery")
 LABELS = {"productive": "productive", "slow_steps": "slow steps", "wasted_progress": "wasted progress",
           "recovery": "recovery", "startup": "startup", "data": "data", "checkpoint": "checkpoint save",
           "restore": "checkpoint restore", "eval": "evaluation", "compile": "compile",
-          "host_contention": "host contention", "other": "other"}
+          "host_contention": "host contention", "gc": "garbage collection", "other": "other"}
 #: The cut-off of the ideal step time: median + this many median absolute deviations.
 MAD_CUTOFF = 3.0
 IDEAL_METHOD = ("the mean of the steps at or below median + 3 x MAD (median absolute deviation) of the steps' "
@@ -190,10 +191,12 @@ class _View:
     failed: bool
     end_reasons: dict[str, str]
     origin: Optional[dict[str, Any]]
-    # the view rank's steps, in time order: training ms, compile ms, run-queue ms, start, progress, save end
+    # the view rank's steps, in time order: training ms, compile ms, run-queue ms, Python's collections in
+    # the step (ms), start, progress, save end
     t_ms: list[float]
     compile_ms: list[float]
     runq_ms: list[float]
+    gc_ms: list[float]
     step_start: list[int]
     progress: list[int]
     save_end_ns: Optional[int]
@@ -294,13 +297,17 @@ def _view(number: int, path: str, table: StepTable, extras: Optional[StepExtras]
         x = float(col[i])
         return x if x == x else 0.0
 
-    t_ms, comp, runq, st, prog = [], [], [], [], []
+    t_ms, comp, runq, gcs, st, prog = [], [], [], [], [], []
+    gc_col = table.groups["gc"].cols.get("ms")
     for i in rows:
         t = max(0.0, v(table.host_ms, i) - v(table.between["interval_in_step_ms"], i))
         c = min(t, extras.compile_ms[i]) if extras is not None else 0.0
         t_ms.append(t)
         comp.append(c)
-        runq.append(min(t - c, v(table.host["runq_ms"], i)))
+        # the step's Python collections before its run-queue wait (a collection slowed by a busy
+        # host is still the collection, as the gc_pause rule has it; csrc/core/badput.cpp agrees)
+        gcs.append(max(0.0, min(t - c, v(gc_col, i) if gc_col is not None else 0.0)))
+        runq.append(min(t - c - gcs[-1], v(table.host["runq_ms"], i)))
         st.append(int(table.start_ns[i]))
         prog.append(int(extras.progress[i]) if extras is not None else -1)
     # the job's last save: by whichever rank saved (DDP saves on rank 0 alone, FSDP on all)
@@ -315,7 +322,7 @@ def _view(number: int, path: str, table: StepTable, extras: Optional[StepExtras]
             cost = float(c)
             break
     return _View(number, path, view, ranks, world, g, start, start_from, int(g["end_unix_ns"]), failed, reasons,
-                 origin, t_ms, comp, runq, st, prog, save_end, cost)
+                 origin, t_ms, comp, runq, gcs, st, prog, save_end, cost)
 
 
 # --------------------------------------------------------------------------- the job
@@ -345,7 +352,8 @@ def account(attempts: Sequence[tuple[int, str, StepTable, Optional[StepExtras]]]
     in order. See :func:`job_goodput` for the result."""
     views = [_view(n, p, t, x) for n, p, t, x in attempts]
     # the ideal step time: every attempt's steps (rank 0), each attempt's first left out
-    pool = [t - c - q for vw in views for t, c, q in list(zip(vw.t_ms, vw.compile_ms, vw.runq_ms))[1:]]
+    pool = [t - c - q - g for vw in views
+            for t, c, q, g in list(zip(vw.t_ms, vw.compile_ms, vw.runq_ms, vw.gc_ms))[1:]]
     ideal = ideal_step_time(pool)
     ideal_ms = ideal["ms"] if ideal is not None else math.inf
 
@@ -359,13 +367,14 @@ def account(attempts: Sequence[tuple[int, str, StepTable, Optional[StepExtras]]]
         sec = dict.fromkeys(CAUSES, 0.0)
         wasted, wasted_how = _wasted_rows(vw, nxt) if vw.failed else (set(), "")
         warmup = 0.0
-        for i, (t, c, q) in enumerate(zip(vw.t_ms, vw.compile_ms, vw.runq_ms)):
+        for i, (t, c, q, gt) in enumerate(zip(vw.t_ms, vw.compile_ms, vw.runq_ms, vw.gc_ms)):
             if i in wasted:
                 sec["wasted_progress"] += t / 1e3
                 continue
             sec["compile"] += c / 1e3
             sec["host_contention"] += q / 1e3
-            excess = max(0.0, t - c - q - ideal_ms) / 1e3
+            sec["gc"] += gt / 1e3
+            excess = max(0.0, t - c - q - gt - ideal_ms) / 1e3
             if i == 0:
                 warmup = excess  # the first step's warm-up: getting started, as the ideal leaves it out
             else:
@@ -377,7 +386,7 @@ def account(attempts: Sequence[tuple[int, str, StepTable, Optional[StepExtras]]]
         for cause, key in (("data", "data_s"), ("checkpoint", "checkpoint_s"), ("restore", "restore_s"),
                            ("eval", "eval_s")):
             sec[cause] = g.get(key, 0.0)
-        split = sum(sec[c] for c in ("slow_steps", "wasted_progress", "compile", "host_contention")) + warmup
+        split = sum(sec[c] for c in ("slow_steps", "wasted_progress", "compile", "host_contention", "gc")) + warmup
         sec["productive"] = max(0.0, g["steps_s"] - split)
         sec["other"] = window - math.fsum(sec[c] for c in CAUSES if c not in ("other", "recovery"))
         if -1e-9 < sec["other"] < 0:

@@ -9,6 +9,7 @@ exit handling, the loader wrapper) runs once per run or once per batch.
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import logging
 import operator
@@ -609,6 +610,16 @@ def _seed_earlier_attempts(core: Any, log_dir: str) -> None:
     threading.Thread(target=seed, name="steptrace-attempts", daemon=True).start()
 
 
+def _gc_callback(begin: Callable[[int], None], end: Callable[[], None]) -> Callable[[str, dict], None]:
+    """A ``gc.callbacks`` entry timing each collection into the core (by generation)."""
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            begin(info["generation"])
+        else:
+            end()
+    return on_gc
+
+
 class Profiler:
     """Profiles a training loop into ``<log_dir>/rank<N>.jsonl``.
 
@@ -660,6 +671,12 @@ class Profiler:
         self.set_stream = self._core.set_stream
         """``set_stream(stream, device=-1)``: record device events on this stream (an int:
         ``torch.cuda.Stream.cuda_stream``, and its ``device_index``) from the next step on."""
+        self._gc_callback: Any = None
+        if python_options["gc_watch"]:
+            # Python's collections into the steps' `gc` (issue 52): one bound C++ call per
+            # collection's start and stop, nothing between collections
+            self._gc_callback = _gc_callback(self._core.begin_gc, self._core.end_gc)
+            gc.callbacks.append(self._gc_callback)
         self._capture: Optional[CaptureWatch] = None
         if cuda:
             # a step around a CUDA graph captured on a side stream is marked captured
@@ -901,6 +918,12 @@ class Profiler:
             return
         if self._signalled and reason in ("normal", "exit", "exception"):
             reason = "signal"
+        callback, self._gc_callback = self._gc_callback, None
+        if callback is not None:
+            try:
+                gc.callbacks.remove(callback)
+            except ValueError:  # the program replaced gc.callbacks
+                pass
         hooks, self._phase_hooks = self._phase_hooks, []
         for h in hooks:
             h.remove()  # the wrapped torch functions are restored once nobody watches
@@ -931,6 +954,9 @@ class Profiler:
         """In a forked child: forget the parent's run (its threads do not exist here)."""
         self._abandoned = True
         self._alert_thread = None
+        if self._gc_callback is not None and self._gc_callback in gc.callbacks:
+            gc.callbacks.remove(self._gc_callback)  # the child's collections are not the run's
+        self._gc_callback = None
         self._cluster = None  # its thread stayed in the parent
         self._otlp = None
         if self._comm is not None:

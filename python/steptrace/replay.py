@@ -52,7 +52,7 @@ def _step_tuple(rec: dict, where: str, previous_rss: Any) -> tuple:
             memory.get("rss_bytes") != previous_rss,
             (float(_number(rec, "other_ms", where, 0.0)), float(_number(rec, "interval_in_step_ms", where, 0.0)),
              *_host(rec, where), float(_number(rec, "data_start_ms", where, 0.0)),
-             float(_number(rec, "compile_ms", where, 0.0)), *_work(rec, where)))
+             float(_number(rec, "compile_ms", where, 0.0)), *_work(rec, where), *_gc(rec, where)))
 
 
 def _work(rec: dict, where: str) -> tuple[float, float]:
@@ -62,6 +62,16 @@ def _work(rec: dict, where: str) -> tuple[float, float]:
         return -1.0, -1.0
     at = f"{where}: work"
     return float(_number(work, "tokens", at, -1.0)), float(_number(work, "samples", at, -1.0))
+
+
+def _gc(rec: dict, where: str) -> tuple[float, float, float, float, float]:
+    """The step's Python collections: (ms, gen2_ms, between_ms, between_gen2_ms, count), 0 where absent."""
+    gc = rec.get("gc")
+    if not isinstance(gc, dict):
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+    at = f"{where}: gc"
+    return tuple(float(_number(gc, f, at, 0.0))  # type: ignore[return-value]
+                 for f in ("ms", "gen2_ms", "between_ms", "between_gen2_ms", "count"))
 
 
 def _host(rec: dict, where: str) -> tuple[float, float, float]:

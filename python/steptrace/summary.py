@@ -388,7 +388,7 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
 
     averages: dict[str, dict[str, float]] = {}
     for group, _prefix in GROUPS:
-        if group in ("memory", "meta", "work"):  # meta: labels (global step, lr); work: its own part
+        if group in ("memory", "meta", "work", "gc"):  # meta: labels (global step, lr); work, gc: their own parts
             continue
         for field, col in table.groups[group].cols.items():
             v = ops.nonnan(ops.take(ops.col(col), timed))
@@ -484,6 +484,7 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
         "waste": _waste(table, source, extras) if waste else None,
         "intervals": table.intervals.totals(),
         "runq": _runq(table, ops),
+        "gc": _gc(table, ops, it_total),
     }
     hw_part = hw_summary(hw, table.run_ends, table.run_starts)
     if hw_part is not None:  # only for a log with NVML readings: nothing changes otherwise
@@ -624,6 +625,29 @@ def _runq(table: StepTable, ops: Any) -> Optional[dict[str, Any]]:
     stolen = ops.total(steal) if len(steal) else None
     return {"total_ms": total, "span_ms": over, "share_pct": 100.0 * total / over if over > 0 else None,
             "readings": len(runq), "steal_ms": stolen if stolen is not None and math.isfinite(stolen) else None}
+
+
+def _gc(table: StepTable, ops: Any, iteration_ms: float) -> Optional[dict[str, Any]]:
+    """Python's garbage collections over the steps (all ranks): in the steps and in the gaps
+    before them, by generation (2, and the younger ones), their count and their share of
+    the training iterations; None when no step has a ``gc`` object."""
+    cols = table.groups["gc"].cols
+    if "count" not in cols:
+        return None
+
+    def total(field: str) -> float:
+        col = cols.get(field)
+        if col is None:
+            return 0.0
+        v = ops.nonnan(ops.col(col))
+        return float(ops.total(v)) if len(v) else 0.0
+
+    out = {f: total(f) for f in ("ms", "gen2_ms", "between_ms", "between_gen2_ms")}
+    out["count"] = int(total("count"))
+    out["total_ms"] = out["ms"] + out["between_ms"]
+    out["gen2_total_ms"] = out["gen2_ms"] + out["between_gen2_ms"]
+    out["share_pct"] = 100.0 * out["total_ms"] / iteration_ms if iteration_ms > 0 else None
+    return out if out["count"] > 0 and math.isfinite(out["total_ms"]) else None
 
 
 def _finite(v: Any) -> bool:
@@ -1178,7 +1202,8 @@ def goodput_rows(summary: dict[str, Any]) -> list[list[str]]:
 
 
 def goodput_lines(summary: dict[str, Any]) -> list[str]:
-    """The lines under the wall-clock table: the training share and the run-queue wait."""
+    """The lines under the wall-clock table: the training share, the run-queue wait and
+    Python's garbage collections."""
     out = []
     g = summary.get("goodput")
     if g:
@@ -1193,6 +1218,16 @@ def goodput_lines(summary: dict[str, Any]) -> list[str]:
         out.append(f"run-queue wait (runnable, waiting for a CPU): {_duration(rq['total_ms'])}{share}{alerts}")
         if rq.get("steal_ms"):
             out.append(f"CPU time the hypervisor took (steal): {_duration(rq['steal_ms'])}")
+    gc = summary.get("gc")
+    if gc:
+        share = f", {gc['share_pct']:.1f}% of the training iterations" if gc.get("share_pct") is not None else ""
+        n = (summary.get("alerts") or {}).get("gc_pause", {}).get("count")
+        alerts = f"; {n} gc_pause alert{'s' if n != 1 else ''}" if n else ""
+        young = gc["total_ms"] - gc["gen2_total_ms"]
+        out.append(f"garbage collection (Python): {_duration(gc['total_ms'])} in {gc['count']} collection"
+                   f"{'s' if gc['count'] != 1 else ''}{share} (generation 2: {_duration(gc['gen2_total_ms'])}, "
+                   f"generations 0-1: {_duration(young)}; in steps {_duration(gc['ms'])}, between steps "
+                   f"{_duration(gc['between_ms'])}){alerts}")
     return out
 
 

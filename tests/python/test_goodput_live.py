@@ -33,6 +33,8 @@ LOOP = textwrap.dedent("""
         prof.set_step(start)
         for step in range(start, 90):
             with prof.step():
+                if step % 30 == 15:
+                    import gc; gc.collect()  # a full collection inside the step: the gc cause
                 loss = model(torch.randn(16, 32)).pow(2).mean()
                 loss.backward()
                 opt.step()
@@ -91,8 +93,9 @@ def test_the_live_account_agrees_with_the_offline_report(job: Path) -> None:
     # the same records, the same rules: the parts that do not depend on the ideal step time
     assert live["wasted_progress"] == pytest.approx(sec["wasted_progress"], rel=1e-6)
     # (run_end's goodput, which the report reads for an attempt that ended, has whole ms)
-    for cause in ("checkpoint", "restore", "data", "eval", "compile", "host_contention"):
+    for cause in ("checkpoint", "restore", "data", "eval", "compile", "host_contention", "gc"):
         assert live[cause] == pytest.approx(sec[cause], abs=2.5e-3), cause
+    assert sec["gc"] > 0  # the loop's collections inside steps, on both sides
     # the process start is read in clock ticks (10 ms) by each side
     assert live["recovery"] == pytest.approx(sec["recovery"], abs=0.03)
     assert live["startup"] == pytest.approx(sec["startup"], abs=0.05 + 0.02 * sec["startup"])
@@ -107,7 +110,8 @@ def test_an_unknown_cause_from_earlier_attempts_is_refused(tmp_path: Path) -> No
     import steptrace
 
     with steptrace.Profiler(tmp_path / "run", metrics_textfile=str(tmp_path / "m.prom")) as prof:
-        with pytest.raises(steptrace.UsageError, match="cause \"gc\" is unknown; allowed: productive"):
-            prof._core.add_earlier_attempts("gc", 1.0)
+        with pytest.raises(steptrace.UsageError, match="cause \"swap\" is unknown; allowed: productive"):
+            prof._core.add_earlier_attempts("swap", 1.0)
+        prof._core.add_earlier_attempts("gc", 1.0)  # a cause of its own (issue 52)
         with pytest.raises(steptrace.UsageError, match="seconds=-1"):
             prof._core.add_earlier_attempts("recovery", -1.0)

@@ -37,7 +37,7 @@ def _alert_rules() -> list[dict]:
 PAGES = {"SteptraceGpuXidError", "SteptraceGpuEccUncorrectable", "SteptraceNvlinkCrcErrors", "SteptraceStall",
          "SteptraceNoProgress", "SteptraceGpuTemperatureRising", "SteptraceGpuPowerDrop",
          "SteptraceThroughputDecline"}
-TICKETS = {"SteptraceHostContention", "SteptraceSlowCheckpoint", "SteptraceLongInterval"}
+TICKETS = {"SteptraceHostContention", "SteptraceGcPause", "SteptraceSlowCheckpoint", "SteptraceLongInterval"}
 
 
 def test_every_alert_rule_has_a_test_and_utilization_pages_nothing():
@@ -51,7 +51,7 @@ def test_every_alert_rule_has_a_test_and_utilization_pages_nothing():
 
 
 def test_only_training_faults_and_hardware_page():
-    """The paging policy: host contention, slow checkpoints and anything about evaluation or
+    """The paging policy: host contention, GC pauses, slow checkpoints and anything about evaluation or
     checkpoints are tickets; a paging rule never fires on them (promtool checks the cases:
     steptrace.rules.test.yml)."""
     for rule in _alert_rules():
@@ -60,7 +60,8 @@ def test_only_training_faults_and_hardware_page():
         if severity != "page":
             continue
         expr = rule["expr"]
-        for word in ("host_contention", "slow_checkpoint", "runq", "goodput", "steptrace_time_seconds_total"):
+        for word in ("host_contention", "gc_pause", "slow_checkpoint", "runq", "goodput",
+                     "steptrace_time_seconds_total"):
             assert word not in expr, f"{rule['alert']} reads {word}"
         # an open evaluation / checkpoint interval (here or on the rank waited for) may only
         # excuse a rule, never fire it

@@ -19,6 +19,9 @@ _PHASE_ADVICE = {
 }
 _COMPUTE_ADVICE = ("it computes slower: check its GPU (clocks, thermal or power throttling, "
                    "ECC errors), CPU contention on its host, or an uneven batch")
+_GC_ADVICE = ("Python's garbage collector stops it for most of its excess: gc.freeze() after set-up, "
+              "or gc.disable() and gc.collect() every N steps on every rank at the same step "
+              "(Megatron-LM's --manual-gc)")
 
 
 class ClusterAnalyzer:
@@ -81,7 +84,7 @@ class ClusterAnalyzer:
                    "comm_ms": comm_net, "wait_ms": wait, "own_ms": s[r]["own_ms"],
                    "straggler_pct": (round(100.0 * (s[r]["own_ms"] / other_own - 1.0), 2)
                                      if other_own and other_own > 0 else None)}
-            for key in ("runq_ms", "memory_bytes", "hw", "busbw_gbps", *WORK_KEYS):
+            for key in ("runq_ms", "gc_ms", "memory_bytes", "hw", "busbw_gbps", *WORK_KEYS):
                 if key in s[r]:
                     row[key] = s[r][key]
             rows.append(row)
@@ -122,6 +125,9 @@ class ClusterAnalyzer:
         # rank's work: the part of a rank's excess that is run-queue wait above the others'
         # does not make it a straggler (a CPU hog beside a 2-rank job moves between the ranks).
         others_runq = _medians_without_each({r: s[r].get("runq_ms") for r in ranks})
+        # Python's garbage collector: a straggler whose excess is mostly collection is named
+        # with that cause and its advice (issue 52)
+        others_gc = _medians_without_each({r: s[r].get("gc_ms") for r in ranks})
         for row in rows:
             r = row["rank"]
             other_own = others_own[r]
@@ -143,6 +149,9 @@ class ClusterAnalyzer:
             if hit:
                 record["stragglers"].append(r)
             advice = _PHASE_ADVICE.get(phase, _COMPUTE_ADVICE)
+            gc_excess = max(0.0, (s[r].get("gc_ms") or 0.0) - (others_gc[r] or 0.0))
+            if not inferred and excess > 0 and gc_excess >= 0.5 * excess:
+                phase, advice = "garbage collection", _GC_ADVICE
             if inferred:
                 alerts += self._window_rule(
                     "straggler", r, hit, step, unix_ns,
@@ -160,6 +169,7 @@ class ClusterAnalyzer:
                                      f"{phase}; every rank waits for it at each collective: {advice}"),
                          "details": {"host": row["host"], "excess_pct": round(row["straggler_pct"], 2),
                                      "excess_ms": round(excess, 3), "phase_excess_ms": round(phase_excess, 3),
+                                     "gc_excess_ms": round(gc_excess, 3),
                                      "windows": o["straggler_windows"], "advice": advice}},
                 f"rank {r} no longer a straggler")
 

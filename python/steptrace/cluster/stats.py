@@ -84,6 +84,17 @@ def _host_wait_ms(record: Mapping[str, Any], own_ms: float) -> Optional[float]:
     return min(wait, own_ms)
 
 
+def _gc_ms(record: Mapping[str, Any], own_ms: float) -> float:
+    """Python's garbage collections in the step and the gap before it (its ``gc``), capped
+    at its own time."""
+    gc = record.get("gc")
+    if not isinstance(gc, dict):
+        return 0.0
+    ms = sum(float(v) for k in ("ms", "between_ms")
+             if isinstance(v := gc.get(k), (int, float)) and not isinstance(v, bool) and v > 0)
+    return min(ms, own_ms)
+
+
 def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host: str = "") -> Optional[dict]:
     """The summary one rank publishes for one window of its step records (None when the
     window holds no completed step)."""
@@ -123,6 +134,9 @@ def window_summary(rank: int, window: int, steps: list[Mapping[str, Any]], host:
     waits = [_host_wait_ms(s, sp["compute_ms"] + g) for s, sp, g in zip(ok, splits, gap_ms)]
     if any(w is not None for w in waits):
         summary["runq_ms"] = _median(w or 0.0 for w in waits)
+    # time Python's collector ran (issue 52): a rank slower by it is slowed by its collector
+    if any(isinstance(s.get("gc"), dict) for s in ok):
+        summary["gc_ms"] = _median(_gc_ms(s, sp["compute_ms"] + g) for s, sp, g in zip(ok, splits, gap_ms))
     busbw = [sp["busbw_gbps"] for sp in splits if isinstance(sp.get("busbw_gbps"), (int, float))]
     if busbw:  # nccl-tests' bus bandwidth of the rank's collectives (waiting included)
         summary["busbw_gbps"] = _median(busbw)

@@ -114,7 +114,7 @@ def _flight_recorder_ok(fr: Any) -> bool:
 
 #: A window summary's numbers (stats.window_summary), required and optional.
 _SUMMARY_NUMBERS = ("step_ms", "step_p95_ms", "data_ms", "compute_ms", "own_ms")
-_SUMMARY_OPTIONAL = ("comm_ms", "exposed_ms", "runq_ms", "busbw_gbps", *WORK_KEYS)
+_SUMMARY_OPTIONAL = ("comm_ms", "exposed_ms", "runq_ms", "gc_ms", "busbw_gbps", *WORK_KEYS)
 
 
 def parse_summary(value: Any, rank: int) -> dict:
