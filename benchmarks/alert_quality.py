@@ -43,11 +43,13 @@ table. Two families:
   with two workers started again every 32-step epoch, ``torch.compile`` recompiling for
   each epoch's short last batch, an evaluation and a ``torch.save`` per epoch);
   ``lightning``: Lightning with a validation loop every 50
-  steps and ``ModelCheckpoint(every_n_train_steps=100)`` (its ``SteptraceCallback``).
-  Steps: 1,500 / 1,500 / 1,500 / 1,600 / 2,000 / 5,000 at ``--scale`` 1, never fewer than
-  150 / 150 / 150 / 192 / 150 / 300 (so a quick run still evaluates and saves a few times). All run in
-  this process except ``gpt-run`` and ``gpt-ddp`` (child processes, which include
-  interpreter start-up).
+  steps and ``ModelCheckpoint(every_n_train_steps=100)`` (its ``SteptraceCallback``);
+  ``gan-run``: tests/python/gan_loop.py under ``steptrace run``, two optimizers per batch
+  (DCGAN's D and G updates, two steps a batch of different costs, alternating).
+  Steps: 1,500 / 1,500 / 1,500 / 1,600 / 2,000 / 5,000 / 2,000 at ``--scale`` 1, never fewer than
+  150 / 150 / 150 / 192 / 150 / 300 / 400 (so a quick run still evaluates and saves a few times). All run in
+  this process except ``gpt-run``, ``gpt-ddp``, ``distill-run`` and ``gan-run`` (child processes, which
+  include interpreter start-up).
 
 ``--only clean`` runs both families. The MLP loops take about 3 minutes of the full run,
 the real-shaped loops about 4.5 (2 cores, load average about 3).
@@ -520,14 +522,19 @@ def train_gpt(steps: int, tmp: Path) -> Path:
     return tmp / "run"
 
 
-def train_gpt_run(steps: int, tmp: Path) -> Path:
-    """The script unmodified, in a child process under `steptrace run`."""
-    cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp / "logs"), str(GPT_SCRIPT),
-           "--iters", str(steps), "--out", str(tmp)]
+def _steptrace_run(cmd: List[str], tmp: Path) -> Path:
+    """Runs a `steptrace run` command line (one thread per process); its log folder."""
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"steptrace run exited with {proc.returncode}: {proc.stderr[-2000:]}")
     return tmp / "logs"
+
+
+def train_gpt_run(steps: int, tmp: Path) -> Path:
+    """The script unmodified, in a child process under `steptrace run`."""
+    cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp / "logs"), str(GPT_SCRIPT),
+           "--iters", str(steps), "--out", str(tmp)]
+    return _steptrace_run(cmd, tmp)
 
 
 def train_gpt_ddp(steps: int, tmp: Path) -> Path:
@@ -537,10 +544,7 @@ def train_gpt_ddp(steps: int, tmp: Path) -> Path:
     cmd = [sys.executable, "-m", "steptrace.cli", "run", "--nproc-per-node", "2", "--torchrun=--standalone",
            "--log-dir", str(tmp / "logs"), str(GPT_SCRIPT), "--iters", str(steps), "--eval-iters", "60",
            "--out", str(tmp)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"steptrace run exited with {proc.returncode}: {proc.stderr[-2000:]}")
-    return tmp / "logs"
+    return _steptrace_run(cmd, tmp)
 
 
 def train_distill_run(steps: int, tmp: Path) -> Path:
@@ -550,10 +554,7 @@ def train_distill_run(steps: int, tmp: Path) -> Path:
     evaluation and a torch.save after every epoch."""
     cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp / "logs"),
            str(REPO / "benchmarks" / "distill_epochs.py"), "--epochs", str(max(1, steps // 32)), "--out", str(tmp)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode != 0:
-        raise RuntimeError(f"steptrace run exited with {proc.returncode}: {proc.stderr[-2000:]}")
-    return tmp / "logs"
+    return _steptrace_run(cmd, tmp)
 
 
 def train_hf(steps: int, tmp: Path) -> Path:
@@ -574,6 +575,14 @@ def train_lightning(steps: int, tmp: Path) -> Path:
                                                              checkpoint_every=100)[0]
 
 
+def train_gan_run(steps: int, tmp: Path) -> Path:
+    """tests/python/gan_loop.py unmodified under `steptrace run`: two optimizers per batch
+    (a discriminator and a generator update, each ending a step: steps // 2 batches)."""
+    cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp / "logs"),
+           str(GPT_SCRIPT.parent / "gan_loop.py"), "--batches", str(max(1, steps // 2))]
+    return _steptrace_run(cmd, tmp)
+
+
 REAL_LOOPS = (
     RealLoop("gpt", "GPT-style loop, explicit phases, prof.interval eval every 50 + torch.save",
              1500, 150, train_gpt),
@@ -586,6 +595,8 @@ REAL_LOOPS = (
     RealLoop("hf", "HF Trainer, tiny GPT-2, eval every 50, save every 100, SteptraceCallback", 2000, 150, train_hf),
     RealLoop("lightning", "Lightning, validation every 50, ModelCheckpoint every 100, SteptraceCallback",
              5000, 300, train_lightning),
+    RealLoop("gan-run", "GAN-style loop under `steptrace run`: two optimizers per batch (D and G updates), "
+             "alternating steps of different costs", 2000, 400, train_gan_run),
 )
 
 
