@@ -138,7 +138,7 @@ class ProfilerImpl final : public SignalClosable {
     if (config_.detect) {
       watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
                        writer_.get(), clock_.get(), start_, &recorder_.collectives(),
-                       host_readings(), &peers_});
+                       host_readings(), &peers_, log_.previous_path});
     }
     owner_.store(this_thread_token(), std::memory_order_relaxed);
     register_for_signal(this);

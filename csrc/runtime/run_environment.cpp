@@ -239,8 +239,10 @@ LogFile open_log_file(const Config& c, const JobIdentity& job) {
                   std::strerror(errno));
   for (int k = out.attempt - 1; k >= 0; --k) {
     struct stat st {};
-    if (::lstat((attempt_dir(dir, k, false) / rank_file(c.rank)).c_str(), &st) == 0) {
+    const auto previous = attempt_dir(dir, k, false) / rank_file(c.rank);
+    if (::lstat(previous.c_str(), &st) == 0) {
       out.previous_attempt = k;
+      out.previous_path = previous.string();
       break;
     }
   }

@@ -43,6 +43,7 @@ struct LogFile {
   std::string path;
   int attempt = 0;
   int previous_attempt = -1;  // the latest earlier attempt with a file of this rank; -1: none
+  std::string previous_path;  // and that file; empty: none
 };
 /// Creates log_dir and opens the rank's file. With a job id, a file of the same job is an
 /// earlier attempt and is never replaced: the run becomes the next attempt (from

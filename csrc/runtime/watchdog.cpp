@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -57,8 +58,14 @@ HangLimits::Limits HangLimits::observe(const Seen& seen) {
   Limits out{config_.hang_floor_s, config_.hang_min_s, Source::kHistory};
   if (first_done_ns_ < 0) {
     // The first step: whatever the history says (min_history may be 0), nothing measured.
-    out.floor_s = out.min_s = config_.first_step_hang_s;
-    out.source = Source::kFirstStep;
+    if (previous_first_s_ > 0) {
+      out.floor_s = out.min_s =
+          std::max(config_.hang_floor_s, config_.hang_threshold * previous_first_s_);
+      out.source = Source::kPreviousAttempt;
+    } else {
+      out.floor_s = out.min_s = config_.first_step_hang_s;
+      out.source = Source::kFirstStep;
+    }
     return out;
   }
   double limit_s = 0;
@@ -84,6 +91,8 @@ const char* HangLimits::name(Source source) noexcept {
   switch (source) {
     case Source::kFirstStep:
       return "first_step_hang_s";
+    case Source::kPreviousAttempt:
+      return "previous_attempt";
     case Source::kEarlierSteps:
       return "earlier_steps";
     case Source::kFloor:
@@ -94,6 +103,23 @@ const char* HangLimits::name(Source source) noexcept {
       break;
   }
   return "median";
+}
+
+double first_step_s_of_log(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  // The first step comes after run_start and a few records before it (intervals, a
+  // restore); a log without one that early gives nothing.
+  constexpr int kMaxLines = 10000;
+  for (int n = 0; n < kMaxLines && std::getline(in, line); ++n) {
+    if (line.find("\"kind\":\"step\"") == std::string::npos) continue;
+    const auto r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!r.is_object() || r.value("kind", "") != "step") continue;
+    if (r.value("status", "") != "ok") return 0;
+    const double ms = r.value("host_ms", r.value("step_ms", 0.0)) - r.value("compile_ms", 0.0);
+    return ms > 0 ? ms / 1e3 : 0;
+  }
+  return 0;
 }
 
 void Watchdog::start(const Context& context) {
@@ -138,6 +164,11 @@ void Watchdog::loop() {
   Config hang_config = config;
   HangDetector hang(hang_config);
   HangLimits limits(config);
+  // A restart's first step runs the set-up its previous attempt's did: read here, off the
+  // training thread, once.
+  if (!context_.previous_log.empty()) {
+    limits.set_previous_first_step_s(first_step_s_of_log(context_.previous_log));
+  }
   IntervalHangDetector interval_hang(config);
   std::unique_lock<std::mutex> lock(mu_);
   // Hangs are checked every 100 ms; steal is read at StealCadence's pace (every 10 ms while
@@ -221,7 +252,12 @@ void Watchdog::loop() {
       if (!event) continue;
       if (event->type == "hang" && !event->resolved) {
         event->details["limit_source"] = HangLimits::name(limit.source);
-        if (limit.source == HangLimits::Source::kFirstStep) {
+        if (limit.source == HangLimits::Source::kPreviousAttempt) {
+          event->message += fmt::format(
+              "; the run's first step, whose limit is {}x the first step of the job's previous "
+              "attempt ({:.1f} s)",
+              config.hang_threshold, limits.previous_first_step_s());
+        } else if (limit.source == HangLimits::Source::kFirstStep) {
           event->message +=
               fmt::format("; the run's first step, whose limit is first_step_hang_s ({:g} s)",
                           config.first_step_hang_s);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "../core/collective_timer.hpp"
@@ -55,9 +56,11 @@ struct PeerState {
 
 // The hang limit where the median iteration says nothing, learned from what the watchdog
 // saw (HangDetector reads the result as its hang_floor_s and hang_min_s):
-//   - the run's first step (no step has ended): first_step_hang_s. Nothing of the run is
-//     measured, and a first step legitimately sets up what later ones reuse (NCCL
-//     communicators, cuDNN autotuning, lazy initialisation): minutes on a large model.
+//   - the run's first step (no step has ended): hang_threshold x the first step of the
+//     job's previous attempt where its log has one (a restart runs the same set-up), at
+//     least hang_floor_s; else first_step_hang_s. Nothing of this run is measured, and a
+//     first step legitimately sets up what later ones reuse (NCCL communicators, cuDNN
+//     autotuning, lazy initialisation): minutes on a large model.
 //   - later steps before min_history: hang_threshold x the longest step seen after the
 //     first (the first alone while it is the only one), at least hang_floor_s. A loop of
 //     28 s steps (LBFGS on a CPU) is not hung at 10 s.
@@ -69,7 +72,7 @@ struct PeerState {
 class HangLimits {
  public:
   explicit HangLimits(const Config& config) : config_(config) {}
-  enum class Source { kHistory, kFirstStep, kEarlierSteps, kFloor, kAfterGap };
+  enum class Source { kHistory, kFirstStep, kPreviousAttempt, kEarlierSteps, kFloor, kAfterGap };
   struct Seen {
     std::int64_t now_ns = 0;
     std::int64_t step = -1;  // the step in flight (also while it compiles), or -1
@@ -86,6 +89,9 @@ class HangLimits {
   };
   Limits observe(const Seen& seen);
   static const char* name(Source source) noexcept;
+  // The first step of the job's previous attempt, in seconds (compile time left out); 0: none.
+  void set_previous_first_step_s(double s) noexcept { previous_first_s_ = s; }
+  double previous_first_step_s() const noexcept { return previous_first_s_; }
 
  private:
   const Config& config_;
@@ -95,7 +101,12 @@ class HangLimits {
   std::int64_t step_ = -1;             // the step in flight at the last poll
   std::int64_t idle_from_ns_ = -1;     // since when no step was seen in flight; -1: one was
   std::int64_t gap_ns_ = 0;            // the gap seen before the step in flight
+  double previous_first_s_ = 0;
 };
+
+// The first step of a run's log (a previous attempt's), in seconds: its host time less
+// its compile time; 0 when the file has no step that ended ok in its first lines.
+double first_step_s_of_log(const std::string& path);
 
 class Watchdog {
  public:
@@ -112,6 +123,7 @@ class Watchdog {
     const CollectiveTimer* collectives = nullptr;  // a hung step waiting in one says so
     HostReadings* host = nullptr;                  // polled when due (every 10 ms); null: none
     const PeerState* peers = nullptr;              // null: no cross-rank view
+    std::string previous_log;  // this rank's log of the job's previous attempt; empty: none
   };
 
   Watchdog() = default;

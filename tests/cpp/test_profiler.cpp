@@ -658,21 +658,27 @@ TEST(Profiler, RegressionAlertFollowsItsStepAndIsCounted) {
   EXPECT_EQ(callbacks.load(), 1);
 }
 
+// The watchdog checks every 100 ms of real time: polls the log (bounded) until it holds
+// alerts of `type`, and returns them.
+std::vector<nlohmann::json> wait_for_alerts(const std::string& path, const char* type) {
+  std::vector<nlohmann::json> found;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (found.empty() && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& r : of_kind(read_jsonl(path), "alert")) {
+      if (r["type"] == type) found.push_back(r);
+    }
+    std::this_thread::yield();
+  }
+  return found;
+}
+
 TEST(Profiler, WatchdogWritesAHangWhileTheStepIsStillRunning) {
   TempDir tmp;
   Fixture f(tmp, [](Config& c) { c.first_step_hang_s = 10; });
   f.prof->begin_step();
   f.prof->begin_phase(f.prof->phase_id("backward"));
   f.clock->advance(11'000 * kMs);  // 11 s on the fake clock: past the 10 s floor
-  // The watchdog checks every 100 ms of real time; poll the file, bounded.
-  std::vector<nlohmann::json> hangs;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (hangs.empty() && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& r : of_kind(read_jsonl(f.path), "alert")) {
-      if (r["type"] == "hang") hangs.push_back(r);
-    }
-    std::this_thread::yield();
-  }
+  const auto hangs = wait_for_alerts(f.path, "hang");
   ASSERT_EQ(hangs.size(), 1u);
   EXPECT_TRUE(f.prof->in_step());  // written while the step is still in flight
   EXPECT_EQ(hangs[0]["step"], 0);
@@ -784,6 +790,34 @@ TEST(HangLimits, AFirstStepThatNeverEndsIsAHangAfterFirstStepHangS) {
   EXPECT_TRUE(h.alerts.empty());
 }
 
+// A restart: the first step of the job's previous attempt (30 s, from its log) sets the
+// first step's limit (5 x 30 s) instead of first_step_hang_s.
+TEST(HangLimits, ARestartsFirstStepLearnsFromThePreviousAttempt) {
+  TempDir tmp;
+  const std::string log = tmp.str("rank0.jsonl");
+  {
+    std::ofstream out(log);
+    out << R"({"kind":"run_start","rank":0})"
+        << "\n"
+        << R"({"kind":"interval","interval":"restore","duration_ms":900.0})"
+        << "\n"
+        << R"({"kind":"step","step":0,"status":"ok","step_ms":31000.0,"host_ms":32000.0,)"
+        << R"("compile_ms":2000.0,"phases_ms":{}})"
+        << "\n"
+        << R"({"kind":"step","step":1,"status":"ok","step_ms":1.0})"
+        << "\n";
+  }
+  EXPECT_DOUBLE_EQ(detail::first_step_s_of_log(log), 30.0);  // host time less compile time
+  EXPECT_DOUBLE_EQ(detail::first_step_s_of_log(tmp.str("missing.jsonl")), 0.0);
+  HangWatch w{Config{}};
+  w.limits.set_previous_first_step_s(detail::first_step_s_of_log(log));
+  w.begin(0, 0);
+  w.run(0, 150 * kS);
+  EXPECT_TRUE(w.alerts.empty());
+  w.run(150 * kS, 151 * kS);
+  w.expect_alert(0, 0, 150'000.0, detail::HangLimits::Source::kPreviousAttempt);
+}
+
 // Later steps before min_history: hang_threshold x the longest step after the first (a
 // slow first step does not keep the limit high), never under hang_floor_s.
 TEST(HangLimits, StepsBeforeHistoryUseTheLongestLaterStepAtLeastTheFloor) {
@@ -861,19 +895,37 @@ TEST(Profiler, WatchdogJudgesTheFirstStepAgainstFirstStepHangS) {
   f.prof->begin_step();
   f.prof->begin_phase(f.prof->phase_id("optimizer"));
   f.clock->advance(121'000 * kMs);
-  std::vector<nlohmann::json> hangs;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (hangs.empty() && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& r : of_kind(read_jsonl(f.path), "alert")) {
-      if (r["type"] == "hang") hangs.push_back(r);
-    }
-    std::this_thread::yield();
-  }
+  const auto hangs = wait_for_alerts(f.path, "hang");
   ASSERT_EQ(hangs.size(), 1u);
   EXPECT_EQ(hangs[0]["step"], 0);
   EXPECT_DOUBLE_EQ(hangs[0]["threshold"].get<double>(), 120'000.0);
   EXPECT_EQ(hangs[0]["details"]["limit_source"], "first_step_hang_s");
   EXPECT_NE(hangs[0]["message"].get<std::string>().find("first_step_hang_s"), std::string::npos);
+  f.prof->end_step();
+  f.close_and_read();
+}
+
+// Through the running watchdog: attempt 1 of a job learns its first step's limit from
+// attempt 0's log (same log_dir, same job).
+TEST(Profiler, WatchdogLearnsTheFirstStepsLimitFromThePreviousAttempt) {
+  TempDir tmp;
+  const auto same_job = [](Config& c) { c.job = "job-52"; };
+  {
+    Fixture first(tmp, same_job);
+    first.prof->begin_step();
+    first.clock->advance(30'000 * kMs);
+    first.prof->end_step();
+    first.close_and_read();
+  }
+  Fixture f(tmp, same_job);
+  ASSERT_NE(f.path.find("attempt1"), std::string::npos) << f.path;
+  f.prof->begin_step();
+  f.clock->advance(151'000 * kMs);  // past 5 x 30 s, well within first_step_hang_s
+  const auto hangs = wait_for_alerts(f.path, "hang");
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_EQ(hangs[0]["step"], 0);
+  EXPECT_DOUBLE_EQ(hangs[0]["threshold"].get<double>(), 150'000.0);
+  EXPECT_EQ(hangs[0]["details"]["limit_source"], "previous_attempt");
   f.prof->end_step();
   f.close_and_read();
 }
