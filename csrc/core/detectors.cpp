@@ -5,30 +5,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "phase_advice.hpp"
 #include "work.hpp"
 
 namespace steptrace::detail {
 namespace {
 
 constexpr double kNsPerMs = 1e6;
-
-const char* advice_for(const std::string& phase) {
-  if (phase == "data") {
-    return "the input pipeline is the bottleneck: add DataLoader workers, prefetch, or "
-           "pin_memory";
-  }
-  if (phase == "other") {
-    return "host work between steps grew (logging, callbacks, or a loader steptrace does not "
-           "see): wrap the loader with prof.data() and mark evaluation and checkpoints with "
-           "prof.interval() to tell them apart";
-  }
-  if (phase == "optimizer") return "check for optimizer-state offload or host-device copies";
-  if (phase == "backward") {
-    return "check for gradient communication, recomputation or a changed model";
-  }
-  if (phase == "forward") return "check for shape changes, recompilation or a changed model";
-  return "compare this phase with the steps before";
-}
 
 std::string mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0)); }
 
@@ -192,7 +175,7 @@ AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double i
       r.step, ratio, iteration_ms, median, iteration_.size(), noise.sigma_ms, limit,
       work_ratio_ > 1 ? fmt::format(", per unit of its work ({:.1f}x the usual)", work_ratio_) : "",
       slow_streak_ > 1 ? fmt::format(", slow since step {}", streak_start_) : "", *grew.name,
-      grew.ms, grew.median_ms, advice_for(*grew.name));
+      grew.ms, grew.median_ms, phase_advice(*grew.name));
   a.details = {{"ratio", ratio},
                {"ratio_threshold", ratio_threshold},
                {"noise_ms", noise.sigma_ms},

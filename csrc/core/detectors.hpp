@@ -12,6 +12,7 @@
 #include "alert.hpp"
 #include "episode.hpp"
 #include "rolling_median.hpp"
+#include "shift_detector.hpp"
 #include "step_record.hpp"
 #include "steptrace/config.hpp"
 #include "telemetry.hpp"
@@ -319,12 +320,17 @@ class RecordDetectors {
  public:
   RecordDetectors(const Config& config, const PhaseNames& names, std::int64_t host_limit_bytes)
       : slow_(config, names),
+        shift_(config, names),
+        window_(config.window),
         memory_(config, names, host_limit_bytes),
         device_(config),
         hw_(config) {}
   void observe(const StepRecord& r, std::vector<AlertEvent>& out) {
     const std::size_t first = out.size();
     slow_.observe(r, out);
+    fold_into_shift(r, first, out);
+    // (two windows: the shift is judged once its window is mostly the slower steps)
+    shift_.observe(r, r.step - last_slow_alert_ <= 2 * window_, out);
     memory_.observe(r, out);
     device_.observe(r, out);
     hw_.observe(r, out);
@@ -340,7 +346,40 @@ class RecordDetectors {
   const MemoryGrowthDetector& memory() const { return memory_; }
 
  private:
+  // One slowdown, one alert: a per-step step_regression while a shift episode is open, or
+  // for slow steps that began before the shift alert, is folded into it (dropped with its
+  // resolved event); one the per-step rules raised first
+  // keeps the shift detector quiet for two windows (it takes the slower steps as the norm).
+  void fold_into_shift(const StepRecord& r, std::size_t first, std::vector<AlertEvent>& out) {
+    for (std::size_t i = first; i < out.size();) {
+      const AlertEvent& e = out[i];
+      const bool slow_alert = !e.update && (e.type == "step_regression" || e.type == "stall");
+      if (slow_alert && !e.resolved && e.type == "step_regression" && shifted_already(e)) {
+        folded_ = true;
+      } else if (slow_alert && e.resolved && folded_ && e.type == "step_regression") {
+        folded_ = false;
+      } else {
+        if (slow_alert && e.resolved) folded_ = false;  // (it escalated to a stall: kept)
+        if (slow_alert && !e.resolved) last_slow_alert_ = r.step;
+        ++i;
+        continue;
+      }
+      out.erase(out.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+
+  bool shifted_already(const AlertEvent& e) const {
+    if (shift_.episode_open()) return true;
+    const auto since = e.details.find("slow_since_step");
+    return shift_.last_alert_step() >= 0 && since != e.details.end() &&
+           since->is_number_integer() && since->get<std::int64_t>() <= shift_.last_alert_step();
+  }
+
   SlowStepDetector slow_;
+  ShiftDetector shift_;
+  std::int64_t window_;
+  std::int64_t last_slow_alert_ = -(std::int64_t{1} << 40);
+  bool folded_ = false;  // a step_regression folded into the shift episode awaits its end
   MemoryGrowthDetector memory_;
   DeviceDiagnosisDetector device_;
   TelemetryDetector hw_;
