@@ -24,11 +24,13 @@ class GcPauses {
   }
   /// The collection begun last ended at `now_ns`; nothing when none was begun (the
   /// callback was installed during one). Any thread.
-  void end(std::int64_t now_ns) noexcept {
+  /// Returns the collection's time (0: none). Any thread.
+  std::int64_t end(std::int64_t now_ns) noexcept {
     const std::int64_t began = begin_ns_.exchange(kNone, std::memory_order_relaxed);
-    if (began == kNone || now_ns < began) return;
+    if (began == kNone || now_ns < began) return 0;
     ns_[static_cast<std::size_t>(generation_)].fetch_add(now_ns - began, std::memory_order_relaxed);
     count_.fetch_add(1, std::memory_order_release);  // after its time: take() sees both
+    return now_ns - began;
   }
   /// Whether a collection ended since the last take (one load: the step's usual path).
   bool pending() const noexcept { return count_.load(std::memory_order_relaxed) != 0; }

@@ -203,10 +203,18 @@ class ProfilerImpl final : public SignalClosable {
   void end_compile() {
     if (!detached_) recorder_.end_compile();
   }
+  // The watchdog's hang clock stops while the collector runs and leaves its time out.
+  // On the run's clock, as the steps (any thread reads it).
   void begin_gc(int generation) noexcept {
-    recorder_.gc_pauses().begin(generation, monotonic_now_ns());
+    recorder_.gc_pauses().begin(generation, clock_->now_ns());
+    recorder_.inflight().collecting.store(true, std::memory_order_relaxed);
   }
-  void end_gc() noexcept { recorder_.gc_pauses().end(monotonic_now_ns()); }
+  void end_gc() noexcept {
+    const std::int64_t took = recorder_.gc_pauses().end(clock_->now_ns());
+    recorder_.inflight().gc_ns.fetch_add(took, std::memory_order_relaxed);
+    // release: a watchdog that sees the collection over sees its time left out too
+    recorder_.inflight().collecting.store(false, std::memory_order_release);
+  }
   void begin_interval(IntervalKind kind) {
     if (detached_) return;
     check_open();

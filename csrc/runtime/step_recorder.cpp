@@ -97,6 +97,7 @@ void StepRecorder::bind(const Parts& parts) {
   }
   inflight_.start_ns.store(start, std::memory_order_relaxed);
   inflight_.excluded_ns.store(0, std::memory_order_relaxed);
+  inflight_.gc_ns.store(0, std::memory_order_relaxed);
   inflight_.step.store(current_.step, std::memory_order_release);
 }
 

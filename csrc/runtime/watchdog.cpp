@@ -232,8 +232,10 @@ void Watchdog::loop() {
     in_interval.closing = last;
     // An interval inside the step in flight is not training work: the step's hang clock
     // stops while it runs (interval_hang watches it) and leaves its time out afterwards.
-    // So does a compile (a new shape's graph: seconds to minutes, not a hang).
-    if (in_interval.kind >= 0 || inflight.compiling.load(std::memory_order_relaxed)) {
+    // So does a compile (a new shape's graph: seconds to minutes, not a hang), and Python's
+    // collector (a generation-2 collection: up to seconds on a busy host; gc_pause names it).
+    if (in_interval.kind >= 0 || inflight.compiling.load(std::memory_order_relaxed) ||
+        inflight.collecting.load(std::memory_order_acquire)) {
       poll.step = -1;
     }
     HangLimits::Seen seen;
@@ -247,7 +249,8 @@ void Watchdog::loop() {
     const HangLimits::Limits limit = limits.observe(seen);
     hang_config.hang_floor_s = limit.floor_s;
     hang_config.hang_min_s = limit.min_s;
-    poll.start_ns += inflight.excluded_ns.load(std::memory_order_relaxed);
+    poll.start_ns += inflight.excluded_ns.load(std::memory_order_relaxed) +
+                     inflight.gc_ns.load(std::memory_order_relaxed);
     for (auto event : {hang.check(poll), interval_hang.check(in_interval)}) {
       if (!event) continue;
       if (event->type == "hang" && !event->resolved) {

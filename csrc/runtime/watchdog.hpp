@@ -34,6 +34,10 @@ struct InflightState {
   std::atomic<std::int64_t> start_ns{0};
   std::atomic<std::int64_t> excluded_ns{0};  // intervals and compiles inside the step in flight
   std::atomic<bool> compiling{false};        // the step in flight is compiling (begin_compile)
+  // Python's collector runs now (any thread: it stops them all), and the time collections
+  // took since the step in flight began: neither is the step hanging.
+  std::atomic<bool> collecting{false};
+  std::atomic<std::int64_t> gc_ns{0};
   std::atomic<int> phase{-1};
   std::atomic<std::int64_t> last_done_step{-1};  // the last step that ended, and its host time
   std::atomic<std::int64_t> last_done_ns{0};

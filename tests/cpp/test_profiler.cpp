@@ -689,6 +689,27 @@ TEST(Profiler, WatchdogWritesAHangWhileTheStepIsStillRunning) {
   EXPECT_EQ(records.back()["alerts"]["hang"], 1);
 }
 
+// A generation-2 collection of 30 s (a large object graph on a busy host) is neither a hang
+// while it runs nor part of the step's hang clock afterwards: before, the watchdog paged
+// `hang` in forward during it. The step hanging afterwards is still caught, its time
+// counted without the collection.
+TEST(Profiler, WatchdogLeavesPythonsCollectionsOutOfTheHangClock) {
+  TempDir tmp;
+  Fixture f(tmp, [](Config& c) { c.first_step_hang_s = 10; });
+  f.prof->begin_step();
+  f.prof->begin_phase(f.prof->phase_id("forward"));
+  f.prof->begin_gc(2);
+  f.clock->advance(30'000 * kMs);
+  f.prof->end_gc();
+  f.clock->advance(11'000 * kMs);  // then 11 s hung: past the 10 s limit
+  const auto hangs = wait_for_alerts(f.path, "hang");
+  ASSERT_EQ(hangs.size(), 1u);
+  EXPECT_GE(hangs[0]["value"].get<double>(), 11000.0);
+  EXPECT_LT(hangs[0]["value"].get<double>(), 30000.0) << hangs[0]["message"];
+  f.prof->end_step();
+  f.close_and_read();
+}
+
 // The watchdog's hang rule on given clock values: HangLimits' floor and least limit fed to
 // HangDetector through its own copy of the options, as Watchdog::loop does, polled every
 // 100 ms.
