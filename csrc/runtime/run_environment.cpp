@@ -126,7 +126,7 @@ std::optional<std::string> log_job_id(const std::string& path) {
   struct stat st {};
   std::string head;
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    head.resize(64 * 1024);  // a run_start is a few KiB; its line ends well before this
+    head.resize(std::size_t{64} * 1024);  // a run_start is a few KiB; its line ends well before this
     const ssize_t n = ::read(fd, head.data(), head.size());
     head.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
   }
