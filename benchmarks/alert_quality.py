@@ -583,6 +583,35 @@ def train_gan_run(steps: int, tmp: Path) -> Path:
     return _steptrace_run(cmd, tmp)
 
 
+def train_busy_mlp(steps: int, tmp: Path) -> Path:
+    """tests/python/test_busy_host_regression.py's ~1 ms loop (explicit phases), clean: the
+    loop whose lasting regression beside a CPU hog per core went unreported (issue 52)."""
+    mod = _test_module("test_busy_host_regression")
+    mod.STEPS = steps
+    with quiet():
+        mod.run_loop(tmp / "run", regress=False)
+    return tmp / "run"
+
+
+def train_lbfgs_run(steps: int, tmp: Path) -> Path:
+    """tests/python/test_closure_optimizers.py's LBFGS loop under `steptrace run`: forward and
+    backward inside optimizer.step(closure), up to 5 closure calls a step (issue 52)."""
+    script = tmp / "lbfgs.py"
+    script.write_text(_test_module("test_closure_optimizers").LBFGS_SCRIPT.replace("{call}", "opt.step(closure)"))
+    cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp / "logs"), str(script), str(steps)]
+    return _steptrace_run(cmd, tmp)
+
+
+def train_gc_gan(steps: int, tmp: Path) -> Path:
+    """tests/python/test_gc_pause.py's GAN-style loop: two optimizers a batch, 600k live
+    containers, a generation-2 collection inside the generator's forward every 60 batches
+    (its own length: `steps` is not used). Collections are gc_pause tickets, never pages."""
+    del steps
+    with quiet(), steptrace.Profiler(tmp / "run") as prof:
+        _test_module("test_gc_pause")._gan_loop(prof)
+    return tmp / "run"
+
+
 REAL_LOOPS = (
     RealLoop("gpt", "GPT-style loop, explicit phases, prof.interval eval every 50 + torch.save",
              1500, 150, train_gpt),
@@ -597,6 +626,12 @@ REAL_LOOPS = (
              5000, 300, train_lightning),
     RealLoop("gan-run", "GAN-style loop under `steptrace run`: two optimizers per batch (D and G updates), "
              "alternating steps of different costs", 2000, 400, train_gan_run),
+    RealLoop("busy-mlp", "the ~1 ms loop of the busy-host regression test, explicit phases, clean", 2000, 1200,
+             train_busy_mlp),
+    RealLoop("lbfgs-run", "LBFGS under `steptrace run`: forward and backward inside optimizer.step(closure)",
+             200, 60, train_lbfgs_run),
+    RealLoop("gc-gan", "GAN-style loop with 600k live objects and a generation-2 collection every 60 batches "
+             "(gc_pause tickets)", 0, 0, train_gc_gan),
 )
 
 
