@@ -22,8 +22,9 @@ namespace steptrace::detail {
 /// `window` judged steps (after warmup_steps; failed steps left out); the recent window the
 /// latest `window` steps. Every kEvaluateEvery steps, with a full recent window:
 ///   shifted: the recent window's 10th, 25th and 50th percentiles each above
-///            regression_threshold x the baseline's, and its median at least min_excess_ms
-///            above the baseline's;
+///            (2 x regression_threshold - 1) x the baseline's (2x by default: twice the
+///            per-step rules' margin, as a shared VM can itself run 1.7x slower for over a
+///            second), and its median at least min_excess_ms above the baseline's;
 ///   the work grew, not the host's part: on the host clock where the thread's CPU time is
 ///            read, its CPU time per step (its share of the readings' spans x the median)
 ///            grew by regression_threshold too: contention, however it comes and goes,

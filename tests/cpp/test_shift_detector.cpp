@@ -171,6 +171,18 @@ TEST(ShiftDetector, AStretchShorterThanRegressionMinMsIsNotARegression) {
   EXPECT_GE(events[0].step, 1100 + 280);  // a second of it, at least
 }
 
+// The CI VM itself ran a GPT-style loop 1.7x slower for over a second, the thread on its
+// CPU throughout (CPU time per step up with it): below the shift rule's 2x, not paged.
+TEST(ShiftDetector, AHostRunning1Point7xSlowerForSecondsIsNotARegression) {
+  BusyLoop loop(6);
+  loop.read_cpu = true;
+  ShiftDetector shift(loop.config, loop.names);
+  std::vector<AlertEvent> events;
+  for (int i = 0; i < 400; ++i) shift.observe(loop.step(i, 0.6, 0.0), false, events);
+  for (int i = 400; i < 1400; ++i) shift.observe(loop.step(i, 1.4, 0.0), false, events);
+  EXPECT_TRUE(events.empty()) << events.front().message;
+}
+
 // Occasional steps many times the usual (a heavy tail: here Pareto-like spikes) do not move
 // the lower quantiles: no shift.
 TEST(ShiftDetector, HeavyTailedNoiseIsNotAShift) {
