@@ -1363,6 +1363,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("in_step", [](PyProfiler& p) { return p.core().in_step(); })
       .def_property_readonly("step_index", [](PyProfiler& p) { return p.core().step_index(); })
       .def_property_readonly("log_path", [](PyProfiler& p) { return p.core().log_path(); })
+      .def_property_readonly("attempt", [](PyProfiler& p) { return p.core().attempt(); })
+      .def_property_readonly("process_start_unix_ns",
+                             [](PyProfiler& p) { return p.core().process_start_unix_ns(); })
       .def_property_readonly("metrics_port", [](PyProfiler& p) { return p.core().metrics_port(); })
       .def_property_readonly("config", [](PyProfiler& p) { return p.core().config(); });
 

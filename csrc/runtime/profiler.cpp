@@ -420,6 +420,8 @@ class ProfilerImpl final : public SignalClosable {
   std::int64_t data_inside_step() const noexcept { return recorder_.data_inside_step(); }
   int write_errno() const noexcept { return writer_->first_errno(); }
   const std::string& log_path() const noexcept { return log_path_; }
+  int attempt() const noexcept { return log_.attempt; }
+  std::int64_t process_start() const noexcept { return process_start_unix_ns_; }
   const Config& config() const noexcept { return config_; }
   int metrics_port() const noexcept { return metrics_ ? metrics_->port() : -1; }
 
@@ -808,6 +810,8 @@ std::string Profiler::write_error() const {
   return e == 0 ? std::string() : std::string(std::strerror(e));
 }
 const std::string& Profiler::log_path() const noexcept { return impl_->log_path(); }
+int Profiler::attempt() const noexcept { return impl_->attempt(); }
+std::int64_t Profiler::process_start_unix_ns() const noexcept { return impl_->process_start(); }
 int Profiler::metrics_port() const noexcept { return impl_->metrics_port(); }
 const Config& Profiler::config() const noexcept { return impl_->config(); }
 std::int64_t Profiler::collective_begin() noexcept { return impl_->collective_begin(); }

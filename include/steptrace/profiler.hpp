@@ -342,6 +342,10 @@ class STEPTRACE_API Profiler {
 
   /// Path of this rank's log file.
   const std::string& log_path() const noexcept;
+  /// Which attempt of its job this run is (its run_start's job.attempt; 0 without a job id).
+  int attempt() const noexcept;
+  /// When this process started (unix ns, as run_start says); 0 where unknown.
+  std::int64_t process_start_unix_ns() const noexcept;
   /// The port the Prometheus endpoint is bound to (http://<host>:<port>/metrics), or -1
   /// when metrics_port is -1 or binding failed (see run_start.metrics.error).
   int metrics_port() const noexcept;

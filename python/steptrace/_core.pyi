@@ -95,6 +95,8 @@ class Profiler:
     in_step: bool
     step_index: int
     log_path: str
+    attempt: int
+    process_start_unix_ns: int
     metrics_port: int
     config: Config
     write_errors: int

@@ -15,14 +15,12 @@ import logging
 import operator
 import os
 import platform
-import re
 import signal
 import sys
 import threading
 import time
 import traceback
 import weakref
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from steptrace import _core
@@ -559,33 +557,14 @@ class IntervalScope:
 INTERVAL_KINDS = ("eval", "checkpoint", "restore", "other")
 
 
-_ATTEMPT_DIR = re.compile(r"attempt([0-9]{1,9})")
-
-
-def _process_start_unix_ns() -> Optional[int]:
-    """When this process started (unix ns): /proc/self/stat's starttime (field 22, clock
-    ticks after boot; proc(5)) against CLOCK_BOOTTIME, as the core reads it; None where
-    unknown."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        ticks = int(fields[19])  # field 22, counted from field 3 after the command name
-        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time_ns() - int(age_s * 1e9)
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
 def _seed_earlier_attempts(core: Any, log_dir: str) -> None:
     """A restart's live waste metrics continue the job's: the earlier attempts' seconds
     by cause (steptrace.goodput reads their logs) are added to the core's account, on a
     thread of their own (the logs may be long). Attempt 0 has none; a failure is said once
     and the metrics go on with this attempt alone."""
-    path = Path(core.log_path)
-    m = _ATTEMPT_DIR.fullmatch(path.parent.name)
-    if m is None or path.parent.parent != Path(log_dir):
+    attempt = core.attempt
+    if attempt == 0:
         return
-    attempt = int(m.group(1))
 
     def seed() -> None:
         try:
@@ -598,8 +577,8 @@ def _seed_earlier_attempts(core: Any, log_dir: str) -> None:
             for cause, seconds in job["seconds"].items():
                 core.add_earlier_attempts(cause, max(0.0, float(seconds)))
             # the gap from the last earlier attempt to this process: its recovery
-            started = _process_start_unix_ns()
-            if started is not None:
+            started = core.process_start_unix_ns
+            if started > 0:
                 gap = (started - job["attempts"][-1]["end_unix_ns"]) / 1e9
                 core.add_earlier_attempts("recovery", max(0.0, gap))
         except Exception as e:  # noqa: BLE001 - the training run goes on regardless
