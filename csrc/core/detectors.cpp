@@ -146,6 +146,13 @@ bool SlowStepDetector::long_enough(int steps, double ms) const {
   return ms >= config_.regression_min_ms || steps >= kMaxRegressionSteps;
 }
 
+bool SlowStepDetector::is_stall(double ms, double median, double excess, const Noise& noise) const {
+  return ms > config_.stall_threshold * median &&
+         excess >
+             std::max(config_.stall_min_excess_ms, 2.0 * config_.noise_sigmas * noise.sigma_ms) &&
+         ms > config_.regression_threshold * noise.p95_ms;
+}
+
 AlertEvent SlowStepDetector::slow_alert(const StepRecord& r, int level, double iteration_ms,
                                         double median, const Grew& grew, const Noise& noise) const {
   const bool stall = level == 2;
@@ -244,7 +251,8 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
   bool collected = false;    // slow, and mostly Python's garbage collector
   if (judged) {
     const double median = iteration_.median();
-    const double excess = iteration_ms - median;
+    double judged_ms = iteration_ms;  // the step as judged: less a collection that paused it
+    double excess = judged_ms - median;
     bool stall = false;
     Noise noise;
     Grew grew;
@@ -257,10 +265,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
         noise = window_noise();
         slow = excess > config_.noise_sigmas * noise.sigma_ms;
       }
-      stall = slow && iteration_ms > config_.stall_threshold * median &&
-              excess > std::max(config_.stall_min_excess_ms,
-                                2.0 * config_.noise_sigmas * noise.sigma_ms) &&
-              iteration_ms > config_.regression_threshold * noise.p95_ms;
+      stall = slow && is_stall(iteration_ms, median, excess, noise);
     }
     // Most of the excess spent blocked in a collective (after the rank's last launch in the
     // step, or in one between steps: a barrier after rank 0's checkpoint; on a GPU, NCCL
@@ -278,19 +283,21 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     }
     // Most of the excess spent in Python's garbage collector is a collection pause, not the
     // model (before contention: a collection slowed further by a busy host is still one,
-    // and the advice that helps is the collector's), unless the step is slow without it
-    // too (a regression's steps that also collected). It alerts where the step would have.
-    const bool slow_without_gc =
-        window_ms - median >
-            std::max(config_.min_excess_ms, config_.noise_sigmas * noise.sigma_ms) &&
-        window_ms > config_.regression_threshold * median;
-    if (slow && gc_ms > 0 && gc_ms >= kGcShare * excess && !slow_without_gc) {
+    // and the advice that helps is the collector's). It alerts where the step would have.
+    // What is left of the step is judged on its own, as if it had not collected: slow (a
+    // regression's step that also collected; a hog's time slice beside the collection) or
+    // not, and a stall only if the rest alone is one.
+    if (slow && gc_ms > 0 && gc_ms >= kGcShare * excess) {
       ++gc_streak_;
       gc_streak_ms_ += iteration_ms;
-      const bool alert = stall || long_enough(gc_streak_, gc_streak_ms_);
-      slow = stall = false;
+      gc_pause(r, iteration_ms, median, gc_ms, stall || long_enough(gc_streak_, gc_streak_ms_),
+               out);
       collected = true;
-      gc_pause(r, iteration_ms, median, gc_ms, alert, out);
+      judged_ms = window_ms;
+      excess = judged_ms - median;
+      slow = excess > std::max(config_.min_excess_ms, config_.noise_sigmas * noise.sigma_ms) &&
+             judged_ms > config_.regression_threshold * median;
+      stall = slow && is_stall(judged_ms, median, excess, noise);
     } else {
       gc_streak_ = 0;
       gc_streak_ms_ = 0;
@@ -300,11 +307,11 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     // It alerts where the step would have (a stall, or a regression's run of slow steps).
     if (slow && host_wait_in_iteration(r).total_ms >= kContentionShare * excess) {
       ++contention_streak_;
-      contention_streak_ms_ += iteration_ms;
+      contention_streak_ms_ += judged_ms;
       const bool alert = stall || long_enough(contention_streak_, contention_streak_ms_);
       slow = stall = false;
       contended = true;
-      contention(r, iteration_ms, median, alert, out);
+      contention(r, judged_ms, median, alert, out);
     } else {
       contention_streak_ = 0;
       contention_streak_ms_ = 0;
@@ -316,7 +323,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     const bool hold_stall =
         spike == Spike::kNew && stall;  // it may be the first of a periodic kind
     if (hold_stall) {
-      held_spike_ = slow_alert(r, 2, iteration_ms, median, grew, noise);
+      held_spike_ = slow_alert(r, 2, judged_ms, median, grew, noise);
       held_spike_->unix_ns = r.start_unix_ns + r.host_ns;  // when it happened, not when written
       held_spike_until_ = r.step + config_.window;
     }
@@ -330,7 +337,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
         slow_streak_ms_ = 0;
         streak_gaps_ = 0;
       }
-      slow_streak_ms_ += iteration_ms;
+      slow_streak_ms_ += judged_ms;
       streak_gap_ = 0;
     } else if (slow_streak_ > 0 && level_ == 0 && ++streak_gap_ <= kStreakGap &&
                ++streak_gaps_ * kSlowPerGap <= slow_streak_) {
@@ -346,7 +353,7 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
     }
     const int level = stall ? 2 : slow && long_enough(slow_streak_, slow_streak_ms_) ? 1 : 0;
     if (level > level_) {  // a new episode, or a regression that became a stall
-      out.push_back(slow_alert(r, level, iteration_ms, median, grew, noise));
+      out.push_back(slow_alert(r, level, judged_ms, median, grew, noise));
       if (level_ == 0) {
         episode_start_ = level == 2 ? r.step : streak_start_;
         episode_slow_steps_ = level == 2 ? 1 : slow_streak_;

@@ -106,6 +106,8 @@ class SlowStepDetector {
   static constexpr double kSpikeShare = 0.5;  // of the excess, at least, in `other`
   static constexpr double kSpikeSize = 2.0;   // within this factor of the earlier one's
   bool long_enough(int steps, double ms) const;
+  // A slow step of `ms` (`excess` over the window's median) is stall-sized.
+  bool is_stall(double ms, double median, double excess, const Noise& noise) const;
   AlertEvent slow_alert(const StepRecord& r, int level, double iteration_ms, double median,
                         const Grew& grew, const Noise& noise) const;
   AlertEvent episode_end(std::int64_t step, const char* why) const;
