@@ -11,39 +11,46 @@ import json
 import textwrap
 from pathlib import Path
 
-import torch
-from torch import nn
-
 import steptrace
 from steptrace.cli import main as cli
 
 LBFGS_SCRIPT = """
-import json, sys
+import contextlib, json, sys
 import torch
 from torch import nn
 
-torch.manual_seed(0)
-x = torch.randn(512, 16)
-y = torch.sin(x @ torch.randn(16, 1))
-model = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 1))
-loss_fn = nn.MSELoss()
-opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
-calls = []
-for step in range(int(sys.argv[1])):
-    n = [0]
 
-    def closure():
-        n[0] += 1
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        return loss
+def lbfgs_steps(steps, by_keyword=False, step_scope=contextlib.nullcontext, watch=None):
+    torch.manual_seed(0)
+    x = torch.randn(512, 16)
+    y = torch.sin(x @ torch.randn(16, 1))
+    model = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 1))
+    loss_fn = nn.MSELoss()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+    if watch is not None:
+        watch(model, opt, loss_fn)
+    calls = []
+    for step in range(steps):
+        n = [0]
 
-    {call}
-    calls.append(n[0])
-    with torch.no_grad():  # a prediction after each step, as time_sequence_prediction does
-        model(x[:8])
-print(json.dumps(calls))
+        def closure():
+            n[0] += 1
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            return loss
+
+        with step_scope():
+            returned = opt.step(closure=closure) if by_keyword else opt.step(closure)
+        assert isinstance(returned, torch.Tensor)  # the closure's loss comes back through any wrapper
+        calls.append(n[0])
+        with torch.no_grad():  # a prediction after each step, as time_sequence_prediction does
+            model(x[:8])
+    return calls
+
+
+if __name__ == "__main__":
+    print(json.dumps(lbfgs_steps(int(sys.argv[1]), by_keyword=sys.argv[2:] == ["keyword"])))
 """
 
 GAN_SCRIPT = """
@@ -98,41 +105,22 @@ def check_closure_steps(recs: list[dict], calls: list[int]) -> None:
 
 
 def test_lbfgs_under_steptrace_run_times_the_closures_phases(tmp_path, capsys):
-    recs = run_script(tmp_path, LBFGS_SCRIPT.replace("{call}", "opt.step(closure)"), "40")
+    recs = run_script(tmp_path, LBFGS_SCRIPT, "40")
     calls = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     check_closure_steps(recs, calls)
 
 
 def test_a_closure_given_by_keyword_is_timed_too(tmp_path, capsys):
-    recs = run_script(tmp_path, LBFGS_SCRIPT.replace("{call}", "opt.step(closure=closure)"), "15")
+    recs = run_script(tmp_path, LBFGS_SCRIPT, "15", "keyword")
     calls = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     check_closure_steps(recs, calls)
 
 
 def test_lbfgs_under_watch_times_the_closures_phases(tmp_path):
-    torch.manual_seed(0)
-    x = torch.randn(512, 16)
-    y = torch.sin(x @ torch.randn(16, 1))
-    model = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 1))
-    loss_fn = nn.MSELoss()
-    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
-    calls = []
+    script: dict = {}
+    exec(LBFGS_SCRIPT, script)  # the same loop as the scripts above, in this process
     with steptrace.Profiler(tmp_path) as prof:
-        prof.watch(model, opt, loss_fn)
-        for _ in range(30):
-            n = [0]
-
-            def closure():
-                n[0] += 1
-                opt.zero_grad()
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                return loss
-
-            with prof.step():
-                returned = opt.step(closure)
-            assert isinstance(returned, torch.Tensor)  # the closure's loss comes back through the wrapper
-            calls.append(n[0])
+        calls = script["lbfgs_steps"](30, step_scope=prof.step, watch=prof.watch)
     recs = list(steptrace.read(prof.log_path, validate=True))
     check_closure_steps(recs, calls)
     assert all("loss" in r["phases_ms"] for r in recs if r["kind"] == "step")
