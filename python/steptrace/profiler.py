@@ -2,93 +2,41 @@
 
 ``prof.step()`` and ``prof.phase(name)`` are bound C++ methods returning reusable scope
 objects whose ``__enter__``/``__exit__`` run in C++, so the hot path has no contextlib
-and no Python frames of ours. Everything else here (configuration checks, signal and
-exit handling, the loader wrapper) runs once per run or once per batch.
+and no Python frames of ours. Everything else here (the loader wrapper, the alert thread,
+close) runs once per run or once per batch. Its parts live beside it: the options in
+:mod:`steptrace._config`, the CUDA step hooks in :mod:`steptrace._cuda_hooks`, SIGTERM,
+fork and exit handling in :mod:`steptrace._process_hooks`, torch.profiler coexistence in
+:mod:`steptrace._torch_profiler_hooks`.
 """
 
 from __future__ import annotations
 
-import atexit
 import gc
 import json
 import logging
 import operator
 import os
 import platform
-import signal
 import sys
 import threading
 import time
 import traceback
-import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from steptrace import _core
-from steptrace._options import PYTHON_OPTIONS
-from steptrace._torch_compat import cuda_memory_stats
+# build_config and the option names are imported from here by replay, launcher and the
+# integrations; the process-wide hooks register SIGTERM, fork and atexit handling on import
+from steptrace._config import _CORE_OPTIONS, _PYTHON_OPTIONS, ALLOWED_OPTIONS, build_config  # noqa: F401
+from steptrace._cuda_hooks import _cuda_live_bytes, _cuda_step_hooks
+from steptrace._process_hooks import _exception_text, _install_sigterm_handler, _live
+from steptrace._torch_profiler_hooks import _torch_profiler_running
 from steptrace.graph_capture import CaptureWatch
-from steptrace.cluster import ClusterExchange, check_cluster_options, wants_exchange
-from steptrace.errors import ConfigError, UnknownOptionError
-from steptrace.otlp import check_otlp_options
+from steptrace.cluster import ClusterExchange, wants_exchange
+from steptrace.errors import ConfigError
 
 T = TypeVar("T")
 
 logger = logging.getLogger("steptrace")
-
-# Options handled here rather than by the core (None: any callable or None), from the
-# option table (include/steptrace/config_options.def, via the generated steptrace._options).
-_PYTHON_OPTIONS: dict = dict(PYTHON_OPTIONS)
-_CORE_OPTIONS = sorted(
-    name for name in dir(_core.Config) if not name.startswith("_") and name not in ("validate", "log_dir")
-)
-ALLOWED_OPTIONS = sorted([*_CORE_OPTIONS, *_PYTHON_OPTIONS])
-
-_live: "weakref.WeakSet[Profiler]" = weakref.WeakSet()
-_previous_sigterm: Any = None
-_sigterm_installed = False
-
-
-def _check_type(key: str, value: Any, default: Any) -> None:
-    if default is None:  # a callback
-        ok, expected = value is None or callable(value), "callable or None"
-    elif isinstance(default, bool):
-        ok, expected = isinstance(value, bool), "a bool"
-    elif isinstance(default, int):
-        ok, expected = isinstance(value, int) and not isinstance(value, bool), "an int"
-    elif isinstance(default, float):
-        ok, expected = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-    elif isinstance(default, str):
-        ok, expected = isinstance(value, str), "a str"
-    else:  # list of phase names
-        ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
-        expected = "a list of str"
-    if not ok:
-        raise ConfigError(f"option {key}={value!r} must be {expected}, got {type(value).__name__}")
-
-
-def build_config(log_dir: "str | os.PathLike[str]", options: dict) -> tuple[Any, dict]:
-    """The validated core config and the Python-side options; raises before touching disk."""
-    if not isinstance(log_dir, (str, os.PathLike)):
-        raise ConfigError(f"log_dir={log_dir!r} must be a path (str or os.PathLike), got {type(log_dir).__name__}")
-    config = _core.Config()
-    config.log_dir = os.fspath(log_dir)
-    python_options = dict(_PYTHON_OPTIONS)
-    for key, value in options.items():
-        if key in _PYTHON_OPTIONS:
-            _check_type(key, value, _PYTHON_OPTIONS[key])
-            python_options[key] = value
-            continue
-        if key not in _CORE_OPTIONS:
-            raise UnknownOptionError(f"unknown option {key!r}; allowed: {', '.join(ALLOWED_OPTIONS)}")
-        _check_type(key, value, getattr(config, key))
-        setattr(config, key, list(value) if isinstance(value, tuple) else value)
-    grace = python_options["sigterm_grace_s"]
-    if not 0 <= grace <= 3600:
-        raise ConfigError(f"option sigterm_grace_s={grace!r} is out of range; allowed: 0..3600 (seconds)")
-    check_cluster_options(python_options)
-    check_otlp_options(python_options)
-    config.validate()
-    return config, python_options
 
 
 def _versions() -> dict:
@@ -97,66 +45,6 @@ def _versions() -> dict:
     if torch is not None:
         versions["torch"] = str(getattr(torch, "__version__", "unknown"))
     return versions
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    previous = _previous_sigterm
-    if callable(previous):
-        # The program handles SIGTERM itself (e.g. checkpoint, then exit): get the records
-        # out now and let the eventual close say the run ended by a signal.
-        for prof in list(_live):
-            prof._signalled = True
-            prof.flush()
-        previous(signum, frame)
-        return
-    for prof in list(_live):
-        prof.close(reason="signal")
-    if previous == signal.SIG_IGN:
-        return
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)  # die of SIGTERM as the process would have without us
-
-
-def _install_sigterm_handler(grace_s: float) -> None:
-    """The Python-level handler (runs between bytecodes, lossless: it ends the open step
-    and drains the device), and under it a C-level one whose watcher thread acts even while
-    the main thread is blocked in native code: it flushes at once and, when SIGTERM would
-    otherwise have its default action, gives the Python handler ``grace_s`` before it
-    writes run_end itself (no device call) and re-raises SIGTERM."""
-    global _previous_sigterm, _sigterm_installed
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if not _sigterm_installed:
-        _previous_sigterm = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        _sigterm_installed = True
-    if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # else the program took SIGTERM over since
-        terminate = _previous_sigterm in (signal.SIG_DFL, None)
-        if not _core.install_sigterm_handler(terminate, float(grace_s)):
-            logger.warning("steptrace could not install its C-level SIGTERM handler; SIGTERM is "
-                           "handled between Python bytecodes only")
-
-
-def _after_fork_in_child() -> None:
-    """A forked child (os.fork, multiprocessing's fork start method) inherits the parent's
-    profilers but none of their threads: abandon them (nothing written, close a no-op,
-    steps not recorded), and give SIGTERM back the handling it had before steptrace."""
-    global _previous_sigterm, _sigterm_installed
-    for prof in list(_live):
-        prof._abandon()
-    _live.clear()
-    if _sigterm_installed:
-        try:
-            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-                previous = _previous_sigterm
-                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        except (ValueError, TypeError, OSError):
-            pass
-        _sigterm_installed = False
-        _previous_sigterm = None
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _warn_write_errors(core: Any, pending: list) -> None:
@@ -169,155 +57,6 @@ def _warn_write_errors(core: Any, pending: list) -> None:
         return
     logger.warning("steptrace cannot write its log %s (%s); records are being lost, and run_end "
                    "counts the failed writes in write_errors", core.log_path, core.write_error)
-
-
-#: The most often a step hook calls torch.cuda.mem_get_info (seconds between calls).
-_MEM_GET_INFO_INTERVAL_S = 1.0
-
-
-def _cuda_step_hooks(torch: Any, memory: bool, device_index: int = -1,
-                     device_memory_sampled: bool = False,
-                     step_began: Callable[[], None] = lambda: None) -> tuple:
-    """Callables the core runs around each step on the CUDA path: the stream to time as
-    (handle, device) (None until CUDA is initialized: host clock), and the caching
-    allocator's figures with the per-step peak, which it resets.
-
-    The stream is the current stream of the rank's device: ``device_index`` when set,
-    else ``$LOCAL_RANK`` when it names a device (a model on ``cuda:LOCAL_RANK`` without
-    ``torch.cuda.set_device`` is timed on its own GPU, like the hardware figures), else
-    the current device at each step's start. With ``device_memory_sampled`` (NVML reads
-    device-wide memory on its sampler thread) the hook makes no mem_get_info call."""
-    cuda = torch.cuda
-    local_rank = os.environ.get("LOCAL_RANK", "")
-    fixed: list = []  # [the rank's device or None], decided once CUDA is up
-
-    def step_device() -> int:
-        if not fixed:
-            if device_index >= 0:
-                fixed.append(device_index)
-            elif local_rank.isdigit() and int(local_rank) < cuda.device_count():
-                fixed.append(int(local_rank))
-            else:
-                fixed.append(None)
-        return fixed[0] if fixed[0] is not None else cuda.current_device()
-
-    def begin() -> Optional[tuple]:
-        if not cuda.is_initialized():
-            return None
-        step_began()  # this thread's step: a capture it begins marks the step (graph_capture)
-        d = step_device()
-        return cuda.current_stream(d).cuda_stream, d
-
-    memory_stats, reset_peak = cuda_memory_stats(torch)  # one dict, not four
-    device_memory: dict = {}  # device -> (when mem_get_info was read, used, total)
-    capturing = getattr(cuda, "is_current_stream_capturing", lambda: False)
-
-    def end() -> Optional[tuple]:
-        if not cuda.is_initialized():
-            return None
-        device = step_device()
-        if memory_stats is not None and reset_peak is not None:
-            stats = memory_stats(device)
-            allocated = stats["allocated_bytes"]["all"]["current"]
-            reserved = stats["reserved_bytes"]["all"]["current"]
-            peak = stats["allocated_bytes"]["all"]["peak"]
-            reset_peak(device)
-        else:
-            allocated, reserved = cuda.memory_allocated(device), cuda.memory_reserved(device)
-            peak = cuda.max_memory_allocated(device)
-            cuda.reset_peak_memory_stats(device)
-        if device_memory_sampled or capturing():  # the core has NVML's; no driver call
-            return allocated, reserved, peak, -1, -1  # inside a capture (it could invalidate it)
-        # device-wide (NCCL and raw cudaMalloc too), at most once a second: some stacks
-        # sync the host in mem_get_info; the steps between hold the last figure, and with
-        # NVML the core takes the sampler thread's fresher one (docs/gpu.md)
-        now = time.monotonic()
-        last = device_memory.get(device)
-        if last is None or now - last[0] >= _MEM_GET_INFO_INTERVAL_S:
-            free, total = cuda.mem_get_info(device)
-            last = device_memory[device] = (now, total - free, total)
-        return allocated, reserved, peak, last[1], last[2]
-
-    return begin, (end if memory else None)
-
-
-def _cuda_live_bytes(torch: Any) -> Callable[[], Optional[int]]:
-    """The allocator's live bytes now (None before CUDA is initialized): the level that
-    memory_growth attributes to phases, read at phase boundaries for a few steps after
-    the alert."""
-    cuda = torch.cuda
-
-    def live() -> Optional[int]:
-        return cuda.memory_allocated() if cuda.is_initialized() else None
-
-    return live
-
-
-# torch.profiler (Kineto) and steptrace's kernel activity share CUPTI's process-wide
-# activity buffers: while a torch profiler is prepared or recording, steptrace's yields.
-_torch_profilers_active = 0
-_torch_profiler_hooked = False
-_unhooked_profiler_running = False  # one started before the hooks: its exit resumes us
-
-
-def _set_external_profiler(active: bool) -> None:
-    for prof in list(_live):
-        if not prof.closed:
-            prof._core.set_external_profiler(active)
-
-
-def _hook_torch_profiler(torch: Any) -> None:
-    """Wraps torch.autograd.profiler.profile (behind torch.profiler.profile too) so that
-    steptrace yields before Kineto sets up CUPTI and resumes after it has torn down."""
-    global _torch_profiler_hooked
-    if _torch_profiler_hooked:
-        return
-    profile = getattr(getattr(torch, "autograd", None), "profiler", None)
-    profile = getattr(profile, "profile", None)
-    prepare = getattr(profile, "_prepare_trace", None)
-    exit_ = getattr(profile, "__exit__", None)
-    if prepare is None or exit_ is None:  # another torch layout: no coexistence hooks
-        return
-
-    def _prepare_trace(self: Any, *args: Any, **kwargs: Any) -> Any:
-        global _torch_profilers_active
-        if not getattr(self, "_steptrace_yielded", False):
-            self._steptrace_yielded = True
-            _torch_profilers_active += 1
-            if _torch_profilers_active == 1:
-                _set_external_profiler(True)
-        return prepare(self, *args, **kwargs)
-
-    def __exit__(self: Any, *args: Any) -> Any:
-        global _torch_profilers_active, _unhooked_profiler_running
-        try:
-            return exit_(self, *args)
-        finally:
-            ours = getattr(self, "_steptrace_yielded", False)
-            if ours:
-                self._steptrace_yielded = False
-                _torch_profilers_active -= 1
-            if (ours or _unhooked_profiler_running) and _torch_profilers_active == 0:
-                _unhooked_profiler_running = False
-                _set_external_profiler(False)
-
-    profile._prepare_trace = _prepare_trace
-    profile.__exit__ = __exit__
-    _torch_profiler_hooked = True
-
-
-def _torch_profiler_running(torch: Any) -> bool:
-    """Hooks torch's profiler, and says whether one is running (one started before the
-    hooks were installed is seen by torch's own flag, and resumes us when it exits)."""
-    global _unhooked_profiler_running
-    if torch is None:
-        return False
-    _hook_torch_profiler(torch)
-    if _torch_profilers_active > 0:
-        return True
-    flag = getattr(getattr(getattr(torch, "autograd", None), "profiler", None), "_is_profiler_enabled", False)
-    _unhooked_profiler_running = _unhooked_profiler_running or flag is True
-    return _unhooked_profiler_running
 
 
 # Hang stacks from faulthandler: it reads the thread states without the GIL, so it also
@@ -497,40 +236,6 @@ def _step_value(name: str, value: Any, warned: set) -> Optional[float]:
             pass
     raise TypeError(f"set_step_values({name}=...): the value must be a number (int, float or a one-element "
                     f"tensor), got {type(value).__name__}")
-
-
-def _exception_text(exc_type: type, exc: Optional[BaseException]) -> str:
-    """``Type: message`` for run_end, whatever the exception holds: a message with a lone
-    surrogate (``ValueError("\\udcff")``) cannot cross into C++ as UTF-8, and a ``__str__``
-    may raise."""
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still ends the run
-        message = f"<{exc_type.__name__}: str() failed>"
-    text = f"{exc_type.__name__}: {message}"
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _exit_reason() -> tuple[str, str]:
-    """Why the interpreter is ending, for the profilers nobody closed: an uncaught
-    exception leaves ``sys.last_exc`` (3.12+) / ``sys.last_value`` set before atexit runs
-    (a framework without an exception hook, such as the Hugging Face Trainer, then still
-    ends its run with reason ``exception``)."""
-    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if isinstance(exc, KeyboardInterrupt):
-        return "signal", "KeyboardInterrupt"
-    if isinstance(exc, BaseException) and not isinstance(exc, SystemExit):
-        return "exception", _exception_text(type(exc), exc)
-    return "exit", ""
-
-
-@atexit.register
-def _close_at_exit() -> None:
-    if not _live:
-        return
-    reason, error = _exit_reason()
-    for prof in list(_live):
-        prof.close(reason=reason, error=error)
 
 
 class IntervalScope:

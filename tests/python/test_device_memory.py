@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 import steptrace
-from steptrace import profiler as profiler_module
+from steptrace import _cuda_hooks as cuda_hooks
 
 
 class _FakeCuda:
@@ -54,14 +54,14 @@ def _clock(monkeypatch, start: float = 1000.0) -> list:
     now = [start]
     fake_time = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")})
     fake_time.monotonic = lambda: now[0]
-    monkeypatch.setattr(profiler_module, "time", fake_time)
+    monkeypatch.setattr(cuda_hooks, "time", fake_time)
     return now
 
 
 def test_mem_get_info_is_not_called_every_step(monkeypatch):
     cuda = _FakeCuda()
     now = _clock(monkeypatch)
-    _, end = profiler_module._cuda_step_hooks(_fake_torch(cuda), True)
+    _, end = cuda_hooks._cuda_step_hooks(_fake_torch(cuda), True)
     results = []
     for _ in range(500):  # 500 steps of 10 ms: 5 s
         results.append(end())
@@ -76,7 +76,7 @@ def test_mem_get_info_is_not_called_every_step(monkeypatch):
 def test_a_fast_loop_calls_it_once(monkeypatch):
     cuda = _FakeCuda()
     _clock(monkeypatch)  # time stands still
-    _, end = profiler_module._cuda_step_hooks(_fake_torch(cuda), True)
+    _, end = cuda_hooks._cuda_step_hooks(_fake_torch(cuda), True)
     for _ in range(1000):
         end()
     assert cuda.mem_get_info_calls == 1
@@ -86,7 +86,7 @@ def test_no_mem_get_info_while_the_stream_captures(monkeypatch):
     cuda = _FakeCuda()
     cuda.capturing = True
     now = _clock(monkeypatch)
-    _, end = profiler_module._cuda_step_hooks(_fake_torch(cuda), True)
+    _, end = cuda_hooks._cuda_step_hooks(_fake_torch(cuda), True)
     for _ in range(20):
         assert end()[3:] == (-1, -1)
         now[0] += 2.0
@@ -111,7 +111,7 @@ def test_with_nvml_steps_take_device_memory_from_the_sampler(tmp_path, monkeypat
 def test_with_nvml_sampling_the_hook_never_calls_mem_get_info(monkeypatch):
     cuda = _FakeCuda()
     now = _clock(monkeypatch)
-    _, end = profiler_module._cuda_step_hooks(_fake_torch(cuda), True, -1, True)
+    _, end = cuda_hooks._cuda_step_hooks(_fake_torch(cuda), True, -1, True)
     for _ in range(20):
         assert end()[3:] == (-1, -1)  # the core fills in the sampler's reading
         now[0] += 2.0
@@ -132,15 +132,15 @@ def test_the_stream_timed_is_the_rank_devices(monkeypatch):
     # A model on cuda:LOCAL_RANK without torch.cuda.set_device: device 0 stays current, yet
     # the rank's work (and its hardware figures) is on device 1.
     monkeypatch.setenv("LOCAL_RANK", "1")
-    begin, _ = profiler_module._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
+    begin, _ = cuda_hooks._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
     assert begin() == (0x5101, 1)
     # An explicit device_index wins; without either, the current device at each step.
-    begin, _ = profiler_module._cuda_step_hooks(_fake_torch(_TwoGpus()), False, 0)
+    begin, _ = cuda_hooks._cuda_step_hooks(_fake_torch(_TwoGpus()), False, 0)
     assert begin() == (0x5100, 0)
     monkeypatch.delenv("LOCAL_RANK")
-    begin, _ = profiler_module._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
+    begin, _ = cuda_hooks._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
     assert begin() == (0x5100, 0)
     # LOCAL_RANK past the devices this process sees (one GPU per process): the current one.
     monkeypatch.setenv("LOCAL_RANK", "5")
-    begin, _ = profiler_module._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
+    begin, _ = cuda_hooks._cuda_step_hooks(_fake_torch(_TwoGpus()), False)
     assert begin() == (0x5100, 0)
