@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "quantile.hpp"
+
 namespace steptrace::detail {
 
 namespace {
@@ -11,11 +13,6 @@ namespace {
 constexpr double kMadCutoff = 3.0;  // goodput.MAD_CUTOFF
 
 double to_s(std::int64_t ns) { return ns > 0 ? static_cast<double>(ns) / 1e9 : 0.0; }
-
-double median_of_sorted(const std::vector<double>& v) {
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 

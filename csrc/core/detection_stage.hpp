@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "alert.hpp"
-#include "detectors.hpp"
+#include "detect/record_detectors.hpp"
 #include "record_sink.hpp"
 #include "steptrace/config.hpp"
 

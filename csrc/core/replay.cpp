@@ -4,7 +4,7 @@
 
 #include "alert.hpp"
 #include "check.hpp"
-#include "detectors.hpp"
+#include "detect/record_detectors.hpp"
 #include "step_record.hpp"
 #include "steptrace/error.hpp"
 

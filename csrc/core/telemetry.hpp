@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "alert.hpp"
-#include "episode.hpp"
+#include "detect/episode.hpp"
 #include "step_completer.hpp"
 #include "step_record.hpp"
 #include "steptrace/backend.hpp"

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "../core/alert.hpp"
+#include "../core/detect/hang_detector.hpp"
 #include "../core/detection_stage.hpp"
-#include "../core/detectors.hpp"
 #include "../core/record_pipeline.hpp"
 #include "../core/stack_dump.hpp"
 #include "../core/step_record.hpp"

@@ -1,6 +1,7 @@
 // Detectors on synthetic timelines: the exact step each alert fires at, nothing before
 // warmup, one alert per episode, the resolved record, and no false alarms.
-#include "core/detectors.hpp"
+#include "core/detect/hang_detector.hpp"
+#include "core/detect/record_detectors.hpp"
 
 #include <gtest/gtest.h>
 

@@ -27,7 +27,7 @@
 #include "backends/fake/fake_backends.hpp"
 #include "backends/host/monotonic_clock.hpp"
 #include "backends/host/tsc_clock.hpp"
-#include "core/detectors.hpp"
+#include "core/detect/hang_detector.hpp"
 #include "core/this_thread.hpp"
 #include "runtime/watchdog.hpp"
 #include "steptrace/error.hpp"

@@ -2,7 +2,7 @@
 // beside a CPU hog per core, whose single steps vary by the scheduler's slices, regressed
 // for good, is flagged in its phase; the same loop without the regression, contention that
 // arrives mid-run, and heavy-tailed noise stay silent; one slowdown is one alert.
-#include "core/shift_detector.hpp"
+#include "core/detect/shift_detector.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "core/detectors.hpp"
+#include "core/detect/record_detectors.hpp"
 
 namespace steptrace::detail {
 namespace {

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "alert.hpp"
-#include "step_record.hpp"
+#include "../alert.hpp"
+#include "../step_record.hpp"
 #include "steptrace/config.hpp"
 
 namespace steptrace::detail {

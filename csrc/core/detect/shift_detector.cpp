@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../quantile.hpp"
 #include "phase_advice.hpp"
 
 namespace steptrace::detail {
@@ -14,15 +15,6 @@ namespace {
 constexpr double kNsPerMs = 1e6;
 
 double ms(std::int64_t ns) { return static_cast<double>(ns) / kNsPerMs; }
-
-// The q-quantile of ascending `sorted`, interpolated between its neighbours.
-double quantile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0.0;
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const auto lo = static_cast<std::size_t>(pos);
-  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
-}
 
 }  // namespace
 
@@ -76,9 +68,9 @@ ShiftDetector::Summary ShiftDetector::summarize(const Window& w) {
   const auto n = static_cast<std::ptrdiff_t>(w.count);
   scratch_.assign(w.iteration.begin(), w.iteration.begin() + n);
   std::sort(scratch_.begin(), scratch_.end());
-  s.p10 = quantile(scratch_, 0.10);
-  s.p25 = quantile(scratch_, 0.25);
-  s.p50 = quantile(scratch_, 0.50);
+  s.p10 = quantile_of_sorted(scratch_, 0.10);
+  s.p25 = quantile_of_sorted(scratch_, 0.25);
+  s.p50 = quantile_of_sorted(scratch_, 0.50);
   if (w.span_ms > 0) {
     s.host_share = std::max(0.0, w.host_wait_ms) / w.span_ms;
     if (w.on_cpu_ms > 0) s.cpu_share = w.on_cpu_ms / w.span_ms;
@@ -87,7 +79,7 @@ ShiftDetector::Summary ShiftDetector::summarize(const Window& w) {
   for (const auto& part : w.part) {
     scratch_.assign(part.begin(), part.begin() + n);
     std::sort(scratch_.begin(), scratch_.end());
-    s.part_median.push_back(quantile(scratch_, 0.5));
+    s.part_median.push_back(quantile_of_sorted(scratch_, 0.5));
   }
   return s;
 }
@@ -106,7 +98,7 @@ void ShiftDetector::observe(const StepRecord& r, bool reported_elsewhere,
     if (std::all_of(work_.begin(), work_.end(), [](double w) { return w > 0; })) {
       scratch_ = work_;
       std::sort(scratch_.begin(), scratch_.end());
-      base_work_ = quantile(scratch_, 0.5);
+      base_work_ = quantile_of_sorted(scratch_, 0.5);
       for (std::size_t i = 0; i < size_; ++i) base_window_.iteration[i] *= base_work_ / work_[i];
     }
     base_ = summarize(base_window_);

@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "alert.hpp"
+#include "../alert.hpp"
 
 namespace steptrace::detail {
 
