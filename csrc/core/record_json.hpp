@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "step_record.hpp"
-#include "work.hpp"
+#include "work_accounting.hpp"
 
 namespace steptrace::detail {
 

@@ -41,7 +41,7 @@
 #include "../core/step_record.hpp"
 #include "../core/telemetry.hpp"
 #include "../core/this_thread.hpp"
-#include "../core/work.hpp"
+#include "../core/work_accounting.hpp"
 #include "../sinks/jsonl_file_sink.hpp"
 #include "../sinks/prometheus_sink.hpp"
 #include "../sinks/record_tap.hpp"

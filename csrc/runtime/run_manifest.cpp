@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "../core/device_timing.hpp"
-#include "../core/work.hpp"
+#include "../core/work_accounting.hpp"
 #include "../sinks/prometheus_sink.hpp"
 #include "run_environment.hpp"
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "../core/work.hpp"
+#include "../core/work_accounting.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/background_thread.hpp"
 #include "steptrace/ext/device_activity.hpp"

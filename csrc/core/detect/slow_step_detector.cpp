@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "../quantile.hpp"
-#include "../work.hpp"
+#include "../work_accounting.hpp"
 #include "phase_advice.hpp"
 
 namespace steptrace::detail {

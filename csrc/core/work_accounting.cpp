@@ -1,4 +1,4 @@
-#include "work.hpp"
+#include "work_accounting.hpp"
 
 #include <algorithm>
 #include <cmath>
