@@ -61,7 +61,7 @@
 
 #include "backends/fake/fake_device_activity.hpp"
 #include "backends/fake/fake_device_timer.hpp"
-#include "core/device_activity.hpp"
+#include "core/device_activity_stage.hpp"
 #include "core/host_steal.hpp"
 #include "core/run_queue.hpp"
 #include "core/sample_aggregation.hpp"

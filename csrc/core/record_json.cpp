@@ -7,7 +7,7 @@
 #include "check.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/ext/device_activity.hpp"
-#include "telemetry.hpp"
+#include "telemetry_stage.hpp"
 
 namespace steptrace::detail {
 namespace {

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/device_activity.hpp"
+#include "core/device_activity_stage.hpp"
 #include "fake_cupti/fake_cupti.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/device_activity.hpp"

@@ -9,7 +9,7 @@
 #include "backends/fake/fake_backends.hpp"
 #include "backends/fake/fake_device_activity.hpp"
 #include "core/detect/device_diagnosis_detector.hpp"
-#include "core/device_activity.hpp"
+#include "core/device_activity_stage.hpp"
 #include "steptrace/ext/device_activity.hpp"
 #include "steptrace/profiler.hpp"
 #include "test_util.hpp"

@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/telemetry.hpp"
+#include "core/telemetry_stage.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/ext/telemetry.hpp"
 

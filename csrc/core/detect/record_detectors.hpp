@@ -9,7 +9,7 @@
 
 #include "../alert.hpp"
 #include "../step_record.hpp"
-#include "../telemetry.hpp"
+#include "../telemetry_stage.hpp"
 #include "checkpoint_detector.hpp"
 #include "device_diagnosis_detector.hpp"
 #include "memory_growth_detector.hpp"

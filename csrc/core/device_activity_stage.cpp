@@ -1,4 +1,4 @@
-#include "device_activity.hpp"
+#include "device_activity_stage.hpp"
 
 #include <algorithm>
 #include <cmath>

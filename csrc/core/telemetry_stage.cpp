@@ -1,4 +1,4 @@
-#include "telemetry.hpp"
+#include "telemetry_stage.hpp"
 
 #include <algorithm>
 #include <cmath>
