@@ -571,6 +571,10 @@ class GlobalPhaseHooks(_Hooks):
     Profiler itself: steptrace.comm.)
     """
 
+    # The hooks are methods sharing the state below as attributes; each is bound once, when
+    # it is registered, so a call allocates nothing (they run on the training thread, the
+    # global ones for every module call during the discovery).
+
     def __init__(self, core: Any, *, steps: bool = False, backward: bool = True, clip: bool = True,
                  discover_steps: int = 2, intervals: Any = None, work: Any = None) -> None:
         import torch
@@ -580,196 +584,207 @@ class GlobalPhaseHooks(_Hooks):
         if isinstance(discover_steps, bool) or not isinstance(discover_steps, int) or discover_steps < 0:
             raise ConfigError(f"discover_steps={discover_steps!r} must be an int >= 0 (0: global hooks throughout)")
         super().__init__(core, backward=backward, clip=clip)
-        gate, loss_type = self._gate, torch.nn.modules.loss._Loss
-        grad_enabled = torch.is_grad_enabled
-        depth = [0]  # module calls in progress on the training thread (global hooks)
-        thread = threading.get_ident()
-        begin_step = core.begin_step if steps else None
+        self._core = core
         self._steps = steps
-        tops: dict[int, Any] = {}  # id -> module called at the outermost level so far
-        optimizer_steps = [0]
-        settled = [discover_steps == 0]  # True: no switch to per-module hooks (any more)
-        between: list[Any] = [None]  # the global hook that watches the time between two steps
-
-        def after_frozen(mod: Any, args: Any, output: Any) -> None:
-            # The gap's watch (between_pre) ended at this forward: it goes on after it, so
-            # that an evaluation calling the teacher first is still seen.
-            if not _compiling() and threading.get_ident() == thread and not core.in_step:
-                watch_between()
-
-        frozen = _FrozenForwards(
-            on_member=lambda mod: self._handles.append(mod.register_forward_hook(after_frozen, always_call=True)))
-        frozen_modules = frozen.members
-
-        eval_mode = _EvalModeForwards()
-
-        def maybe_begin_step() -> None:
-            if (begin_step is not None and threading.get_ident() == thread and not core.in_step
-                    and not gate.closed):
-                spans = eval_mode.take()
-                try:
-                    if spans and core.open_interval in (None, "eval"):
-                        begin_late(spans)
-                    else:
-                        begin_step()
-                except UsageError:  # closed from another thread meanwhile: never into the script
-                    return
-                frozen.step_began()
-
-        def begin_late(spans: list[_KeptSpan]) -> None:
-            """The forwards in eval mode were training after all: the step began at the
-            first of them, and they are its forward and loss phases."""
-            core.begin_step_at(spans[0].begin_ns)
-            for span in spans:
-                # (end_ns None: still running, a backward inside its forward)
-                end_ns = core.clock_ns if span.end_ns is None else span.end_ns
-                forward = span.phase == "forward"
-                gate.gates.add(_INDEX[span.phase], span.begin_ns, end_ns, span.module if forward else None)
-                if forward and work is not None:
-                    work.pre(span.module, span.args, count=False)  # its samples, tokens and (counted as it ran) FLOPs
-
-        def eval_mode_forward(mod: Any, args: Any, is_loss: bool) -> bool:
-            """A top-level call with gradients enabled between steps: True when it is kept
-            as a span of _EvalModeForwards rather than beginning the step."""
-            if not eval_mode.spans and (is_loss or mod.training):
-                return False  # training, as before (the cheap test first: every forward comes here)
-            if begin_step is None or core.in_step or gate.closed:
-                return False
-            if not is_loss and mod.training:
-                if eval_mode.holds(mod):
-                    eval_mode.take()  # the evaluation is over: this module trains again
-                return False  # (else it is a second model: maybe_begin_step begins late)
-            eval_mode.begin("loss" if is_loss else "forward", core.clock_ns, mod, args)
-            if intervals is not None and not is_loss:  # read after the span's start: it is dropped
-                intervals.evaluation_forward()          # if the step begins there
-            if work is not None and not is_loss:
-                work.pre(mod, args, add=False)  # a new input shape's FLOPs counted, not added
-            return True
-
-        without_grad = intervals.forward_without_grad if intervals is not None else None
-
-        def forward_without_grad(mod: Any) -> None:
-            """A top-level forward with gradients disabled: between steps it may open an
-            evaluation interval, unless it is a frozen module's (_FrozenForwards)."""
-            if id(mod) not in frozen_modules and without_grad is not None and without_grad():
-                frozen.opened_interval(mod)
-
-        def outer_pre(mod: Any, args: Any) -> None:
-            is_loss = isinstance(mod, loss_type)
-            if grad_enabled():
-                if eval_mode_forward(mod, args, is_loss):
-                    return
-                maybe_begin_step()
-            else:
-                forward_without_grad(mod)
-            if is_loss:
-                gate.begin("loss")
-            else:
-                gate.begin("forward", mod)
-                if work is not None:
-                    work.pre(mod, args)
-
-        def outer_post(mod: Any) -> None:
-            if eval_mode.running is not None:
-                eval_mode.end(mod, core.clock_ns)
-            gate.end("loss" if isinstance(mod, loss_type) else "forward")
-
-        def global_pre(mod: Any, args: Any) -> None:
-            if _compiling() or threading.get_ident() != thread:
-                return  # inside a compiled module (its calls are traced, not run) or another thread
-            depth[0] += 1
-            if depth[0] == 1:
-                tops.setdefault(id(mod), mod)
-                outer_pre(mod, args)
-
-        def global_post(mod: Any, args: Any, output: Any) -> None:
-            if _compiling() or threading.get_ident() != thread or depth[0] == 0:
-                return
-            depth[0] -= 1
-            if depth[0] == 0:
-                outer_post(mod)
-
-        top_depth = [0]  # hooked top-level calls in progress: a wrapper and the model it runs may both be
-
-        def top_pre(mod: Any, args: Any) -> None:
-            if not _compiling() and threading.get_ident() == thread:
-                top_depth[0] += 1
-                if top_depth[0] == 1:
-                    outer_pre(mod, args)
-
-        def top_post(mod: Any, args: Any, output: Any) -> None:
-            if not _compiling() and threading.get_ident() == thread and top_depth[0] > 0:
-                top_depth[0] -= 1
-                if top_depth[0] == 0:
-                    outer_post(mod)
-
-        global_handles = [module_mod.register_module_forward_pre_hook(global_pre),
-                          module_mod.register_module_forward_hook(global_post, always_call=True)]
-
-        def settle() -> None:
-            """Discovery over: hooks on the top-level modules found, the global ones off."""
-            settled[0] = True
-            for handle in global_handles:
-                handle.remove()
-                self._handles.remove(handle)
-            for mod in tops.values():
-                self._handles += [mod.register_forward_pre_hook(top_pre),
-                                  mod.register_forward_hook(top_post, always_call=True)]
-            tops.clear()
-
-        # Between two steps, until the first forward: a global pre-hook, so that an evaluation
-        # with a model never called at the top while the hooks were discovered (an EMA copy,
-        # model.module of a DDP model, a separate eval model) still opens an evaluation
-        # interval. The first forward removes it: with gradients (the next step's) as soon as
-        # it comes, without (an evaluation) once the interval is open. Steps run without it.
-        def between_pre(mod: Any, args: Any) -> None:
-            if _compiling() or threading.get_ident() != thread:
-                return
-            if not grad_enabled():
-                forward_without_grad(mod)
-            handle, between[0] = between[0], None
-            if handle is not None:
-                handle.remove()
-
-        def watch_between() -> None:
-            if without_grad is not None and between[0] is None and not gate.closed:
-                between[0] = module_mod.register_module_forward_pre_hook(between_pre)
-
-        optimizer_index = _INDEX["optimizer"]
-
-        def opt_pre(opt: Any, args: Any, kwargs: Any) -> Any:
-            if not _compiling() and threading.get_ident() == thread:
-                maybe_begin_step()
-                if gate.begin("optimizer") and (len(args) > 1 or kwargs):
-                    return _with_closure_phases(gate.gates, optimizer_index, args, kwargs)
-            return None
-
-        def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
-            if _compiling() or threading.get_ident() != thread:
-                return
-            gate.end("optimizer")
-            frozen.optimizer_stepped(opt)
-            if begin_step is not None and core.in_step and not gate.closed:
-                try:
-                    core.end_step()
-                except UsageError:
-                    pass
-            optimizer_steps[0] += 1
-            if not settled[0] and optimizer_steps[0] >= discover_steps and depth[0] == 0 and not gate.closed:
-                settle()
-            if discover_steps and settled[0] and not core.in_step:
-                watch_between()  # (the global hooks see every forward while they discover)
-
-        self._handles += [*global_handles,
-                          optimizer_mod.register_optimizer_step_pre_hook(opt_pre),
-                          optimizer_mod.register_optimizer_step_post_hook(opt_post)]
+        self._loss_type = torch.nn.modules.loss._Loss
+        self._grad_enabled = torch.is_grad_enabled
+        self._module_mod = module_mod
+        self._thread = threading.get_ident()  # the training thread: the hooks ignore the others
+        self._begin_step = core.begin_step if steps else None
+        self._intervals, self._work = intervals, work
+        self._without_grad = intervals.forward_without_grad if intervals is not None else None
+        self._discover_steps = discover_steps
+        self._depth = 0  # module calls in progress on the training thread (global hooks)
+        self._top_depth = 0  # hooked top-level calls in progress: a wrapper and the model it runs may both be
+        self._tops: dict[int, Any] = {}  # id -> module called at the outermost level so far
+        self._optimizer_steps = 0
+        self._settled = discover_steps == 0  # True: no switch to per-module hooks (any more)
+        self._between: Any = None  # the global hook that watches the time between two steps
+        self._frozen = _FrozenForwards(on_member=self._frozen_member)
+        self._frozen_modules = self._frozen.members
+        self._eval_mode = _EvalModeForwards()
+        self._global_handles = [module_mod.register_module_forward_pre_hook(self._global_pre),
+                                module_mod.register_module_forward_hook(self._global_post, always_call=True)]
+        self._handles += [*self._global_handles,
+                          optimizer_mod.register_optimizer_step_pre_hook(self._opt_pre),
+                          optimizer_mod.register_optimizer_step_post_hook(self._opt_post)]
         if steps and backward:
-            _BACKWARD.before.append(maybe_begin_step)
-            self._undo.append(lambda: _BACKWARD.before.remove(maybe_begin_step))
-        self._undo.append(tops.clear)
-        self._undo.append(frozen.clear)
-        self._undo.append(eval_mode.take)  # (the spans hold the batches they saw)
-        self._undo.append(lambda: between[0] is not None and between[0].remove())
+            before_backward = self._maybe_begin_step  # one bound method: the same object is removed
+            _BACKWARD.before.append(before_backward)
+            self._undo.append(lambda: _BACKWARD.before.remove(before_backward))
+        self._undo.append(self._tops.clear)
+        self._undo.append(self._frozen.clear)
+        self._undo.append(self._eval_mode.take)  # (the spans hold the batches they saw)
+        self._undo.append(self._unwatch_between)
+
+    def _frozen_member(self, mod: Any) -> None:
+        self._handles.append(mod.register_forward_hook(self._after_frozen, always_call=True))
+
+    def _after_frozen(self, mod: Any, args: Any, output: Any) -> None:
+        # The gap's watch (_between_pre) ended at this forward: it goes on after it, so
+        # that an evaluation calling the teacher first is still seen.
+        if not _compiling() and threading.get_ident() == self._thread and not self._core.in_step:
+            self._watch_between()
+
+    def _maybe_begin_step(self) -> None:
+        core = self._core
+        if (self._begin_step is not None and threading.get_ident() == self._thread and not core.in_step
+                and not self._gate.closed):
+            spans = self._eval_mode.take()
+            try:
+                if spans and core.open_interval in (None, "eval"):
+                    self._begin_late(spans)
+                else:
+                    self._begin_step()
+            except UsageError:  # closed from another thread meanwhile: never into the script
+                return
+            self._frozen.step_began()
+
+    def _begin_late(self, spans: list[_KeptSpan]) -> None:
+        """The forwards in eval mode were training after all: the step began at the
+        first of them, and they are its forward and loss phases."""
+        core, work = self._core, self._work
+        core.begin_step_at(spans[0].begin_ns)
+        for span in spans:
+            # (end_ns None: still running, a backward inside its forward)
+            end_ns = core.clock_ns if span.end_ns is None else span.end_ns
+            forward = span.phase == "forward"
+            self._gate.gates.add(_INDEX[span.phase], span.begin_ns, end_ns, span.module if forward else None)
+            if forward and work is not None:
+                work.pre(span.module, span.args, count=False)  # its samples, tokens and (counted as it ran) FLOPs
+
+    def _eval_mode_forward(self, mod: Any, args: Any, is_loss: bool) -> bool:
+        """A top-level call with gradients enabled between steps: True when it is kept
+        as a span of _EvalModeForwards rather than beginning the step."""
+        eval_mode = self._eval_mode
+        if not eval_mode.spans and (is_loss or mod.training):
+            return False  # training, as before (the cheap test first: every forward comes here)
+        core = self._core
+        if self._begin_step is None or core.in_step or self._gate.closed:
+            return False
+        if not is_loss and mod.training:
+            if eval_mode.holds(mod):
+                eval_mode.take()  # the evaluation is over: this module trains again
+            return False  # (else it is a second model: _maybe_begin_step begins late)
+        eval_mode.begin("loss" if is_loss else "forward", core.clock_ns, mod, args)
+        if self._intervals is not None and not is_loss:  # read after the span's start: it is dropped
+            self._intervals.evaluation_forward()         # if the step begins there
+        if self._work is not None and not is_loss:
+            self._work.pre(mod, args, add=False)  # a new input shape's FLOPs counted, not added
+        return True
+
+    def _forward_without_grad(self, mod: Any) -> None:
+        """A top-level forward with gradients disabled: between steps it may open an
+        evaluation interval, unless it is a frozen module's (_FrozenForwards)."""
+        without_grad = self._without_grad
+        if id(mod) not in self._frozen_modules and without_grad is not None and without_grad():
+            self._frozen.opened_interval(mod)
+
+    def _outer_pre(self, mod: Any, args: Any) -> None:
+        is_loss = isinstance(mod, self._loss_type)
+        if self._grad_enabled():
+            if self._eval_mode_forward(mod, args, is_loss):
+                return
+            self._maybe_begin_step()
+        else:
+            self._forward_without_grad(mod)
+        if is_loss:
+            self._gate.begin("loss")
+        else:
+            self._gate.begin("forward", mod)
+            if self._work is not None:
+                self._work.pre(mod, args)
+
+    def _outer_post(self, mod: Any) -> None:
+        if self._eval_mode.running is not None:
+            self._eval_mode.end(mod, self._core.clock_ns)
+        self._gate.end("loss" if isinstance(mod, self._loss_type) else "forward")
+
+    def _global_pre(self, mod: Any, args: Any) -> None:
+        if _compiling() or threading.get_ident() != self._thread:
+            return  # inside a compiled module (its calls are traced, not run) or another thread
+        self._depth += 1
+        if self._depth == 1:
+            self._tops.setdefault(id(mod), mod)
+            self._outer_pre(mod, args)
+
+    def _global_post(self, mod: Any, args: Any, output: Any) -> None:
+        if _compiling() or threading.get_ident() != self._thread or self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            self._outer_post(mod)
+
+    def _top_pre(self, mod: Any, args: Any) -> None:
+        if not _compiling() and threading.get_ident() == self._thread:
+            self._top_depth += 1
+            if self._top_depth == 1:
+                self._outer_pre(mod, args)
+
+    def _top_post(self, mod: Any, args: Any, output: Any) -> None:
+        if not _compiling() and threading.get_ident() == self._thread and self._top_depth > 0:
+            self._top_depth -= 1
+            if self._top_depth == 0:
+                self._outer_post(mod)
+
+    def _settle(self) -> None:
+        """Discovery over: hooks on the top-level modules found, the global ones off."""
+        self._settled = True
+        for handle in self._global_handles:
+            handle.remove()
+            self._handles.remove(handle)
+        top_pre, top_post = self._top_pre, self._top_post
+        for mod in self._tops.values():
+            self._handles += [mod.register_forward_pre_hook(top_pre),
+                              mod.register_forward_hook(top_post, always_call=True)]
+        self._tops.clear()
+
+    # Between two steps, until the first forward: a global pre-hook, so that an evaluation
+    # with a model never called at the top while the hooks were discovered (an EMA copy,
+    # model.module of a DDP model, a separate eval model) still opens an evaluation
+    # interval. The first forward removes it: with gradients (the next step's) as soon as
+    # it comes, without (an evaluation) once the interval is open. Steps run without it.
+    def _between_pre(self, mod: Any, args: Any) -> None:
+        if _compiling() or threading.get_ident() != self._thread:
+            return
+        if not self._grad_enabled():
+            self._forward_without_grad(mod)
+        handle, self._between = self._between, None
+        if handle is not None:
+            handle.remove()
+
+    def _watch_between(self) -> None:
+        if self._without_grad is not None and self._between is None and not self._gate.closed:
+            self._between = self._module_mod.register_module_forward_pre_hook(self._between_pre)
+
+    def _unwatch_between(self) -> None:
+        if self._between is not None:
+            self._between.remove()
+
+    def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> Any:
+        if not _compiling() and threading.get_ident() == self._thread:
+            self._maybe_begin_step()
+            if self._gate.begin("optimizer") and (len(args) > 1 or kwargs):
+                return _with_closure_phases(self._gate.gates, _INDEX["optimizer"], args, kwargs)
+        return None
+
+    def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if _compiling() or threading.get_ident() != self._thread:
+            return
+        core, gate = self._core, self._gate
+        gate.end("optimizer")
+        self._frozen.optimizer_stepped(opt)
+        if self._begin_step is not None and core.in_step and not gate.closed:
+            try:
+                core.end_step()
+            except UsageError:
+                pass
+        self._optimizer_steps += 1
+        if (not self._settled and self._optimizer_steps >= self._discover_steps and self._depth == 0
+                and not gate.closed):
+            self._settle()
+        if self._discover_steps and self._settled and not core.in_step:
+            self._watch_between()  # (the global hooks see every forward while they discover)
 
     def end_open_step(self, failed: bool = False) -> None:
         """Ends the step in progress (one begun by a forward or backward that no optimizer
