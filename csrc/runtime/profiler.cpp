@@ -32,7 +32,7 @@
 #include "../core/device_activity.hpp"
 #include "../core/device_timing.hpp"
 #include "../core/hardware_alert.hpp"
-#include "../core/heap_sampler.hpp"
+#include "../core/host/heap_sampler.hpp"
 #include "../core/lifecycle.hpp"
 #include "../core/peak_flops.hpp"
 #include "../core/record_json.hpp"

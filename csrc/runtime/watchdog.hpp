@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "../core/collective_timer.hpp"
-#include "../core/host_steal.hpp"
-#include "host_readings.hpp"
+#include "../core/host/host_steal.hpp"
+#include "../core/host/host_readings.hpp"
 #include "run_environment.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backends/fake/fake_backends.hpp"
-#include "core/heap_sampler.hpp"
+#include "core/host/heap_sampler.hpp"
 #include "steptrace/config.hpp"
 
 namespace steptrace::detail {

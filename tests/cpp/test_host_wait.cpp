@@ -13,9 +13,9 @@
 #include <string>
 #include <thread>
 
-#include "core/host_steal.hpp"
-#include "core/run_queue.hpp"
-#include "runtime/host_readings.hpp"
+#include "core/host/host_readings.hpp"
+#include "core/host/host_steal.hpp"
+#include "core/host/run_queue.hpp"
 
 namespace steptrace::detail {
 namespace {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <climits>
 
-#include "../core/step_record.hpp"
+#include "../step_record.hpp"
 
 namespace steptrace::detail {
 namespace {

@@ -13,7 +13,7 @@
 #include <ctime>
 #include <vector>
 
-#include "../core/run_queue.hpp"
+#include "run_queue.hpp"
 #include "steptrace/backend.hpp"
 
 namespace steptrace::detail {

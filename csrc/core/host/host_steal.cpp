@@ -1,6 +1,5 @@
 #include "host_steal.hpp"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,7 +54,7 @@ int parse_proc_stat_steal(const char* text, std::size_t size, std::int64_t* stea
 }
 
 StealReader::StealReader(const std::string& path)
-    : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)),
+    : file_(path.c_str()),
       buf_(kBufBytes),
       ns_per_tick_(1'000'000'000 / std::max<long>(1, ::sysconf(_SC_CLK_TCK))) {
   ticks_.resize(kMaxCpus);
@@ -65,13 +64,8 @@ StealReader::StealReader(const std::string& path)
   available_ = std::any_of(last_.begin(), last_.end(), [](std::int64_t t) { return t > 0; });
 }
 
-StealReader::~StealReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 int StealReader::read_ticks() noexcept {
-  if (fd_ < 0) return -1;
-  const ssize_t got = ::pread(fd_, buf_.data(), buf_.size(), 0);  // the kernel regenerates it
+  const long got = file_.read(buf_.data(), buf_.size());
   if (got <= 0) return -1;
   return parse_proc_stat_steal(buf_.data(), static_cast<std::size_t>(got), ticks_.data(), kMaxCpus);
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "proc_file.hpp"
+
 namespace steptrace::detail {
 
 /// Samples /proc/stat's per-CPU steal column (proc(5): "steal: stolen time, which is the
@@ -18,7 +20,6 @@ namespace steptrace::detail {
 class StealReader {
  public:
   explicit StealReader(const std::string& path = "/proc/stat");
-  ~StealReader();
   StealReader(const StealReader&) = delete;
   StealReader& operator=(const StealReader&) = delete;
 
@@ -34,7 +35,7 @@ class StealReader {
  private:
   int read_ticks() noexcept;  // into ticks_; the CPU count, -1 on failure
 
-  int fd_ = -1;
+  ProcFile file_;
   std::vector<char> buf_;
   std::vector<std::int64_t> ticks_;  // this read, per CPU
   std::vector<std::int64_t> last_;   // the read before

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <ctime>
 
+#include "proc_file.hpp"
+
 namespace steptrace::detail {
 
 /// One /proc/thread-self/schedstat reading (kernel Documentation/scheduler/sched-stats:
@@ -28,7 +30,6 @@ class RunQueueReader {
   /// From now on reads thread `tid` of this process, whose CPU clock is `cpu_clock`
   /// (pthread_getcpuclockid, taken on that thread). False where its file cannot be opened.
   bool watch(long tid, clockid_t cpu_clock) noexcept;
-  ~RunQueueReader();
   RunQueueReader(const RunQueueReader&) = delete;
   RunQueueReader& operator=(const RunQueueReader&) = delete;
 
@@ -37,7 +38,7 @@ class RunQueueReader {
   SchedStat read() noexcept;
 
  private:
-  int fd_ = -1;
+  ProcFile file_;
   bool failed_ = false;
   clockid_t cpu_clock_ = CLOCK_THREAD_CPUTIME_ID;  // the read thread's CPU clock
 };

@@ -1,10 +1,8 @@
 #include "run_queue.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <ctime>
+#include <utility>
 
 namespace steptrace::detail {
 namespace {
@@ -27,17 +25,12 @@ SchedStat parse_schedstat(const char* text, std::size_t size) noexcept {
   return wait < 0 ? SchedStat{} : SchedStat{on_cpu, wait};
 }
 
-RunQueueReader::~RunQueueReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 bool RunQueueReader::watch(long tid, clockid_t cpu_clock) noexcept {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/self/task/%ld/schedstat", tid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
+  ProcFile file(path);
+  if (!file.is_open()) return false;
+  file_ = std::move(file);
   failed_ = false;
   cpu_clock_ = cpu_clock;
   return true;
@@ -45,15 +38,15 @@ bool RunQueueReader::watch(long tid, clockid_t cpu_clock) noexcept {
 
 SchedStat RunQueueReader::read() noexcept {
   if (failed_) return {};
-  if (fd_ < 0) {
-    fd_ = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
+  if (!file_.is_open()) {
+    file_ = ProcFile("/proc/thread-self/schedstat");
+    if (!file_.is_open()) {
       failed_ = true;
       return {};
     }
   }
   char buf[96];
-  const ssize_t n = ::pread(fd_, buf, sizeof buf, 0);
+  const long n = file_.read(buf, sizeof buf);
   SchedStat s = n > 0 ? parse_schedstat(buf, static_cast<std::size_t>(n)) : SchedStat{};
   if (s.wait_ns < 0) {
     failed_ = true;
