@@ -4,6 +4,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 
+#include "../backends/host/rss_source.hpp"
 #include "steptrace/torch.hpp"
 
 namespace steptrace {
@@ -59,7 +60,7 @@ std::unique_ptr<MemorySource> make_torch_memory_source() {
 
 Backends torch_backends() {
   Backends backends;
-  if (auto rss = make_rss_source()) backends.memory_sources.push_back(std::move(rss));
+  detail::add_default_rss_source(backends.memory_sources);
   if (auto torch_source = make_torch_memory_source()) {
     backends.memory_sources.push_back(std::move(torch_source));
   }
