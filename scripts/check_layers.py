@@ -2,8 +2,8 @@
 """Fails (exit 1, one line per offending include) when an include in csrc/ runs against
 the layers (docs/architecture.md):
 
-    core      the records, the step recorder's parts, detectors, the record pipeline:
-              includes core and the public headers only
+    core      the records, the step recorder's parts, the record pipeline, detect/ (the
+              detectors), host/ (the host readers): includes core and the public headers only
     sinks     where records go (JSONL file, Prometheus): core
     backends  clocks, CUDA, CUPTI, NVML: backends and the public headers
     runtime   puts backends, pipeline and sinks together: everything

@@ -4,7 +4,7 @@
 A ~1 ms CPU loop whose forward gains three 320x320 matmuls from step 400: on a quiet host
 the per-step rules flag it; beside a CPU hog per core single steps vary by the
 scheduler's slices, no single step clears the per-step noise floor, and before the
-distribution-shift rule (csrc/core/shift_detector.hpp) no alert of any kind came in 1,000
+distribution-shift rule (csrc/core/detect/shift_detector.hpp) no alert of any kind came in 1,000
 slow steps. Each case runs several times; the hogs are `yes` processes, one per core,
 started and killed here.
 """

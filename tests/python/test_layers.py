@@ -25,12 +25,12 @@ def test_the_tree_follows_the_layers():
 def test_core_including_a_sink_fails_the_check(tmp_path):
     csrc = tmp_path / "csrc"
     shutil.copytree(_ROOT / "csrc", csrc)
-    victim = csrc / "core" / "detectors.cpp"
-    victim.write_text('#include "../sinks/prometheus_sink.hpp"\n' + victim.read_text())
+    victim = csrc / "core" / "detect" / "slow_step_detector.cpp"  # a folder inside core/
+    victim.write_text('#include "../../sinks/prometheus_sink.hpp"\n' + victim.read_text())
     backend = csrc / "backends" / "host" / "host_clock.cpp"
     backend.write_text('#include "core/step_record.hpp"\n' + backend.read_text())
     proc = _check(csrc)
     assert proc.returncode == 1
-    assert "core/detectors.cpp:1: core/ includes sinks/" in proc.stderr, proc.stderr
+    assert "core/detect/slow_step_detector.cpp:1: core/ includes sinks/" in proc.stderr, proc.stderr
     assert "backends/host/host_clock.cpp:1: backends/ includes core/" in proc.stderr, proc.stderr
     assert "2 include(s) against the layers" in proc.stderr
