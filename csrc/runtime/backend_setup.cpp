@@ -32,6 +32,40 @@ std::unique_ptr<DeviceTiming> make_device_timing(const Config& config, Backends&
                                         static_cast<std::size_t>(config.max_inflight_steps));
 }
 
+StepCompleter* DeviceParts::completer() const {
+  if (chained_stage) return chained_stage.get();
+  if (activity_stage) return activity_stage.get();
+  return telemetry_stage.get();
+}
+
+std::string DeviceParts::device_name() const { return timing ? timing->timer().device_name() : ""; }
+
+bool DeviceParts::device_memory_sampled() const noexcept {
+  std::int64_t used = -1, total = -1;
+  return telemetry != nullptr && telemetry->device_memory(&used, &total);
+}
+
+void choose_device_stages(DeviceParts& d, const Config& config, Backends& b,
+                          bool external_profiler) {
+  DeviceActivityBackends chosen = choose_device_activity(config, b, d.timing != nullptr,
+                                                         d.timing_unavailable, external_profiler);
+  d.activity = std::move(chosen.activity);
+  d.sampler = std::move(chosen.sampler);
+  d.activity_unavailable = std::move(chosen.activity_unavailable);
+  d.counters_unavailable = std::move(chosen.counters_unavailable);
+  if (external_profiler && d.activity) d.activity->set_yielding(true);
+  if (d.activity || d.sampler) {
+    d.activity_stage =
+        std::make_unique<DeviceActivityStage>(config, d.activity.get(), d.sampler.get());
+  }
+  d.telemetry = choose_telemetry(config, b, &d.telemetry_unavailable);
+  if (d.telemetry) d.telemetry_stage = std::make_unique<TelemetryStage>(d.telemetry.get());
+  if (d.activity_stage && d.telemetry_stage) {
+    d.chained_stage = std::make_unique<ChainedCompleter>(
+        std::vector<StepCompleter*>{d.activity_stage.get(), d.telemetry_stage.get()});
+  }
+}
+
 DeviceActivityBackends choose_device_activity(const Config& config, Backends& b, bool has_device,
                                               const std::string& device_unavailable,
                                               bool external_profiler) {

@@ -34,10 +34,10 @@ ordered_json metrics_json(const RunManifest& m) {
 }
 
 ordered_json telemetry_json(const RunManifest& m) {
-  const TelemetrySource* telemetry = m.telemetry;
+  const TelemetrySource* telemetry = m.devices->telemetry.get();
   if (!telemetry) {
     return {{"active", ordered_json::array()},
-            {"unavailable", {{"nvml", *m.telemetry_unavailable}}}};
+            {"unavailable", {{"nvml", m.devices->telemetry_unavailable}}}};
   }
   ordered_json j = {{"active", {telemetry->name()}}, {"unavailable", ordered_json::object()}};
   if (std::string device = telemetry->device(); !device.empty()) j["device"] = device;
@@ -58,9 +58,9 @@ ordered_json optional_backend_json(const char* active_name, const std::string& u
 }
 
 ordered_json counters_json(const RunManifest& m) {
-  const CounterSampler* sampler = m.sampler;
+  const CounterSampler* sampler = m.devices->sampler.get();
   ordered_json j =
-      optional_backend_json(sampler ? sampler->name() : nullptr, *m.counters_unavailable);
+      optional_backend_json(sampler ? sampler->name() : nullptr, m.devices->counters_unavailable);
   if (sampler) {
     ordered_json metrics = ordered_json::object();
     for (std::size_t i = 0; i < kCounterCount; ++i) {
@@ -83,21 +83,32 @@ ordered_json comm_json(const RunInfo& info) {
   return {{"active", ordered_json::array()}, {"unavailable", {{"completion", info.comm_untimed}}}};
 }
 
+}  // namespace
+
+const char* host_clock_method(bool counter) noexcept {
+  return counter ? "the CPU's time-stamp counter, calibrated against CLOCK_MONOTONIC and "
+                   "checked every second"
+                 : "CLOCK_MONOTONIC";
+}
+
+namespace {
+
 ordered_json timer_json(const RunManifest& m) {
-  ordered_json timer = m.device ? ordered_json{{"active", {m.device->timer().name(), "host"}},
-                                               {"unavailable", ordered_json::object()}}
-                                : ordered_json{{"active", {"host"}},
-                                               {"unavailable", {{"cuda", *m.device_unavailable}}}};
+  ordered_json timer =
+      m.devices->timing ? ordered_json{{"active", {m.devices->timing->timer().name(), "host"}},
+                                       {"unavailable", ordered_json::object()}}
+                        : ordered_json{{"active", {"host"}},
+                                       {"unavailable", {{"cuda", m.devices->timing_unavailable}}}};
   if (m.host_clock != nullptr) timer["method"] = std::string("host: ") + m.host_clock;
   return timer;
 }
 
 ordered_json device_json(const RunManifest& m) {
-  if (!m.device) return nullptr;
-  const std::string name = m.device->timer().device_name();
+  if (!m.devices->timing) return nullptr;
+  const std::string name = m.devices->timing->timer().device_name();
   if (name.empty()) return nullptr;
   ordered_json d = {{"name", name}};
-  const std::int64_t bytes = m.device->timer().device_memory_bytes();
+  const std::int64_t bytes = m.devices->timing->timer().device_memory_bytes();
   if (bytes > 0) d["memory_total_bytes"] = bytes;
   return d;
 }
@@ -190,7 +201,8 @@ std::string run_start_json(const RunManifest& m) {
        {{"timer", timer_json(m)},
         {"memory", {{"active", memory_active}, {"unavailable", memory_unavailable}}},
         {"kernel_activity",
-         optional_backend_json(m.activity ? m.activity->name() : nullptr, *m.activity_unavailable)},
+         optional_backend_json(m.devices->activity ? m.devices->activity->name() : nullptr,
+                               m.devices->activity_unavailable)},
         {"counters", counters_json(m)},
         {"telemetry", telemetry_json(m)}}},
   };

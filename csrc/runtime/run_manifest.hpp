@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_setup.hpp"
 #include "run_environment.hpp"
 #include "steptrace/backend.hpp"
 #include "steptrace/config.hpp"
@@ -16,7 +17,6 @@
 
 namespace steptrace::detail {
 
-class DeviceTiming;
 class PrometheusSink;
 struct PeakChoice;
 
@@ -29,19 +29,15 @@ struct RunManifest {
   const JobIdentity* job = nullptr;
   const LogFile* log = nullptr;  // the attempt
   const std::vector<std::unique_ptr<MemorySource>>* memory_sources = nullptr;
-  bool heap = false;  // the C heap is sampled
-  DeviceTiming* device = nullptr;
-  const std::string* device_unavailable = nullptr;
-  const KernelActivitySource* activity = nullptr;
-  const std::string* activity_unavailable = nullptr;
-  const CounterSampler* sampler = nullptr;
-  const std::string* counters_unavailable = nullptr;
-  const TelemetrySource* telemetry = nullptr;
-  const std::string* telemetry_unavailable = nullptr;
+  bool heap = false;                     // the C heap is sampled
+  const DeviceParts* devices = nullptr;  // the device side and why each part is missing
   const PrometheusSink* metrics = nullptr;
   const PeakChoice* peak = nullptr;  // MFU's divisor
   const char* host_clock = nullptr;  // how the host clock is read; null: a given Clock
 };
+
+// How the host clock is read, as run_start says it; `counter`: from the CPU's counter.
+const char* host_clock_method(bool counter) noexcept;
 
 // The run_start line (newline-terminated).
 std::string run_start_json(const RunManifest& m);

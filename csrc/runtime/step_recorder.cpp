@@ -7,6 +7,7 @@
 
 #include "../core/alert.hpp"
 #include "../core/detection_stage.hpp"
+#include "../core/hardware_alert.hpp"
 #include "../core/record_pipeline.hpp"
 #include "steptrace/error.hpp"
 
@@ -442,6 +443,51 @@ std::int64_t StepRecorder::attribution_level() noexcept {
   }
   if (parts_.heap) return parts_.heap->read_now();
   return 0;  // no live figure: every phase retains nothing
+}
+
+std::int64_t StepRecorder::collective_begin() noexcept {
+  const std::int64_t now = parts_.clock->now_ns();
+  collectives_.begin(now);
+  return now;
+}
+
+void StepRecorder::collective_end(std::int64_t begin_ns, bool host_blocked, std::int64_t bytes,
+                                  std::int64_t bus_bytes) noexcept {
+  collectives_.end(begin_ns, parts_.clock->now_ns(),
+                   inflight_.phase.load(std::memory_order_relaxed), host_blocked, bytes, bus_bytes,
+                   inflight_.step.load(std::memory_order_relaxed) < 0);
+}
+
+void StepRecorder::begin_gc(int generation) noexcept {
+  gc_.begin(generation, parts_.clock->now_ns());
+  inflight_.collecting.store(true, std::memory_order_relaxed);
+}
+
+void StepRecorder::end_gc() noexcept {
+  const std::int64_t took = gc_.end(parts_.clock->now_ns());
+  inflight_.gc_ns.fetch_add(took, std::memory_order_relaxed);
+  // release: a watchdog that sees the collection over sees its time left out too
+  inflight_.collecting.store(false, std::memory_order_release);
+}
+
+void StepRecorder::raise_hardware_alert(const HardwareError& e) noexcept {
+  try {
+    AlertEvent a = hardware_alert(e, parts_.telemetry->device());
+    a.step = std::max<std::int64_t>(inflight_.last_done_step.load(std::memory_order_relaxed), 0);
+    a.unix_ns = unix_ns_at(parts_.clock->now_ns());
+    raise_alert(*parts_.writer, *parts_.alerts, a, parts_.config->rank);
+  } catch (...) {
+  }
+}
+
+std::string StepRecorder::current_phase() const {
+  const int phase = inflight_.phase.load(std::memory_order_relaxed);
+  return phase >= 0 ? parts_.names->name(static_cast<PhaseId>(phase)) : std::string();
+}
+
+std::string StepRecorder::current_interval() const {
+  const int kind = inflight_.interval.load(std::memory_order_relaxed);
+  return kind >= 0 ? std::string(interval_name(static_cast<IntervalKind>(kind))) : std::string();
 }
 
 }  // namespace steptrace::detail

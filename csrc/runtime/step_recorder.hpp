@@ -260,6 +260,22 @@ class StepRecorder {
   CollectiveTimer& collectives() noexcept { return collectives_; }
   const CollectiveTimer& collectives() const noexcept { return collectives_; }
 
+  // ---- from any thread (Python's comm hooks and watchers), on the run's clock ----
+  // A collective's begin (its token) and end, placed in the phase and step in flight.
+  std::int64_t collective_begin() noexcept;
+  void collective_end(std::int64_t begin_ns, bool host_blocked, std::int64_t bytes,
+                      std::int64_t bus_bytes) noexcept;
+  // Python's collections (gc.callbacks, under the GIL): the watchdog's hang clock stops
+  // while the collector runs and leaves its time out.
+  void begin_gc(int generation) noexcept;
+  void end_gc() noexcept;
+  // NVML's sampler thread: an XID or a new uncorrectable ECC error is page-worthy, raised
+  // at once with the last finished step; never throws (into NVML's or the sampler's stack).
+  void raise_hardware_alert(const HardwareError& e) noexcept;
+  // The phase / interval in flight ("" : none).
+  std::string current_phase() const;
+  std::string current_interval() const;
+
  private:
   static constexpr std::int64_t kUnset = -1;
 

@@ -56,6 +56,12 @@ struct PeerState {
   std::atomic<int> in_interval{0};
   // How long after a peer's interval begins this rank can know of it; 0: no exchange.
   std::atomic<std::int64_t> notice_ns{0};
+
+  void set(int peers, double notice_s) noexcept {
+    notice_ns.store(static_cast<std::int64_t>(std::max(notice_s, 0.0) * 1e9),
+                    std::memory_order_relaxed);
+    in_interval.store(std::max(peers, 0), std::memory_order_relaxed);
+  }
 };
 
 // The hang limit where the median iteration says nothing, learned from what the watchdog
