@@ -4,7 +4,8 @@
 // launch call started, on whichever thread: the rule and why it holds are at the top of
 // activity_records.hpp. libcupti is dlopen'ed (the copy already in the process when
 // torch loaded one); the headers only give the record layouts. This file is the thin
-// call layer and the buffer bookkeeping: the correlation, naming and classification
+// call layer (its entry points: activity_api.hpp; CUPTI's buffers, their registry and
+// the request callback: activity_buffers.*): the correlation, naming and classification
 // logic is in activity_records.cpp. Without the headers it is a stub.
 #include "steptrace/backend.hpp"
 #include "steptrace/ext/background_thread.hpp"
@@ -45,12 +46,15 @@ std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not, 
 
 #include <fmt/format.h>
 
+#include "activity_api.hpp"
+#include "activity_buffers.hpp"
 #include "activity_records.hpp"
 #include "cupti_errors.hpp"
 #include "cupti_host.hpp"
 
 namespace steptrace {
-namespace {
+// Named (not anonymous): the buffer bookkeeping (activity_buffers.hpp) names the backend.
+namespace detail::cupti::activity {
 
 using detail::cupti::ActivityRecords;
 using detail::cupti::MarkRing;
@@ -116,242 +120,12 @@ constexpr CUpti_CallbackId kDriverLaunches[] = {
 static_assert(CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000 == 211);
 static_assert(CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel == 307);
 
-// Activity buffers. A non-forced flush hands back only buffers whose records are all
-// complete, so while the device is busy the buffer being filled comes back once it is
-// full: its size bounds how long a step record waits for its kernels. It is adapted so
-// that a buffer fills in about kTargetFill (measured from request to return), within
-// [kMinBuffer, kMaxBuffer]: a few hundred KB on a busy GPU, smaller on a slow one.
-constexpr std::size_t kMinBuffer = std::size_t{32} << 10;
-constexpr std::size_t kMaxBuffer = std::size_t{4} << 20;
-constexpr std::size_t kInitialBuffer = std::size_t{512} << 10;
-constexpr std::int64_t kTargetFillNs = 200'000'000;
-constexpr std::size_t kBufferAlign = 8;  // CUPTI's requirement for activity buffers
-constexpr std::size_t kPoolMax = 8;      // free buffers kept for reuse
-constexpr std::size_t kMaxHeld = 256;    // buffers of ours CUPTI holds at once
-// A buffer still out this long after it was handed over, while a later one has come
-// back, is not the one being filled (CUPTI fills them in turn): records stop waiting for
-// it, so that one CUPTI keeps in reserve cannot hold every step back.
-constexpr std::int64_t kStaleBufferNs = 1'000'000'000;
 constexpr auto kFlushPeriod = std::chrono::milliseconds(50);
 // Our callbacks unheard over this many steps and this long (a step that launches work
 // makes CUPTI ask for a buffer or hand one back): another tool has taken them.
 constexpr std::uint64_t kQuietSteps = 8;
 constexpr std::int64_t kQuietNs = 3'000'000'000;
 constexpr int kOldestVersion = 18;  // cuptiGetVersion of CUDA 12.0's CUPTI
-
-// The entry points used, resolved from the loaded library.
-struct Api {
-  decltype(&::cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
-  decltype(&::cuptiActivityEnable) enable = nullptr;
-  decltype(&::cuptiActivityDisable) disable = nullptr;
-  decltype(&::cuptiActivityFlushAll) flush_all = nullptr;
-  decltype(&::cuptiActivityGetNextRecord) next_record = nullptr;
-  decltype(&::cuptiActivityGetNumDroppedRecords) dropped_records = nullptr;
-  decltype(&::cuptiGetTimestamp) timestamp = nullptr;
-  decltype(&::cuptiGetResultString) result_string = nullptr;  // optional
-  // optional (CUPTI 12.3+): records of chosen calls only; else the whole API kinds
-  decltype(&::cuptiActivityEnableRuntimeApi) enable_runtime_api = nullptr;
-  decltype(&::cuptiActivityEnableDriverApi) enable_driver_api = nullptr;
-
-  bool load(void* lib, std::string* missing) {
-    bool ok = true;
-    auto resolve = [&](auto& fn, const char* name) {
-      using Fn = std::remove_reference_t<decltype(fn)>;
-      fn = reinterpret_cast<Fn>(dlsym(lib, name));
-      if (fn == nullptr && ok) {
-        *missing = name;
-        ok = false;
-      }
-    };
-    auto optional = [&](auto& fn, const char* name) {
-      using Fn = std::remove_reference_t<decltype(fn)>;
-      fn = reinterpret_cast<Fn>(dlsym(lib, name));
-    };
-    resolve(register_callbacks, "cuptiActivityRegisterCallbacks");
-    resolve(enable, "cuptiActivityEnable");
-    resolve(disable, "cuptiActivityDisable");
-    resolve(flush_all, "cuptiActivityFlushAll");
-    resolve(next_record, "cuptiActivityGetNextRecord");
-    resolve(dropped_records, "cuptiActivityGetNumDroppedRecords");
-    resolve(timestamp, "cuptiGetTimestamp");
-    optional(result_string, "cuptiGetResultString");
-    optional(enable_runtime_api, "cuptiActivityEnableRuntimeApi");
-    optional(enable_driver_api, "cuptiActivityEnableDriverApi");
-    return ok;
-  }
-
-  std::string reason(const char* call, CUptiResult r) const {
-    const char* text = nullptr;
-    if (result_string == nullptr || result_string(r, &text) != CUPTI_SUCCESS) text = nullptr;
-    return detail::cupti::unavailable_reason(call, static_cast<int>(r),
-                                             text != nullptr ? text : "");
-  }
-};
-
-class CuptiActivity;
-
-std::int64_t steady_ns() noexcept {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// What CUPTI's process-wide buffer callbacks reach. Leaked on purpose: CUPTI may call
-// them after the backend is gone (or at exit), when they only hand buffers back.
-//
-// Buffer ownership. CUPTI hands a completed buffer to whichever callbacks are registered
-// when it completes, not to those that gave it: after a yield to torch.profiler (or a
-// tool that took the callbacks on its own) steptrace's buffers can reach the other
-// tool's callbacks and the other tool's buffers ours. Kineto ignores (leaks) buffers it
-// did not allocate and frees its own with its own allocator; so do we: `held` lists every
-// buffer of ours that CUPTI holds, a completed buffer not in it is never read, freed or
-// pooled, and while yielding no buffer of ours is handed out (one would be completed into
-// the other tool's callbacks), after a forced flush has brought ours back.
-struct Shared {
-  std::mutex mu;                   // guards owner and the owner's collected state
-  CuptiActivity* owner = nullptr;  // the live backend; null when there is none
-
-  // buffers (lock order: mu, then buffers_mu; buffer_requested takes buffers_mu only)
-  std::mutex buffers_mu;
-  struct Pooled {
-    std::uint8_t* buffer;
-    std::size_t capacity;
-  };
-  Pooled pool[kPoolMax] = {};  // free buffers (fixed arrays: no allocation)
-  std::size_t pooled = 0;
-  struct Held {
-    std::uint8_t* buffer;
-    std::uint64_t seq;          // the order CUPTI asked for it in
-    std::int64_t requested_ns;  // steady clock
-    std::size_t size;           // as told to CUPTI
-    std::size_t capacity;       // as allocated
-    bool gating;                // step records wait for it (false: gone to another tool's time)
-  };
-  Held held[kMaxHeld] = {};  // the registry of our buffers CUPTI holds
-  std::size_t n_held = 0;
-  std::uint64_t returned_below = 0;            // 1 + the newest buffer (by number) that came back
-  std::atomic<std::uint64_t> requested{0};     // buffers handed to CUPTI so far
-  std::atomic<std::uint64_t> done_through{0};  // every buffer numbered below is back and parsed
-  std::atomic<std::size_t> buffer_bytes{kInitialBuffer};  // the size handed out next
-  std::atomic<bool> declining{false};  // hand CUPTI no buffer (yielding, or closed)
-
-  // Whether the callbacks are ours: every call of either one, and when (CUPTI's clock).
-  std::atomic<decltype(&::cuptiGetTimestamp)> timestamp{nullptr};
-  std::atomic<std::uint64_t> callbacks{0};
-  std::atomic<std::int64_t> callback_ns{INT64_MIN};
-  std::atomic<std::uint64_t> foreign{0};  // other tools' buffers handed to us, left alone
-
-  // with buffers_mu held: the lowest number of a buffer CUPTI still holds (and fills)
-  std::uint64_t low_watermark(std::int64_t now_ns) const noexcept {
-    std::uint64_t low = requested.load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < n_held; ++i) {
-      const Held& o = held[i];
-      if (!o.gating) continue;
-      if (o.seq < returned_below && now_ns - o.requested_ns > kStaleBufferNs) continue;
-      low = std::min(low, o.seq);
-    }
-    return low;
-  }
-};
-
-Shared& shared() {
-  static Shared* s = new Shared;  // NOLINT(cppcoreguidelines-owning-memory): see Shared
-  return *s;
-}
-
-// Either callback ran: they are registered (ours), as of now.
-void note_callback(Shared& s) noexcept {
-  std::uint64_t t = 0;
-  auto* timestamp = s.timestamp.load(std::memory_order_relaxed);
-  if (timestamp != nullptr && timestamp(&t) == CUPTI_SUCCESS) {
-    const auto now = static_cast<std::int64_t>(t);
-    std::int64_t last = s.callback_ns.load(std::memory_order_relaxed);
-    while (last < now && !s.callback_ns.compare_exchange_weak(last, now)) {
-    }
-  }
-  s.callbacks.fetch_add(1, std::memory_order_acq_rel);
-}
-
-void release_buffer(std::uint8_t* b, std::size_t capacity) noexcept;
-
-void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size,
-                               std::size_t* max_records) noexcept {
-  Shared& s = shared();
-  note_callback(s);
-  *buffer = nullptr;  // declined: CUPTI drops records and counts them
-  *size = 0;
-  *max_records = 0;
-  if (s.declining.load(std::memory_order_acquire)) return;
-  const std::size_t want = s.buffer_bytes.load(std::memory_order_relaxed);
-  std::uint8_t* b = nullptr;
-  std::size_t capacity = want;
-  {
-    std::lock_guard<std::mutex> lock(s.buffers_mu);
-    for (std::size_t i = s.pooled; i-- > 0;) {
-      if (s.pool[i].capacity >= want) {
-        b = s.pool[i].buffer;
-        capacity = s.pool[i].capacity;
-        s.pool[i] = s.pool[--s.pooled];
-        break;
-      }
-    }
-  }
-  if (b == nullptr) b = static_cast<std::uint8_t*>(std::aligned_alloc(kBufferAlign, capacity));
-  if (b == nullptr) return;
-  bool tracked = false;
-  {
-    const std::int64_t now = steady_ns();
-    std::lock_guard<std::mutex> lock(s.buffers_mu);
-    if (s.n_held == kMaxHeld) {
-      // full of buffers lost to another tool's callbacks: forget one (if it ever comes
-      // back it is left alone as a stranger's, a leak as the other tool leaks ours)
-      for (std::size_t i = 0; i < s.n_held; ++i) {
-        if (!s.held[i].gating) {
-          s.held[i] = s.held[--s.n_held];
-          break;
-        }
-      }
-    }
-    if (s.n_held < kMaxHeld) {
-      const std::uint64_t seq = s.requested.load(std::memory_order_relaxed);
-      s.held[s.n_held++] = {b, seq, now, want, capacity, true};
-      s.requested.store(seq + 1, std::memory_order_release);
-      tracked = true;
-    }
-  }
-  if (!tracked) {  // an untracked buffer could not be told from a stranger's later
-    release_buffer(b, capacity);
-    return;
-  }
-  *buffer = b;
-  *size = want;
-}
-
-void release_buffer(std::uint8_t* b, std::size_t capacity) noexcept {
-  Shared& s = shared();
-  {
-    std::lock_guard<std::mutex> lock(s.buffers_mu);
-    // too small for what is handed out now (the size grew): not worth keeping
-    if (s.pooled < kPoolMax && capacity >= s.buffer_bytes.load(std::memory_order_relaxed)) {
-      s.pool[s.pooled++] = {b, capacity};
-      return;
-    }
-  }
-  std::free(b);  // NOLINT(cppcoreguidelines-no-malloc): from aligned_alloc
-}
-
-// A buffer that came back mostly filled tells how long filling one takes: size the next
-// ones so that it takes about kTargetFillNs (at most 4x larger or smaller at once).
-void adapt_buffer_size(const Shared::Held& o, std::size_t valid_size) noexcept {
-  if (valid_size * 2 < o.size) return;  // returned early (forced, or all complete): no measure
-  const std::int64_t took = std::max<std::int64_t>(1, steady_ns() - o.requested_ns);
-  const double ideal =
-      static_cast<double>(o.size) * static_cast<double>(kTargetFillNs) / static_cast<double>(took);
-  const double lo = std::max<double>(kMinBuffer, static_cast<double>(o.size) / 4);
-  const double hi = std::min<double>(kMaxBuffer, static_cast<double>(o.size) * 4);
-  const auto next = static_cast<std::size_t>(std::clamp(ideal, lo, hi)) & ~std::size_t{4095};
-  shared().buffer_bytes.store(std::max(next, kMinBuffer), std::memory_order_relaxed);
-}
 
 void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uint8_t* buffer,
                                std::size_t size, std::size_t valid_size) noexcept;
@@ -918,15 +692,7 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
     std::uint64_t done = 0;
     {
       std::lock_guard<std::mutex> buffers(s.buffers_mu);
-      for (std::size_t i = 0; i < s.n_held; ++i) {
-        if (s.held[i].buffer == buffer) {
-          mine = s.held[i];
-          s.held[i] = s.held[--s.n_held];
-          ours = true;
-          if (mine.gating) s.returned_below = std::max(s.returned_below, mine.seq + 1);
-          break;
-        }
-      }
+      ours = s.take_back(buffer, &mine);
       requested = s.requested.load(std::memory_order_relaxed);
       done = s.low_watermark(steady_ns());
     }
@@ -946,9 +712,13 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
   release_buffer(buffer, mine.capacity);
 }
 
-}  // namespace
+}  // namespace detail::cupti::activity
 
 std::unique_ptr<KernelActivitySource> make_cupti_activity(std::string* why_not, bool yielding) {
+  using detail::cupti::activity::Api;
+  using detail::cupti::activity::CuptiActivity;
+  using detail::cupti::activity::kOldestVersion;
+  using detail::cupti::activity::shared;
   std::string why;
   auto fail = [&](std::string reason) -> std::unique_ptr<KernelActivitySource> {
     if (why_not != nullptr) *why_not = std::move(reason);
