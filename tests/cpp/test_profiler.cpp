@@ -27,9 +27,9 @@
 #include "backends/fake/fake_backends.hpp"
 #include "backends/host/monotonic_clock.hpp"
 #include "backends/host/tsc_clock.hpp"
-#include "core/detect/hang_detector.hpp"
 #include "core/this_thread.hpp"
-#include "runtime/watchdog.hpp"
+#include "profiler_fixture.hpp"
+#include "runtime/run_lifecycle.hpp"
 #include "steptrace/error.hpp"
 #include "steptrace/ext/background_thread.hpp"
 #include "test_util.hpp"
@@ -42,32 +42,8 @@ using testing::read_jsonl;
 using testing::TempDir;
 using testing::thread_ids;
 
-constexpr std::int64_t kMs = 1'000'000;
-
-// A profiler on a fake clock and a fake memory source, both still reachable by the test.
-struct Fixture {
-  explicit Fixture(const TempDir& tmp, const std::function<void(Config&)>& tweak = {}) {
-    Config config = testing::run_config(tmp);
-    if (tweak) tweak(config);
-    Backends backends;
-    auto c = std::make_unique<fake::FakeClock>();
-    clock = c.get();
-    backends.clock = std::move(c);
-    auto m = std::make_unique<fake::FakeMemorySource>();
-    memory = m.get();
-    backends.memory_sources.push_back(std::move(m));
-    prof = std::make_unique<Profiler>(config, RunInfo{{{"python", "3.11"}}}, std::move(backends));
-    path = prof->log_path();
-  }
-  std::vector<nlohmann::json> close_and_read() {
-    prof->close();
-    return read_jsonl(path);
-  }
-  fake::FakeClock* clock;
-  fake::FakeMemorySource* memory;
-  std::unique_ptr<Profiler> prof;
-  std::string path;
-};
+using testing::Fixture;
+using testing::kMs;
 
 TEST(Profiler, ScopesTimePhasesAndSteps) {
   TempDir tmp;
@@ -102,393 +78,6 @@ TEST(Profiler, ScopesTimePhasesAndSteps) {
 
 // The gap between steps is data only where the loader's wait was measured; the rest is
 // other host work, and intervals are their own kinds.
-TEST(Profiler, TheGapIsDataOnlyWhenTheLoaderIsWrappedTheRestIsOther) {
-  TempDir tmp;
-  Fixture f(tmp);
-  { auto s = f.prof->step(); }
-  f.clock->advance(7 * kMs);
-  { auto s = f.prof->step(); }  // gap: 7 ms, nothing known of it
-  f.clock->advance(1 * kMs);
-  f.prof->begin_data();
-  f.clock->advance(4 * kMs);
-  f.prof->end_data();
-  { auto s = f.prof->step(); }  // wrapped: 4 ms data, 1 ms other
-  const auto steps = of_kind(f.close_and_read(), "step");
-  ASSERT_EQ(steps.size(), 3u);
-  EXPECT_DOUBLE_EQ(steps[0]["data_ms"].get<double>(), 0.0);
-  EXPECT_DOUBLE_EQ(steps[0]["other_ms"].get<double>(), 0.0);
-  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 0.0);
-  EXPECT_DOUBLE_EQ(steps[1]["other_ms"].get<double>(), 7.0);
-  EXPECT_DOUBLE_EQ(steps[2]["data_ms"].get<double>(), 4.0);
-  EXPECT_DOUBLE_EQ(steps[2]["other_ms"].get<double>(), 1.0);
-}
-
-// The loader's start at an epoch boundary (ending one iterator, making the next, its first
-// batch) is data and data_start_ms; the other waits are data only, and a step after none
-// has no data_start_ms.
-TEST(Profiler, TheLoadersStartIsDataAndItsOwnFigure) {
-  TempDir tmp;
-  Fixture f(tmp);
-  { auto s = f.prof->step(); }
-  for (const auto& [ms, start] : {std::pair{3, true}, std::pair{20, true}, std::pair{2, false}}) {
-    f.prof->begin_data();
-    f.clock->advance(ms * kMs);
-    f.prof->end_data(start);
-  }
-  { auto s = f.prof->step(); }
-  f.prof->begin_data();
-  f.clock->advance(1 * kMs);
-  f.prof->end_data();
-  { auto s = f.prof->step(); }
-  const auto steps = of_kind(f.close_and_read(), "step");
-  ASSERT_EQ(steps.size(), 3u);
-  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 25.0);
-  EXPECT_DOUBLE_EQ(steps[1]["data_start_ms"].get<double>(), 23.0);
-  EXPECT_DOUBLE_EQ(steps[2]["data_ms"].get<double>(), 1.0);
-  EXPECT_FALSE(steps[2].contains("data_start_ms"));
-}
-
-// Compiling inside a step is the step's time and its compile_ms; a nested begin counts
-// once, and outside a step the calls do nothing.
-TEST(Profiler, CompilingInsideAStepIsItsCompileTime) {
-  TempDir tmp;
-  Fixture f(tmp);
-  {
-    auto s = f.prof->step();
-    f.clock->advance(1 * kMs);
-    f.prof->begin_compile();
-    f.clock->advance(30 * kMs);
-    f.prof->begin_compile();
-    f.clock->advance(10 * kMs);
-    f.prof->end_compile();
-    f.clock->advance(2 * kMs);
-    f.prof->end_compile();  // no compile open: nothing
-  }
-  f.prof->begin_compile();  // between steps: nothing
-  f.clock->advance(5 * kMs);
-  f.prof->end_compile();
-  { auto s = f.prof->step(); }
-  const auto steps = of_kind(f.close_and_read(), "step");
-  ASSERT_EQ(steps.size(), 2u);
-  EXPECT_DOUBLE_EQ(steps[0]["step_ms"].get<double>(), 43.0);
-  EXPECT_DOUBLE_EQ(steps[0]["compile_ms"].get<double>(), 40.0);
-  EXPECT_FALSE(steps[1].contains("compile_ms"));
-}
-
-// Evaluation and checkpoint intervals between steps: their own figures in the next step,
-// an interval record each, never data or other; a step ends the interval open before it.
-TEST(Profiler, IntervalsBetweenStepsAreAccountedByKind) {
-  TempDir tmp;
-  Fixture f(tmp);
-  { auto s = f.prof->step(); }
-  f.prof->begin_data();
-  f.clock->advance(2 * kMs);
-  f.prof->end_data();
-  {
-    auto eval = f.prof->interval(IntervalKind::kEval);
-    EXPECT_EQ(f.prof->open_interval(), IntervalKind::kEval);
-    f.clock->advance(30 * kMs);
-  }
-  EXPECT_FALSE(f.prof->open_interval().has_value());
-  f.clock->advance(1 * kMs);  // logging
-  f.prof->begin_interval(IntervalKind::kCheckpoint);
-  f.clock->advance(50 * kMs);
-  f.prof->begin_interval(IntervalKind::kOther);  // ends the checkpoint
-  f.clock->advance(3 * kMs);
-  EXPECT_THROW(f.prof->begin_interval(IntervalKind::kOther), UsageError);  // no nesting
-  f.prof->end_interval(IntervalKind::kEval);  // not the open one: nothing happens
-  EXPECT_EQ(f.prof->open_interval(), IntervalKind::kOther);
-  { auto s = f.prof->step(); }  // ends the open interval
-  EXPECT_FALSE(f.prof->open_interval().has_value());
-  const auto records = f.close_and_read();
-  const auto steps = of_kind(records, "step");
-  ASSERT_EQ(steps.size(), 2u);
-  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 2.0);
-  EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 30.0);
-  EXPECT_DOUBLE_EQ(steps[1]["checkpoint_ms"].get<double>(), 50.0);
-  EXPECT_DOUBLE_EQ(steps[1]["other_ms"].get<double>(), 4.0);  // logging + the "other" interval
-  EXPECT_FALSE(steps[0].contains("eval_ms"));
-  const auto intervals = of_kind(records, "interval");
-  ASSERT_EQ(intervals.size(), 3u);
-  EXPECT_EQ(intervals[0]["interval"], "eval");
-  EXPECT_EQ(intervals[0]["step"], 1);
-  EXPECT_EQ(intervals[0]["inside_step"], false);
-  EXPECT_DOUBLE_EQ(intervals[0]["duration_ms"].get<double>(), 30.0);
-  EXPECT_EQ(intervals[1]["interval"], "checkpoint");
-  EXPECT_DOUBLE_EQ(intervals[1]["duration_ms"].get<double>(), 50.0);
-  EXPECT_EQ(intervals[2]["interval"], "other");
-  EXPECT_DOUBLE_EQ(intervals[2]["duration_ms"].get<double>(), 3.0);
-  EXPECT_GT(intervals[1]["start_unix_ns"].get<std::int64_t>(),
-            intervals[0]["start_unix_ns"].get<std::int64_t>());
-}
-
-// A step begun late (a hook that learns only after a forward that it was training): it
-// starts at the given reading, the interval open before it ends there or is dropped when
-// it began there, and the phases that ran since are added at their readings.
-TEST(Profiler, AStepBegunLateStartsAtItsReadingWithItsPhases) {
-  TempDir tmp;
-  Fixture f(tmp);
-  { auto s = f.prof->step(); }
-  f.clock->advance(4 * kMs);  // logging: other
-  f.prof->begin_interval(IntervalKind::kEval);
-  f.clock->advance(30 * kMs);  // evaluation forwards
-  const std::int64_t forward_begin = f.prof->clock_ns();
-  f.clock->advance(6 * kMs);  // the forward a backward then follows
-  const std::int64_t forward_end = f.prof->clock_ns();
-  f.clock->advance(1 * kMs);  // the loss
-  f.prof->begin_step_at(forward_begin);
-  EXPECT_FALSE(f.prof->open_interval().has_value());
-  const PhaseId forward = f.prof->phase_id("forward");
-  f.prof->add_phase(forward, forward_begin, forward_end);
-  f.prof->add_phase(f.prof->phase_id("loss"), forward_end, f.prof->clock_ns());
-  EXPECT_THROW(f.prof->add_phase(forward, forward_end, forward_begin), UsageError);  // backwards
-  {
-    auto p = f.prof->phase("backward");
-    f.clock->advance(8 * kMs);
-    EXPECT_THROW(f.prof->add_phase(f.prof->phase_id("backward"), forward_end, forward_end),
-                 UsageError);  // while it runs
-  }
-  f.prof->end_step();
-  // the interval began where the step did (it held nothing): dropped, and a step begun
-  // "before" the previous step's end starts at that end
-  f.prof->begin_interval(IntervalKind::kEval);
-  const std::int64_t at = f.prof->clock_ns();
-  f.clock->advance(2 * kMs);
-  f.prof->begin_step_at(at - 1000 * kMs);
-  f.prof->add_phase(forward, at - 1000 * kMs, at + 1000 * kMs);  // clamped to [start, now]
-  f.prof->end_step();
-  EXPECT_THROW(f.prof->add_phase(forward, at, at), UsageError);  // outside a step
-  const auto recs = f.close_and_read();
-  const auto steps = of_kind(recs, "step");
-  ASSERT_EQ(steps.size(), 3u);
-  EXPECT_DOUBLE_EQ(steps[1]["step_ms"].get<double>(), 15.0);
-  EXPECT_DOUBLE_EQ(steps[1]["phases_ms"]["forward"].get<double>(), 6.0);
-  EXPECT_DOUBLE_EQ(steps[1]["phases_ms"]["loss"].get<double>(), 1.0);
-  EXPECT_DOUBLE_EQ(steps[1]["phases_ms"]["backward"].get<double>(), 8.0);
-  EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 30.0);
-  EXPECT_DOUBLE_EQ(steps[1]["other_ms"].get<double>(), 4.0);
-  EXPECT_DOUBLE_EQ(steps[2]["step_ms"].get<double>(), 2.0);
-  EXPECT_DOUBLE_EQ(steps[2]["phases_ms"]["forward"].get<double>(), 2.0);
-  EXPECT_FALSE(steps[2].contains("eval_ms"));
-  const auto intervals = of_kind(recs, "interval");
-  ASSERT_EQ(intervals.size(), 1u);
-  EXPECT_DOUBLE_EQ(intervals[0]["duration_ms"].get<double>(), 30.0);
-}
-
-// The run queue's wait is host time: on another clock (this fake one) it could not be
-// compared with the steps, so none is written (a real wait would judge fake steps).
-TEST(Profiler, OnAnotherClockNoRunQueueFigureIsWritten) {
-  TempDir tmp;
-  Fixture f(tmp);
-  for (int i = 0; i < 13; ++i) {
-    auto s = f.prof->step();
-    f.clock->advance((i == 12 ? 30 : 4) * kMs);
-  }
-  for (const auto& s : of_kind(f.close_and_read(), "step")) EXPECT_FALSE(s.contains("host"));
-}
-
-// A data wait open when an interval begins pauses for it (a validation run between the
-// loader's bracketing calls), and a loader advanced inside an interval is the interval's.
-TEST(Profiler, AnIntervalPausesTheDataWaitAndOwnsItsLoader) {
-  TempDir tmp;
-  Fixture f(tmp);
-  { auto s = f.prof->step(); }
-  f.prof->begin_data();
-  f.clock->advance(2 * kMs);
-  f.prof->begin_interval(IntervalKind::kEval);
-  f.clock->advance(20 * kMs);
-  f.prof->begin_data();  // the evaluation's loader
-  f.clock->advance(5 * kMs);
-  f.prof->end_data();
-  f.prof->end_interval(IntervalKind::kEval);
-  f.clock->advance(3 * kMs);
-  f.prof->end_data();
-  { auto s = f.prof->step(); }
-  f.prof->begin_data();
-  f.prof->begin_interval(IntervalKind::kCheckpoint);
-  EXPECT_THROW(f.prof->begin_step(), UsageError);  // the data wait was never ended
-  f.prof->end_data();
-  { auto s = f.prof->step(); }
-  const auto steps = of_kind(f.close_and_read(), "step");
-  ASSERT_EQ(steps.size(), 3u);
-  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 5.0);
-  EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 25.0);
-  EXPECT_DOUBLE_EQ(steps[1]["other_ms"].get<double>(), 0.0);
-}
-
-// An interval inside a step stays in step_ms but is named (interval_in_step_ms), so the
-// detectors can leave it out; one after the last step is written at close and goes to
-// goodput. The goodput parts add up to the wall clock.
-TEST(Profiler, IntervalsInsideStepsAndAfterTheLastStepAndGoodput) {
-  TempDir tmp;
-  Fixture f(tmp);
-  f.prof->begin_data();  // the first batch's wait: data, not startup
-  f.clock->advance(7 * kMs);
-  f.prof->end_data();
-  for (int i = 0; i < 3; ++i) {
-    auto s = f.prof->step();
-    f.clock->advance(10 * kMs);
-    if (i == 1) {
-      auto eval = f.prof->interval(IntervalKind::kEval);
-      f.clock->advance(40 * kMs);
-    }
-  }
-  {
-    auto s = f.prof->step();  // an "other" interval inside a step stays the step's time
-    auto log = f.prof->interval(IntervalKind::kOther);
-    f.clock->advance(10 * kMs);
-  }
-  f.clock->advance(5 * kMs);
-  f.prof->begin_interval(IntervalKind::kCheckpoint);
-  f.clock->advance(100 * kMs);  // still open at close: ended there
-  const auto records = f.close_and_read();
-  const auto steps = of_kind(records, "step");
-  ASSERT_EQ(steps.size(), 4u);
-  EXPECT_FALSE(steps[3].contains("interval_in_step_ms"));
-  EXPECT_DOUBLE_EQ(steps[1]["step_ms"].get<double>(), 50.0);
-  EXPECT_DOUBLE_EQ(steps[1]["eval_ms"].get<double>(), 40.0);
-  EXPECT_DOUBLE_EQ(steps[1]["interval_in_step_ms"].get<double>(), 40.0);
-  const auto intervals = of_kind(records, "interval");
-  ASSERT_EQ(intervals.size(), 3u);
-  EXPECT_EQ(intervals[0]["inside_step"], true);
-  EXPECT_EQ(intervals[0]["step"], 1);
-  EXPECT_EQ(intervals[2]["interval"], "checkpoint");
-  EXPECT_EQ(intervals[2]["step"], 4);  // after the last step: the index the next would have
-  EXPECT_DOUBLE_EQ(intervals[2]["duration_ms"].get<double>(), 100.0);
-  const auto& g = records.back()["goodput"];
-  EXPECT_NEAR(g["steps_s"].get<double>(), 0.040, 1e-6);
-  EXPECT_NEAR(g["eval_s"].get<double>(), 0.040, 1e-6);
-  EXPECT_NEAR(g["data_s"].get<double>(), 0.007, 1e-6);
-  EXPECT_NEAR(g["checkpoint_s"].get<double>(), 0.100, 1e-6);
-  EXPECT_NEAR(g["after_last_step_s"].get<double>(), 0.005, 2e-3);  // + the close's own time
-  double parts = 0;
-  for (const char* k : {"startup_s", "steps_s", "data_s", "eval_s", "checkpoint_s", "other_s",
-                        "after_last_step_s"}) {
-    parts += g[k].get<double>();
-  }
-  EXPECT_NEAR(parts, g["wall_s"].get<double>(), 0.005);
-  EXPECT_EQ(g["from"], "process_start");
-}
-
-// Steps of 1 ms on the host clock, then optionally one long step: run-queue figures come
-// every 10 ms (the first reading is the baseline), taken by the watchdog thread
-// (HostReadings) with `detect`, by the steps themselves without it.
-std::vector<nlohmann::json> busy_steps_on_the_host_clock(const TempDir& tmp, bool detect, int ms,
-                                                         int long_step_ms = 0) {
-  Config config = testing::run_config(tmp);
-  config.detect = detect;
-  auto prof = std::make_unique<Profiler>(config, RunInfo{}, Backends{});
-  auto busy = [](int busy_ms) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(busy_ms);
-    while (std::chrono::steady_clock::now() < end) {
-    }
-  };
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (std::chrono::steady_clock::now() < until) {
-    auto s = prof->step();
-    busy(1);
-  }
-  if (long_step_ms > 0) {
-    auto s = prof->step();
-    busy(long_step_ms);
-  }
-  const std::string path = prof->log_path();
-  prof->close();
-  return of_kind(read_jsonl(path), "step");
-}
-
-// The first step has the process RSS (read before it).
-TEST(Profiler, OnTheHostClockTheStepsCarryRunQueueFiguresEveryTenMilliseconds) {
-  for (const bool detect : {true, false}) {
-    TempDir tmp;
-    const auto steps = busy_steps_on_the_host_clock(tmp, detect, 300);
-    ASSERT_GE(steps.size(), 30u);
-    EXPECT_GT(steps.front()["memory"]["rss_bytes"].get<std::int64_t>(), 0) << detect;
-    int readings = 0;
-    for (const auto& s : steps) {
-      if (!s.contains("host")) continue;
-      ++readings;
-      EXPECT_GE(s["host"]["runq_ms"].get<double>(), 0.0);
-      EXPECT_GT(s["host"]["runq_span_ms"].get<double>(), 0.0);
-    }
-    // ~29 at a 10 ms pace; a loaded host delays the readings, not by 3x
-    EXPECT_GE(readings, 10) << "detect " << detect;
-  }
-}
-
-// An iteration much longer than the recent ones reads its own run queue at its end, so that
-// a slow step always carries the figure that tells contention from the model.
-TEST(Profiler, ALongIterationCarriesItsRunQueueFigure) {
-  for (const bool detect : {true, false}) {
-    TempDir tmp;
-    const auto steps = busy_steps_on_the_host_clock(tmp, detect, 30, /*long_step_ms=*/20);
-    ASSERT_TRUE(steps.back().contains("host")) << "detect " << detect;
-    EXPECT_GE(steps.back()["host"]["runq_span_ms"].get<double>(), 20.0);
-  }
-}
-
-// A loader advanced inside a step (a nested next()) must not throw into training: the
-// wait stays part of the step, and run_end counts it.
-TEST(Profiler, DataInsideAStepIsCountedNotThrown) {
-  TempDir tmp;
-  Fixture f(tmp);
-  f.prof->begin_data();
-  f.clock->advance(2 * kMs);
-  f.prof->end_data();
-  f.prof->begin_step();
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_NO_THROW(f.prof->begin_data());
-    f.clock->advance(3 * kMs);
-    EXPECT_NO_THROW(f.prof->end_data());
-  }
-  f.prof->end_step();
-  EXPECT_EQ(f.prof->data_inside_step(), 2);
-  f.prof->begin_data();  // between steps it is timed as before
-  f.clock->advance(5 * kMs);
-  f.prof->end_data();
-  { auto s = f.prof->step(); }
-  EXPECT_THROW(f.prof->end_data(), UsageError);  // an end without a begin is still misuse
-  const auto records = f.close_and_read();
-  const auto steps = of_kind(records, "step");
-  ASSERT_EQ(steps.size(), 2u);
-  EXPECT_DOUBLE_EQ(steps[0]["data_ms"].get<double>(), 2.0);
-  EXPECT_DOUBLE_EQ(steps[0]["step_ms"].get<double>(), 6.0);  // the inner waits stay in the step
-  EXPECT_DOUBLE_EQ(steps[1]["data_ms"].get<double>(), 5.0);
-  EXPECT_EQ(records.back()["kind"], "run_end");
-  EXPECT_EQ(records.back()["data_inside_step"], 2);
-}
-
-TEST(Profiler, RepeatedPhaseAddsUpAndOpenPhaseEndsWithStep) {
-  TempDir tmp;
-  Fixture f(tmp);
-  const PhaseId fwd = f.prof->phase_id("forward");
-  f.prof->begin_step();
-  for (int i = 0; i < 3; ++i) {
-    f.prof->begin_phase(fwd);
-    f.clock->advance(1 * kMs);
-    f.prof->end_phase(fwd);
-  }
-  f.prof->begin_phase(f.prof->phase_id("custom"));
-  f.clock->advance(2 * kMs);
-  f.prof->end_step();  // "custom" is still open: it ends with the step
-  const auto steps = of_kind(f.close_and_read(), "step");
-  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["forward"].get<double>(), 3.0);
-  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["custom"].get<double>(), 2.0);
-}
-
-TEST(Profiler, NestedDifferentPhasesAreAllowed) {
-  TempDir tmp;
-  Fixture f(tmp);
-  {
-    auto s = f.prof->step();
-    auto outer = s.phase("forward");
-    auto inner = s.phase("attention");
-    f.clock->advance(1 * kMs);
-  }
-  const auto steps = of_kind(f.close_and_read(), "step");
-  EXPECT_DOUBLE_EQ(steps[0]["phases_ms"]["attention"].get<double>(), 1.0);
-}
-
 TEST(Profiler, MisuseThrowsAndLeavesTheLogValid) {
   TempDir tmp;
   Fixture f(tmp);
@@ -567,45 +156,6 @@ TEST(Profiler, CloseEndsAnOpenStepAsFailedAndIsIdempotent) {
   EXPECT_EQ(of_kind(records, "run_end").size(), 1u);
 }
 
-TEST(Profiler, MemoryIsSampledEveryStep) {
-  TempDir tmp;
-  Fixture f(tmp);
-  for (int i = 0; i < 3; ++i) {
-    f.memory->allocated_bytes = 1000 * (i + 1);
-    f.memory->rss_bytes = 5000;
-    auto s = f.prof->step();
-  }
-  f.prof->begin_step();
-  MemorySample outside;
-  outside.peak_bytes = 777;
-  f.prof->set_step_memory(outside);
-  f.prof->end_step();
-  const auto steps = of_kind(f.close_and_read(), "step");
-  EXPECT_EQ(f.memory->samples, 4);
-  EXPECT_EQ(steps[2]["memory"]["allocated_bytes"], 3000);
-  EXPECT_EQ(steps[2]["memory"]["rss_bytes"], 5000);
-  EXPECT_FALSE(steps[2]["memory"].contains("peak_bytes"));
-  EXPECT_EQ(steps[3]["memory"]["peak_bytes"], 777);
-}
-
-TEST(Profiler, AMemorySourceIsReadOnceItsIntervalHasPassedAndHeldInBetween) {
-  TempDir tmp;
-  Fixture f(tmp);
-  f.memory->interval_ns = 10 * kMs;  // as the RSS source
-  for (int i = 0; i < 10; ++i) {
-    f.memory->rss_bytes = 1000 * (i + 1);
-    auto s = f.prof->step();
-    f.clock->advance(3 * kMs);
-  }
-  const auto steps = of_kind(f.close_and_read(), "step");
-  ASSERT_EQ(steps.size(), 10U);
-  EXPECT_EQ(f.memory->samples, 3);  // at the ends of steps 0, 4 and 8: 12 ms apart
-  const std::vector<int> held = {1000, 1000, 1000, 1000, 5000, 5000, 5000, 5000, 9000, 9000};
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    EXPECT_EQ(steps[i]["memory"]["rss_bytes"], held[i]) << i;
-  }
-}
-
 TEST(Profiler, FlushMakesStepsVisibleWhileRunning) {
   TempDir tmp;
   Fixture f(tmp);
@@ -656,335 +206,6 @@ TEST(Profiler, RegressionAlertFollowsItsStepAndIsCounted) {
   EXPECT_EQ(records.back()["alerts"]["step_regression"], 1);
   EXPECT_EQ(records.back()["alert_repeats"]["step_regression"], 39);
   EXPECT_EQ(callbacks.load(), 1);
-}
-
-// The watchdog checks every 100 ms of real time: polls the log (bounded) until it holds
-// alerts of `type`, and returns them.
-std::vector<nlohmann::json> wait_for_alerts(const std::string& path, const char* type) {
-  std::vector<nlohmann::json> found;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (found.empty() && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& r : of_kind(read_jsonl(path), "alert")) {
-      if (r["type"] == type) found.push_back(r);
-    }
-    std::this_thread::yield();
-  }
-  return found;
-}
-
-TEST(Profiler, WatchdogWritesAHangWhileTheStepIsStillRunning) {
-  TempDir tmp;
-  Fixture f(tmp, [](Config& c) { c.first_step_hang_s = 10; });
-  f.prof->begin_step();
-  f.prof->begin_phase(f.prof->phase_id("backward"));
-  f.clock->advance(11'000 * kMs);  // 11 s on the fake clock: past the 10 s floor
-  const auto hangs = wait_for_alerts(f.path, "hang");
-  ASSERT_EQ(hangs.size(), 1u);
-  EXPECT_TRUE(f.prof->in_step());  // written while the step is still in flight
-  EXPECT_EQ(hangs[0]["step"], 0);
-  EXPECT_EQ(hangs[0]["phase"], "backward");
-  EXPECT_GE(hangs[0]["value"].get<double>(), 11000.0);
-  f.prof->end_step();
-  const auto records = f.close_and_read();
-  EXPECT_EQ(records.back()["alerts"]["hang"], 1);
-}
-
-// A generation-2 collection of 30 s (a large object graph on a busy host) is neither a hang
-// while it runs nor part of the step's hang clock afterwards: before, the watchdog paged
-// `hang` in forward during it. The step hanging afterwards is still caught, its time
-// counted without the collection.
-TEST(Profiler, WatchdogLeavesPythonsCollectionsOutOfTheHangClock) {
-  TempDir tmp;
-  Fixture f(tmp, [](Config& c) { c.first_step_hang_s = 10; });
-  f.prof->begin_step();
-  f.prof->begin_phase(f.prof->phase_id("forward"));
-  f.prof->begin_gc(2);
-  f.clock->advance(30'000 * kMs);
-  f.prof->end_gc();
-  f.clock->advance(11'000 * kMs);  // then 11 s hung: past the 10 s limit
-  const auto hangs = wait_for_alerts(f.path, "hang");
-  ASSERT_EQ(hangs.size(), 1u);
-  EXPECT_GE(hangs[0]["value"].get<double>(), 11000.0);
-  EXPECT_LT(hangs[0]["value"].get<double>(), 30000.0) << hangs[0]["message"];
-  f.prof->end_step();
-  f.close_and_read();
-}
-
-// The watchdog's hang rule on given clock values: HangLimits' floor and least limit fed to
-// HangDetector through its own copy of the options, as Watchdog::loop does, polled every
-// 100 ms.
-struct HangWatch {
-  explicit HangWatch(const Config& c) : config(c), hang_config(c), limits(config) {}
-  Config config;
-  Config hang_config;
-  detail::HangLimits limits;
-  detail::HangDetector hang{hang_config};
-  detail::HangDetector bare{config};  // the rule without HangLimits (hang_floor_s at once)
-  std::int64_t step = -1, start_ns = 0, done_step = -1, done_ns = 0;
-  double median_ms = 0;
-  bool history_ok = false;
-  bool compiling = false;        // the step in flight compiles: its hang clock stops
-  std::int64_t excluded_ns = 0;  // compile time inside it so far
-  std::vector<detail::AlertEvent> alerts, bare_alerts;
-  detail::HangLimits::Source source = detail::HangLimits::Source::kHistory;
-
-  void poll(std::int64_t now_ns) {
-    detail::HangLimits::Seen seen{now_ns,  step,       start_ns, done_step,
-                                  done_ns, history_ok, median_ms};
-    const auto limit = limits.observe(seen);
-    hang_config.hang_floor_s = limit.floor_s;
-    hang_config.hang_min_s = limit.min_s;
-    detail::HangDetector::Poll p;
-    p.now_ns = now_ns;
-    p.step = compiling ? -1 : step;
-    p.start_ns = start_ns + excluded_ns;
-    p.last_done_step = done_step;
-    p.last_done_ns = done_ns;
-    p.median_ms = median_ms;
-    p.history_ok = history_ok;
-    if (auto a = hang.check(p); a && !a->resolved) {
-      alerts.push_back(*a);
-      source = limit.source;
-    }
-    if (auto a = bare.check(p); a && !a->resolved) bare_alerts.push_back(*a);
-  }
-  // The i-th alert (there are i + 1): its step, limit (ms) and where the limit came from.
-  void expect_alert(std::size_t i, std::int64_t alert_step, double threshold_ms,
-                    detail::HangLimits::Source from) const {
-    ASSERT_EQ(alerts.size(), i + 1);
-    EXPECT_EQ(alerts[i].step, alert_step);
-    EXPECT_DOUBLE_EQ(alerts[i].threshold, threshold_ms);
-    EXPECT_EQ(source, from);
-  }
-  // Polls from `from_ns` to `to_ns` (exclusive) every 100 ms.
-  void run(std::int64_t from_ns, std::int64_t to_ns) {
-    for (std::int64_t t = from_ns; t < to_ns; t += 100 * kMs) poll(t);
-  }
-  void begin(std::int64_t s, std::int64_t at_ns) {
-    step = s;
-    start_ns = at_ns;
-  }
-  void end(std::int64_t at_ns) {
-    done_step = step;
-    done_ns = at_ns - start_ns;
-    step = -1;
-  }
-};
-
-constexpr std::int64_t kS = 1000 * kMs;
-
-// Issue 52: pytorch/examples' LBFGS loop takes ~28 s a step on a CPU and was paged `hang`
-// at step 0 (the limit was hang_floor_s, 10 s). A 30 s first step is no hang; the next
-// step's limit is learned from it (5 x 30 s).
-TEST(HangLimits, AThirtySecondFirstStepIsNoHangAndTheNextStepLearnsFromIt) {
-  HangWatch w{Config{}};
-  w.begin(0, 0);
-  w.run(0, 30 * kS);
-  EXPECT_TRUE(w.alerts.empty());
-  ASSERT_FALSE(w.bare_alerts.empty());  // what it did before: paged after 10 s
-  EXPECT_DOUBLE_EQ(w.bare_alerts[0].threshold, 10'000.0);
-  w.end(30 * kS);
-  w.run(30 * kS, 30 * kS + 200 * kMs);
-  w.begin(1, 30 * kS + 200 * kMs);
-  w.run(30 * kS + 200 * kMs, 180 * kS);  // 149.8 s in flight: under 5 x 30 s
-  EXPECT_TRUE(w.alerts.empty());
-  w.run(180 * kS, 181 * kS);  // a step that never ends: named after 150 s
-  w.expect_alert(0, 1, 150'000.0, detail::HangLimits::Source::kEarlierSteps);
-}
-
-// A first step that never ends is still named, after first_step_hang_s.
-TEST(HangLimits, AFirstStepThatNeverEndsIsAHangAfterFirstStepHangS) {
-  Config config;
-  config.first_step_hang_s = 600;
-  HangWatch w{config};
-  w.begin(0, 5 * kS);
-  w.run(0, 605 * kS);
-  EXPECT_TRUE(w.alerts.empty());
-  w.run(605 * kS, 606 * kS);
-  w.expect_alert(0, 0, 600'000.0, detail::HangLimits::Source::kFirstStep);
-  // min_history 0 (history from the start) gives the first step no shorter limit
-  config.min_history = 0;
-  HangWatch h{config};
-  h.history_ok = true;
-  h.begin(0, 0);
-  h.run(0, 599 * kS);
-  EXPECT_TRUE(h.alerts.empty());
-}
-
-// A restart: the first step of the job's previous attempt (30 s, from its log) sets the
-// first step's limit (5 x 30 s) instead of first_step_hang_s.
-TEST(HangLimits, ARestartsFirstStepLearnsFromThePreviousAttempt) {
-  TempDir tmp;
-  const std::string log = tmp.str("rank0.jsonl");
-  {
-    std::ofstream out(log);
-    out << R"({"kind":"run_start","rank":0})"
-        << "\n"
-        << R"({"kind":"interval","interval":"restore","duration_ms":900.0})"
-        << "\n"
-        << R"({"kind":"step","step":0,"status":"ok","step_ms":31000.0,"host_ms":32000.0,)"
-        << R"("compile_ms":2000.0,"phases_ms":{}})"
-        << "\n"
-        << R"({"kind":"step","step":1,"status":"ok","step_ms":1.0})"
-        << "\n";
-  }
-  EXPECT_DOUBLE_EQ(detail::first_step_s_of_log(log), 30.0);  // host time less compile time
-  EXPECT_DOUBLE_EQ(detail::first_step_s_of_log(tmp.str("missing.jsonl")), 0.0);
-  HangWatch w{Config{}};
-  w.limits.set_previous_first_step_s(detail::first_step_s_of_log(log));
-  w.begin(0, 0);
-  w.run(0, 150 * kS);
-  EXPECT_TRUE(w.alerts.empty());
-  w.run(150 * kS, 151 * kS);
-  w.expect_alert(0, 0, 150'000.0, detail::HangLimits::Source::kPreviousAttempt);
-}
-
-// Later steps before min_history: hang_threshold x the longest step after the first (a
-// slow first step does not keep the limit high), never under hang_floor_s.
-TEST(HangLimits, StepsBeforeHistoryUseTheLongestLaterStepAtLeastTheFloor) {
-  HangWatch w{Config{}};
-  w.begin(0, 0);
-  w.run(0, 180 * kS);  // a 3-minute first step (communicators, autotuning)
-  w.end(180 * kS);
-  w.poll(180 * kS + 50 * kMs);
-  w.begin(1, 180 * kS + 100 * kMs);
-  w.run(180 * kS + 100 * kMs, 181 * kS + 100 * kMs);  // 1 s
-  w.end(181 * kS + 100 * kMs);
-  w.poll(181 * kS + 150 * kMs);
-  w.begin(2, 181 * kS + 200 * kMs);
-  w.run(181 * kS + 200 * kMs, 191 * kS + 200 * kMs);  // 10 s: the floor, not 5 x 180 s
-  EXPECT_TRUE(w.alerts.empty());
-  w.run(191 * kS + 200 * kMs, 192 * kS);
-  w.expect_alert(0, 2, 10'000.0, detail::HangLimits::Source::kFloor);
-}
-
-// With history (median 100 ms: limit 1 s), the first step after a long gap (an
-// evaluation between steps, a long data wait) gets hang_floor_s; a step after no gap
-// keeps the 1 s limit.
-TEST(HangLimits, TheFirstStepAfterALongGapGetsTheFloor) {
-  HangWatch w{Config{}};
-  w.history_ok = true;
-  w.median_ms = 100;
-  w.done_step = 49;  // the first step ended long ago
-  w.done_ns = 2 * kS;
-  w.poll(0);
-  w.poll(100 * kMs);  // no step in flight: a 60 s gap
-  w.run(200 * kMs, 60 * kS);
-  w.begin(50, 60 * kS);
-  w.run(60 * kS, 69 * kS + 900 * kMs);  // 9.9 s: was a hang after 1 s
-  EXPECT_TRUE(w.alerts.empty());
-  EXPECT_FALSE(w.bare_alerts.empty());
-  w.run(69 * kS + 900 * kMs, 70 * kS + 200 * kMs);
-  w.expect_alert(0, 50, 10'000.0, detail::HangLimits::Source::kAfterGap);
-  // The steps after it, with no gap seen between them, have the median's limit again.
-  w.end(70 * kS + 300 * kMs);
-  w.begin(51, 70 * kS + 310 * kMs);
-  w.run(70 * kS + 350 * kMs, 70 * kS + 750 * kMs);
-  w.end(70 * kS + 800 * kMs);  // 0.49 s: within the limit, the episode resolves
-  w.begin(52, 70 * kS + 810 * kMs);
-  w.run(70 * kS + 850 * kMs, 72 * kS);
-  w.expect_alert(1, 52, 1'000.0, detail::HangLimits::Source::kHistory);
-}
-
-// A recompile inside a step (a new shape) stops the step's hang clock, as before; it is
-// no gap either: the steps after it keep the median's limit.
-TEST(HangLimits, ACompileInsideAStepIsNeitherAHangNorAGap) {
-  HangWatch w{Config{}};
-  w.history_ok = true;
-  w.median_ms = 100;
-  w.done_step = 49;
-  w.done_ns = 100 * kMs;
-  w.begin(50, 0);
-  w.compiling = true;
-  w.run(0, 60 * kS);  // 60 s compiling
-  w.compiling = false;
-  w.excluded_ns = 60 * kS;
-  w.run(60 * kS, 60 * kS + 500 * kMs);  // then 0.5 s of work
-  EXPECT_TRUE(w.alerts.empty());
-  w.end(60 * kS + 500 * kMs);
-  w.excluded_ns = 0;
-  w.begin(51, 60 * kS + 510 * kMs);
-  w.run(60 * kS + 550 * kMs, 62 * kS);
-  w.expect_alert(0, 51, 1'000.0, detail::HangLimits::Source::kHistory);
-}
-
-// Through the running watchdog (fake clock): the run's first step is judged against
-// first_step_hang_s, and the alert says so.
-TEST(Profiler, WatchdogJudgesTheFirstStepAgainstFirstStepHangS) {
-  TempDir tmp;
-  Fixture f(tmp, [](Config& c) { c.first_step_hang_s = 120; });
-  f.prof->begin_step();
-  f.prof->begin_phase(f.prof->phase_id("optimizer"));
-  f.clock->advance(121'000 * kMs);
-  const auto hangs = wait_for_alerts(f.path, "hang");
-  ASSERT_EQ(hangs.size(), 1u);
-  EXPECT_EQ(hangs[0]["step"], 0);
-  EXPECT_DOUBLE_EQ(hangs[0]["threshold"].get<double>(), 120'000.0);
-  EXPECT_EQ(hangs[0]["details"]["limit_source"], "first_step_hang_s");
-  EXPECT_NE(hangs[0]["message"].get<std::string>().find("first_step_hang_s"), std::string::npos);
-  f.prof->end_step();
-  f.close_and_read();
-}
-
-// Through the running watchdog: attempt 1 of a job learns its first step's limit from
-// attempt 0's log (same log_dir, same job).
-TEST(Profiler, WatchdogLearnsTheFirstStepsLimitFromThePreviousAttempt) {
-  TempDir tmp;
-  const auto same_job = [](Config& c) { c.job = "job-52"; };
-  {
-    Fixture first(tmp, same_job);
-    first.prof->begin_step();
-    first.clock->advance(30'000 * kMs);
-    first.prof->end_step();
-    first.close_and_read();
-  }
-  Fixture f(tmp, same_job);
-  ASSERT_NE(f.path.find("attempt1"), std::string::npos) << f.path;
-  f.prof->begin_step();
-  f.clock->advance(151'000 * kMs);  // past 5 x 30 s, well within first_step_hang_s
-  const auto hangs = wait_for_alerts(f.path, "hang");
-  ASSERT_EQ(hangs.size(), 1u);
-  EXPECT_EQ(hangs[0]["step"], 0);
-  EXPECT_DOUBLE_EQ(hangs[0]["threshold"].get<double>(), 150'000.0);
-  EXPECT_EQ(hangs[0]["details"]["limit_source"], "previous_attempt");
-  f.prof->end_step();
-  f.close_and_read();
-}
-
-// An evaluation that hangs: the watchdog names it while it is still open, judged against
-// the longest earlier evaluation; a long checkpoint is not an evaluation's hang.
-TEST(Profiler, WatchdogWritesAnIntervalHangWhileTheEvaluationIsStillOpen) {
-  TempDir tmp;
-  Fixture f(tmp, [](Config& c) { c.hang_min_s = 1; });
-  { auto s = f.prof->step(); }
-  {
-    auto eval = f.prof->interval(IntervalKind::kEval);
-    f.clock->advance(2'000 * kMs);  // the first evaluation: 2 s
-  }
-  { auto s = f.prof->step(); }
-  f.prof->begin_interval(IntervalKind::kEval);
-  f.clock->advance(10'001 * kMs);  // past 5 x 2 s
-  std::vector<nlohmann::json> hangs;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (hangs.empty() && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& r : of_kind(read_jsonl(f.path), "alert")) {
-      if (r["type"] == "interval_hang") hangs.push_back(r);
-    }
-    std::this_thread::yield();
-  }
-  ASSERT_EQ(hangs.size(), 1u);
-  EXPECT_EQ(f.prof->open_interval(), IntervalKind::kEval);  // written while it is open
-  EXPECT_EQ(hangs[0]["step"], 2);
-  EXPECT_EQ(hangs[0]["phase"], "eval");
-  EXPECT_DOUBLE_EQ(hangs[0]["threshold"].get<double>(), 10'000.0);
-  EXPECT_NE(hangs[0]["message"].get<std::string>().find("longest earlier one"), std::string::npos);
-  f.prof->end_interval(IntervalKind::kEval);
-  const auto records = f.close_and_read();
-  EXPECT_EQ(records.back()["alerts"]["interval_hang"], 1);
-  EXPECT_FALSE(records.back()["alerts"].contains("hang"));  // no step was in flight
-  const auto resolved = of_kind(records, "resolved");
-  ASSERT_EQ(resolved.size(), 1u);
-  EXPECT_EQ(resolved[0]["type"], "interval_hang");
 }
 
 TEST(Profiler, DetectionCanBeTurnedOff) {
@@ -1344,6 +565,57 @@ TEST(Profiler, CloseFromAnotherThreadGivesUpOnAStepThatDoesNotEnd) {
 
 // Runs `child` in a forked process (ended by _exit with its return value, or by a 60 s
 // alarm if it hangs) and returns its wait status.
+// ---- the lifecycle state machine on its own (runtime/run_lifecycle.hpp) ----
+
+TEST(RunLifecycle, AForeignCloseBetweenStepsDetachesTheTrainingThreadAtOnce) {
+  detail::RunLifecycle life;
+  life.claim();
+  EXPECT_FALSE(life.foreign());
+  ASSERT_TRUE(life.stay_attached());
+  ASSERT_TRUE(life.enter_step());
+  life.leave_step();
+  bool foreign = false;
+  bool left_running = true;
+  std::thread closer([&] {
+    foreign = life.foreign();
+    left_running = life.request_close_and_wait(std::chrono::seconds(60));
+  });
+  closer.join();
+  EXPECT_TRUE(foreign);
+  EXPECT_FALSE(left_running);  // no step running: nothing to wait for
+  EXPECT_TRUE(life.close_requested());
+  EXPECT_FALSE(life.stay_attached());  // the training thread's next boundary
+  EXPECT_TRUE(life.detached());
+}
+
+TEST(RunLifecycle, AForeignCloseGivesUpOnAStepInProgressAndItsNextStepIsNotEntered) {
+  detail::RunLifecycle life;
+  life.claim();
+  ASSERT_TRUE(life.enter_step());
+  bool left_running = false;
+  std::thread closer([&] { left_running = life.request_close_and_wait(std::chrono::seconds(0)); });
+  closer.join();
+  EXPECT_TRUE(left_running);
+  EXPECT_FALSE(life.detached());  // the step in progress is the training thread's
+  life.leave_step();
+  EXPECT_FALSE(life.enter_step());  // the close came first: not recorded
+  EXPECT_TRUE(life.detached());
+}
+
+TEST(RunLifecycle, ClosedAndAbandonedOnce) {
+  detail::RunLifecycle life;
+  EXPECT_FALSE(life.forked());
+  EXPECT_NO_THROW(life.check_open());
+  life.mark_closed();
+  EXPECT_TRUE(life.closed());
+  EXPECT_THROW(life.check_open(), UsageError);
+  detail::RunLifecycle child;
+  EXPECT_TRUE(child.abandon());
+  EXPECT_FALSE(child.abandon());
+  EXPECT_TRUE(child.detached());
+  EXPECT_TRUE(child.closed());
+}
+
 int run_forked(const std::function<int()>& child) {
   const pid_t pid = ::fork();
   if (pid == 0) {
