@@ -18,10 +18,26 @@ DCGM's names itself, which would double every series where the exporter also run
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
+METRICS_DEF = HERE.parent / "csrc" / "sinks" / "metrics.def"
+
+
+def metric_families(path: Path = METRICS_DEF) -> dict[str, str]:
+    """The Prometheus families of the metrics table, by id (``steps_total``:
+    ``steptrace_steps_total``). Read from the table's file, so building the dashboards needs
+    no compiled steptrace."""
+    ids = re.findall(r"^STEPTRACE_METRIC\((\w+),", path.read_text(encoding="utf-8"), re.M)
+    return {i: f"steptrace_{i}" for i in ids}
+
+
+# Every metric name below is taken from the table: M.steps_total is "steptrace_steps_total",
+# and an id the table lacks fails the build (AttributeError).
+M = SimpleNamespace(**metric_families())
 DS = {"type": "prometheus", "uid": "${datasource}"}
 JOB_LINK = "/d/steptrace-job/steptrace-job?var-job=${__field.labels.job}&${__url_time_range}"
 PROFILING_LINK = "/d/steptrace-profiling/steptrace-profiling?var-job=${job}&var-run_id=${__field.labels.run_id}&${__url_time_range}"
@@ -89,24 +105,24 @@ def overview() -> dict:
     p = Panels()
     job_link = [{"title": "Open the job's dashboard", "url": JOB_LINK}]
     p.add("Step throughput by job (steps/s)", "timeseries",
-          [("sum by (job) (rate(steptrace_steps_total[5m]))", "{{job}}")], links=job_link, unit="short")
-    p.add("Active jobs", "stat", [("count(count by (job) (rate(steptrace_steps_total[5m]) > 0))", "jobs")],
+          [(f"sum by (job) (rate({M.steps_total}[5m]))", "{{job}}")], links=job_link, unit="short")
+    p.add("Active jobs", "stat", [(f"count(count by (job) (rate({M.steps_total}[5m]) > 0))", "jobs")],
           w=6, unit="none")
-    p.add("Alerts in the last hour", "stat", [("sum(increase(steptrace_alerts_total[1h]))", "alerts")],
+    p.add("Alerts in the last hour", "stat", [(f"sum(increase({M.alerts_total}[1h]))", "alerts")],
           w=6, unit="none")
     p.add("Jobs: throughput, p95 step, alerts (click a job)", "table", [
-        ("sum by (job) (rate(steptrace_steps_total[5m]))", "steps/s"),
+        (f"sum by (job) (rate({M.steps_total}[5m]))", "steps/s"),
         ("steptrace:step_duration_seconds:p95_5m", "p95 step"),
-        ("sum by (job) (increase(steptrace_alerts_total[1h]))", "alerts 1h"),
+        (f"sum by (job) (increase({M.alerts_total}[1h]))", "alerts 1h"),
     ], w=24, links=job_link, options={"showHeader": True})
     p.add("GPU power by host (DCGM / steptrace)", "timeseries",
           [("sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)", "{{Hostname}} (DCGM)"),
-           ("sum by (host) (steptrace_gpu_power_watts)", "{{host}} (steptrace)")],
+           (f"sum by (host) ({M.gpu_power_watts})", "{{host}} (steptrace)")],
           unit="watt", description="Where no DCGM exporter runs, steptrace's own NVML figures (one series per rank).")
     p.add("GPU utilization (DCGM; recorded, never paged)", "timeseries",
           [("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", "{{Hostname}}")], unit="percent")
     p.add("Alerts by type and job", "timeseries",
-          [("sum by (job, type) (increase(steptrace_alerts_total[10m]))", "{{job}} {{type}}")],
+          [(f"sum by (job, type) (increase({M.alerts_total}[10m]))", "{{job}} {{type}}")],
           w=24, links=job_link, unit="none")
     return dashboard("steptrace-overview", "steptrace overview", [var_datasource()], p,
                      [nav("steptrace-job", "Job"), nav("steptrace-profiling", "Profiling")])
@@ -122,18 +138,18 @@ def useful_work(p: Panels, sel: str) -> None:
     """MFU per rank beside the tensor cores' activity and the GPU's power, and tokens/s
     (docs/useful-work.md)."""
     p.add("MFU per rank, beside tensor-core activity and power", "timeseries", [
-        (f"steptrace_mfu_ratio{{{sel}}}", "r{{rank}} MFU"),
-        (f"steptrace_tensor_active_ratio{{{sel}}}", "r{{rank}} tensor cores active"),
-        (f"steptrace_gpu_power_watts{{{sel}}}", "r{{rank}} power"),
+        (f"{M.mfu_ratio}{{{sel}}}", "r{{rank}} MFU"),
+        (f"{M.tensor_active_ratio}{{{sel}}}", "r{{rank}} tensor cores active"),
+        (f"{M.gpu_power_watts}{{{sel}}}", "r{{rank}} power"),
     ], w=16, unit="percentunit", overrides=[right_axis("C", "watt")],
           description="MFU: the last step's model FLOP/s over the device's peak (run_start.work says which "
                       "peak). Tensor cores busy at high power with a low MFU: the work is not the model's "
                       "(padding, recomputation, small matrices); a rank below the others: its steps are "
                       "slower for the same FLOPs.")
     p.add("Throughput: tokens/s and samples/s", "timeseries", [
-        (f"sum(rate(steptrace_tokens_total{{{sel}}}[5m]))", "job tokens/s (5m, wall clock)"),
-        (f"steptrace_tokens_per_second{{{sel}}}", "r{{rank}} tokens/s (last step)"),
-        (f"sum(rate(steptrace_samples_total{{{sel}}}[5m]))", "job samples/s (5m, wall clock)"),
+        (f"sum(rate({M.tokens_total}{{{sel}}}[5m]))", "job tokens/s (5m, wall clock)"),
+        (f"{M.tokens_per_second}{{{sel}}}", "r{{rank}} tokens/s (last step)"),
+        (f"sum(rate({M.samples_total}{{{sel}}}[5m]))", "job samples/s (5m, wall clock)"),
     ], w=8, unit="short",
           description="The job's rate over the wall clock (evaluation and checkpoints included), summed over "
                       "the selected ranks, and each rank's rate over its last step's training iteration.")
@@ -144,17 +160,17 @@ def job() -> dict:
     sel = 'job="$job", rank=~"$rank"'
     run_link = [{"title": "Profile this run", "url": PROFILING_LINK}]
     p.add("Step time (p50 / p95, all ranks)", "timeseries", [
-        (f"histogram_quantile(0.5, sum by (le) (rate(steptrace_step_duration_seconds_bucket{{{sel}}}[5m])))", "p50"),
-        (f"histogram_quantile(0.95, sum by (le) (rate(steptrace_step_duration_seconds_bucket{{{sel}}}[5m])))", "p95"),
-        (f"max(steptrace_step_median_seconds{{{sel}}})", "trailing median"),
+        (f"histogram_quantile(0.5, sum by (le) (rate({M.step_duration_seconds}_bucket{{{sel}}}[5m])))", "p50"),
+        (f"histogram_quantile(0.95, sum by (le) (rate({M.step_duration_seconds}_bucket{{{sel}}}[5m])))", "p95"),
+        (f"max({M.step_median_seconds}{{{sel}}})", "trailing median"),
     ], unit="s", links=run_link)
     p.add("Phase split (seconds per second of training)", "timeseries",
-          [(f"sum by (phase) (rate(steptrace_phase_duration_seconds_sum{{{sel}}}[5m]))", "{{phase}}"),
-           (f"sum(rate(steptrace_data_wait_seconds_total{{{sel}}}[5m]))", "data wait")],
+          [(f"sum by (phase) (rate({M.phase_duration_seconds}_sum{{{sel}}}[5m]))", "{{phase}}"),
+           (f"sum(rate({M.data_wait_seconds_total}{{{sel}}}[5m]))", "data wait")],
           unit="s", options={"stacking": {"mode": "normal"}})
-    wall = f"(sum(rate(steptrace_time_seconds_total{{{sel}}}[5m])) > 0)"
+    wall = f"(sum(rate({M.time_seconds_total}{{{sel}}}[5m])) > 0)"
     p.add("Where the wall clock goes (seconds per second, by kind)", "timeseries",
-          [(f"sum by (kind) (rate(steptrace_time_seconds_total{{{sel}}}[5m]))", "{{kind}}")],
+          [(f"sum by (kind) (rate({M.time_seconds_total}{{{sel}}}[5m]))", "{{kind}}")],
           w=16, unit="s", options={"stacking": {"mode": "normal"}},
           description="Summed over the selected ranks (n ranks stack to n): training steps (less the "
                       "evaluation / checkpoint intervals inside them), the loader's waits (data, where the "
@@ -162,14 +178,14 @@ def job() -> dict:
                       "is booked when the step after it ends, so a long evaluation shows when training "
                       "resumes.")
     p.add("Goodput: training share of the wall clock", "timeseries", [
-        (f'sum(rate(steptrace_time_seconds_total{{{sel}, kind="step"}}[5m])) / {wall}', "training (goodput)"),
-        (f"sum(rate(steptrace_runq_wait_seconds_total{{{sel}}}[5m])) / {wall}", "waiting for a CPU"),
+        (f'sum(rate({M.time_seconds_total}{{{sel}, kind="step"}}[5m])) / {wall}', "training (goodput)"),
+        (f"sum(rate({M.runq_wait_seconds_total}{{{sel}}}[5m])) / {wall}", "waiting for a CPU"),
     ], w=8, unit="percentunit",
           description="The share of the wall clock spent in training steps (recorded job-wide as "
                       "steptrace:goodput_ratio_5m:job; never alerted on), and the share the training thread "
                       "was runnable but waiting for a CPU (host contention, a ticket, never a page).")
     p.add("The job's waste by cause (seconds lost per second, across attempts)", "timeseries",
-          [(f"sum by (cause) (rate(steptrace_badput_seconds_total{{{sel}}}[5m]))", "{{cause}}")],
+          [(f"sum by (cause) (rate({M.badput_seconds_total}{{{sel}}}[5m]))", "{{cause}}")],
           w=16, unit="s", options={"stacking": {"mode": "normal"}},
           description="Summed over the selected ranks (n ranks stack to n; x GPUs = GPU-hours lost): steps "
                       "above the ideal step time (slow_steps), the steps a failed attempt lost "
@@ -178,18 +194,18 @@ def job() -> dict:
                       "CPU (host_contention) and other. `steptrace goodput JOB_ROOT` gives the same table "
                       "offline, in GPU-hours and money (docs/goodput.md).")
     p.add("Job goodput across attempts", "timeseries",
-          [(f"min(steptrace_job_goodput_ratio{{{sel}}})", "job goodput")], w=8, unit="percentunit",
+          [(f"min({M.job_goodput_ratio}{{{sel}}})", "job goodput")], w=8, unit="percentunit",
           description="Productive training time (at the ideal step time) over all the wall clock the job "
                       "has used, its earlier attempts included; the lowest rank's view.")
     p.add("Compute / communication / exposed communication per rank", "timeseries", [
-        (f"sum by (rank) (rate(steptrace_compute_seconds_total{{{sel}}}[5m]))", "compute r{{rank}}"),
-        (f"sum by (rank) (rate(steptrace_comm_seconds_total{{{sel}}}[5m]))", "comm r{{rank}}"),
-        (f"sum by (rank) (rate(steptrace_comm_exposed_seconds_total{{{sel}}}[5m]))", "blocked r{{rank}}"),
+        (f"sum by (rank) (rate({M.compute_seconds_total}{{{sel}}}[5m]))", "compute r{{rank}}"),
+        (f"sum by (rank) (rate({M.comm_seconds_total}{{{sel}}}[5m]))", "comm r{{rank}}"),
+        (f"sum by (rank) (rate({M.comm_exposed_seconds_total}{{{sel}}}[5m]))", "blocked r{{rank}}"),
     ], w=24, unit="s",
           description="A straggler's rank has more compute; the ranks waiting for it have more blocked time.")
     p.add("Collective bandwidth per rank (bus / algorithm)", "timeseries", [
-        (f"steptrace_comm_busbw_bytes_per_second{{{sel}}}", "bus r{{rank}}"),
-        (f"steptrace_comm_algbw_bytes_per_second{{{sel}}}", "alg r{{rank}}"),
+        (f"{M.comm_busbw_bytes_per_second}{{{sel}}}", "bus r{{rank}}"),
+        (f"{M.comm_algbw_bytes_per_second}{{{sel}}}", "alg r{{rank}}"),
     ], w=24, unit="Bps",
           description="Each rank's collectives of its last step with known sizes, as nccl-tests defines them: "
                       "algorithm bandwidth is the payload over the time a collective was outstanding, bus "
@@ -198,47 +214,47 @@ def job() -> dict:
                       "waiting for a late rank lowers it on the waiting ranks too.")
     useful_work(p, sel)
     p.add("Tensor-core activity per GPU", "timeseries", [
-        (f"steptrace_tensor_active_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
+        (f"{M.tensor_active_ratio}{{{sel}}}", "r{{rank}} (steptrace)"),
         ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "{{Hostname}} gpu {{gpu}} (DCGM)"),
     ], w=8, unit="percentunit")
     p.add("DRAM bandwidth per GPU", "timeseries", [
-        (f"steptrace_dram_throughput_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
+        (f"{M.dram_throughput_ratio}{{{sel}}}", "r{{rank}} (steptrace)"),
         ("DCGM_FI_PROF_DRAM_ACTIVE", "{{Hostname}} gpu {{gpu}} (DCGM)"),
     ], w=8, unit="percentunit")
     p.add("SM occupancy per GPU", "timeseries", [
-        (f"steptrace_sm_occupancy_ratio{{{sel}}}", "r{{rank}} (steptrace)"),
+        (f"{M.sm_occupancy_ratio}{{{sel}}}", "r{{rank}} (steptrace)"),
         ("DCGM_FI_PROF_SM_OCCUPANCY", "{{Hostname}} gpu {{gpu}} (DCGM)"),
     ], w=8, unit="percentunit")
     p.add("GPU power (DCGM / steptrace)", "timeseries", [
         ("DCGM_FI_DEV_POWER_USAGE", "{{Hostname}} gpu {{gpu}} (DCGM)"),
-        (f"steptrace_gpu_power_watts{{{sel}}}", "r{{rank}} (steptrace)"),
-        (f"max(steptrace_gpu_power_limit_watts{{{sel}}})", "power limit"),
+        (f"{M.gpu_power_watts}{{{sel}}}", "r{{rank}} (steptrace)"),
+        (f"max({M.gpu_power_limit_watts}{{{sel}}})", "power limit"),
     ], unit="watt")
     p.add("GPU temperature (DCGM / steptrace)", "timeseries", [
         ("DCGM_FI_DEV_GPU_TEMP", "{{Hostname}} gpu {{gpu}} (DCGM)"),
-        (f"steptrace_gpu_temperature_celsius{{{sel}}}", "r{{rank}} (steptrace)"),
+        (f"{M.gpu_temperature_celsius}{{{sel}}}", "r{{rank}} (steptrace)"),
     ], unit="celsius")
     p.add("Straggler score by rank (cross-rank view)", "timeseries",
-          [('steptrace_rank_straggler_score{job="$job"}', "r{{rank}}")], unit="percentunit",
+          [(f'{M.rank_straggler_score}{{job="$job"}}', "r{{rank}}")], unit="percentunit",
           description="Each rank's own work (compute + data) over the other ranks' median, minus 1, per "
                       "cluster window (exported by the aggregating rank, at most 64 ranks: the stragglers "
                       "first). 0.1 is the straggler threshold.")
     p.add("Per-rank split of a step (cross-rank view)", "timeseries",
-          [('steptrace_rank_split_seconds{job="$job"}', "r{{rank}} {{part}}")], unit="s",
+          [(f'{M.rank_split_seconds}{{job="$job"}}', "r{{rank}} {{part}}")], unit="s",
           options={"stacking": {"mode": "normal"}},
           description="Median per step in the last window: compute, communication net of waiting, waiting "
                       "on slower ranks, data loading.")
     p.add("GPU energy and throttling (steptrace)", "timeseries", [
-        (f"sum by (rank) (rate(steptrace_gpu_energy_joules_total{{{sel}}}[5m]))", "r{{rank}} W (energy rate)"),
-        (f"sum by (rank, reason) (rate(steptrace_gpu_throttled_steps_total{{{sel}}}[5m]))",
+        (f"sum by (rank) (rate({M.gpu_energy_joules_total}{{{sel}}}[5m]))", "r{{rank}} W (energy rate)"),
+        (f"sum by (rank, reason) (rate({M.gpu_throttled_steps_total}{{{sel}}}[5m]))",
          "r{{rank}} throttled steps/s {{reason}}"),
     ], unit="short")
-    p.add("Memory per rank", "timeseries", [(f'steptrace_memory_bytes{{{sel}, kind=~"allocated|rss|device_used"}}',
+    p.add("Memory per rank", "timeseries", [(f'{M.memory_bytes}{{{sel}, kind=~"allocated|rss|device_used"}}',
                                               "r{{rank}} {{kind}}")], unit="bytes")
-    p.add("Alerts", "table", [(f"sum by (rank, type) (increase(steptrace_alerts_total{{{sel}}}[$__range]))", "")],
+    p.add("Alerts", "table", [(f"sum by (rank, type) (increase({M.alerts_total}{{{sel}}}[$__range]))", "")],
           unit="none")
-    variables = [var_datasource(), var_query("job", "label_values(steptrace_steps_total, job)"),
-                 var_query("rank", 'label_values(steptrace_steps_total{job="$job"}, rank)', multi=True)]
+    variables = [var_datasource(), var_query("job", f"label_values({M.steps_total}, job)"),
+                 var_query("rank", f'label_values({M.steps_total}{{job="$job"}}, rank)', multi=True)]
     return dashboard("steptrace-job", "steptrace job", variables, p,
                      [nav("steptrace-overview", "Overview", keep=False), nav("steptrace-profiling", "Profiling")])
 
@@ -254,19 +270,19 @@ def profiling() -> dict:
         "(open in https://ui.perfetto.dev)\n"
         "* `steptrace cluster RUN_DIR` names a straggler rank"))
     p.add("Step time by rank", "timeseries",
-          [(f"rate(steptrace_step_duration_seconds_sum{{{sel}}}[1m]) / rate(steptrace_step_duration_seconds_count{{{sel}}}[1m])",
+          [(f"rate({M.step_duration_seconds}_sum{{{sel}}}[1m]) / rate({M.step_duration_seconds}_count{{{sel}}}[1m])",
             "r{{rank}}")], unit="s")
     p.add("Time in flight of the running step", "timeseries",
-          [(f"steptrace_step_in_flight_seconds{{{sel}}}", "r{{rank}}"),
-           (f"5 * steptrace_step_median_seconds{{{sel}}}", "stall limit r{{rank}}")], unit="s")
+          [(f"{M.step_in_flight_seconds}{{{sel}}}", "r{{rank}}"),
+           (f"5 * {M.step_median_seconds}{{{sel}}}", "stall limit r{{rank}}")], unit="s")
     p.add("Phase p95 by phase", "timeseries",
-          [(f"histogram_quantile(0.95, sum by (phase, le) (rate(steptrace_phase_duration_seconds_bucket{{{sel}}}[5m])))",
+          [(f"histogram_quantile(0.95, sum by (phase, le) (rate({M.phase_duration_seconds}_bucket{{{sel}}}[5m])))",
             "{{phase}}")], unit="s")
     p.add("Steps and error steps", "timeseries",
-          [(f"sum(rate(steptrace_steps_total{{{sel}}}[5m]))", "steps/s"),
-           (f"sum(rate(steptrace_error_steps_total{{{sel}}}[5m]))", "error steps/s")], unit="short")
-    variables = [var_datasource(), var_query("job", "label_values(steptrace_steps_total, job)"),
-                 var_query("run_id", 'label_values(steptrace_steps_total{job="$job"}, run_id)'),
+          [(f"sum(rate({M.steps_total}{{{sel}}}[5m]))", "steps/s"),
+           (f"sum(rate({M.error_steps_total}{{{sel}}}[5m]))", "error steps/s")], unit="short")
+    variables = [var_datasource(), var_query("job", f"label_values({M.steps_total}, job)"),
+                 var_query("run_id", f'label_values({M.steps_total}{{job="$job"}}, run_id)'),
                  var_text("report_base_url", "http://reports.example/steptrace", "report server")]
     return dashboard("steptrace-profiling", "steptrace profiling", variables, p,
                      [nav("steptrace-overview", "Overview", keep=False), nav("steptrace-job", "Job")])

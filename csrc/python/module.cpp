@@ -22,6 +22,7 @@
 #include "steptrace/replay.hpp"
 
 #include "backends_capsule.hpp"
+#include "metrics_bindings.hpp"
 
 namespace py = pybind11;
 using steptrace::PhaseId;
@@ -1072,6 +1073,7 @@ steptrace::IntervalKind parse_interval(const std::string& kind) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "steptrace's C++ core (use the steptrace package, not this module)";
   m.attr("MAX_PHASES") = steptrace::kMaxPhases;  // the phase table's size, for Python's bounds
+  steptrace::python::bind_metrics(m);
 
   // steptrace.errors defines the exception classes (each also a ValueError/RuntimeError).
   {

@@ -37,11 +37,14 @@ logger = logging.getLogger("steptrace")
 # Its options and their defaults, from the option table (include/steptrace/config_options.def).
 OTLP_OPTIONS: dict = {k: v for k, v in PYTHON_OPTIONS.items() if k.startswith("metrics_otlp")}
 _INTERVAL_RANGE = (0.1, 3600.0)
-# The Prometheus endpoint's histogram buckets (csrc/sinks/prometheus_sink.hpp), in seconds.
-DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# The instruments are the rows of the metrics table (csrc/sinks/metrics.def) that name an
+# OTLP instrument: its name, kind, unit, description and (histograms) the Prometheus
+# family's buckets. The bounds are the Prometheus sink's too.
+OTLP_METRICS: tuple = tuple(row for row in _core.metric_table() if row["otlp"])
+DURATION_BUCKETS = next(row["buckets"] for row in OTLP_METRICS if row["name"] == "steptrace_step_duration_seconds")
 _MAX_PHASES = _core.MAX_PHASES  # the core's phase table (kMaxPhases): bounded attribute values
-_MAX_ALERT_TYPES = 256
-_MAX_CLUSTER_ROWS = 64  # as the Prometheus sink: the stragglers first, then by score
+_MAX_ALERT_TYPES = _core.METRIC_MAX_ALERT_TYPES
+_MAX_CLUSTER_ROWS = _core.METRIC_MAX_CLUSTER_ROWS  # the stragglers first, then by score
 _EXPORT_TIMEOUT_S = 5.0
 _MEMORY_KINDS = ("allocated", "reserved", "peak", "rss", "heap", "device_used")
 
@@ -116,10 +119,10 @@ class OtlpExporter:
         self._exporter = _reporting_exporter(inner, self.url)
         self._reader = PeriodicExportingMetricReader(self._exporter, export_interval_millis=interval_s * 1000.0,
                                                      export_timeout_millis=_EXPORT_TIMEOUT_S * 1000.0)
-        buckets = ExplicitBucketHistogramAggregation(DURATION_BUCKETS)
-        self._provider = MeterProvider(
-            resource=resource, metric_readers=[self._reader],
-            views=[View(instrument_name="steptrace.*.duration", aggregation=buckets)])
+        views = [View(instrument_name=row["otlp"]["name"],
+                      aggregation=ExplicitBucketHistogramAggregation(row["buckets"]))
+                 for row in OTLP_METRICS if row["buckets"]]
+        self._provider = MeterProvider(resource=resource, metric_readers=[self._reader], views=views)
         self._rows: list[dict] = []  # the last cluster record's, for the observable gauges
         self._make_instruments(self._provider.get_meter("steptrace"))
         self._phases: set[str] = set()
@@ -129,37 +132,19 @@ class OtlpExporter:
         self._thread = threading.Thread(target=self._run, name="steptrace-otlp", daemon=True)
 
     def _make_instruments(self, m: Any) -> None:
-        self.steps = m.create_counter("steptrace.steps", unit="{step}", description="Steps completed and written.")
-        self.error_steps = m.create_counter("steptrace.error_steps", unit="{step}",
-                                            description="Steps that ended with an exception.")
-        self.step_duration = m.create_histogram("steptrace.step.duration", unit="s",
-                                                description="Step time (without the data wait).")
-        self.phase_duration = m.create_histogram("steptrace.phase.duration", unit="s",
-                                                 description="Time of each phase within a step.")
-        self.data_wait = m.create_counter("steptrace.data_wait", unit="s",
-                                          description="Time spent waiting on the data loader.")
-        self.time = m.create_counter("steptrace.time", unit="s",
-                                     description="Wall clock by kind: step (less intervals inside it), "
-                                                 "data, eval, checkpoint, other (as Prometheus' "
-                                                 "steptrace_time_seconds_total).")
-        self.runq_wait = m.create_counter("steptrace.runq_wait", unit="s",
-                                          description="The training thread's run-queue wait (waiting for a CPU).")
-        self.memory = m.create_gauge("steptrace.memory", unit="By", description="Memory at the end of the last step.")
-        self.alerts = m.create_counter("steptrace.alerts", unit="{alert}", description="Alerts written, by type.")
-        self.gpu_power = m.create_gauge("steptrace.gpu.power", unit="W",
-                                        description="GPU board power, mean over the last step.")
-        self.gpu_energy = m.create_counter("steptrace.gpu.energy", unit="J", description="GPU energy during the steps.")
-        self.gpu_temperature = m.create_gauge("steptrace.gpu.temperature", unit="Cel",
-                                              description="Hottest GPU temperature during the last step.")
-        self.gpu_sm_clock = m.create_gauge("steptrace.gpu.sm_clock", unit="Hz", description="SM clock, last step.")
-        # Observed at each export from the last cluster record only: a rank that left the
-        # listed rows stops being exported instead of repeating a stale value.
-        m.create_observable_gauge(
-            "steptrace.rank.straggler_score", callbacks=[self._observe_scores], unit="1",
-            description="Own work over the other ranks' median, minus 1, in the last cross-rank window.")
-        m.create_observable_gauge(
-            "steptrace.rank.split", callbacks=[self._observe_split], unit="s",
-            description="Median time per step in the last cross-rank window, by part (compute, comm, wait, data).")
+        """One instrument per OTLP row of the metrics table, as the attribute named after it
+        (steptrace.step.duration: self.step_duration). The observable gauges are observed
+        at each export from the last cluster record only: a rank that left the listed rows
+        stops being exported instead of repeating a stale value."""
+        observe = {"steptrace.rank.straggler_score": self._observe_scores, "steptrace.rank.split": self._observe_split}
+        for row in OTLP_METRICS:
+            o = row["otlp"]
+            name, kind, kw = o["name"], o["instrument"], {"unit": o["unit"], "description": o["description"]}
+            if kind == "observable_gauge":
+                instrument = m.create_observable_gauge(name, callbacks=[observe[name]], **kw)
+            else:
+                instrument = getattr(m, f"create_{kind}")(name, **kw)
+            setattr(self, name.removeprefix("steptrace.").replace(".", "_"), instrument)
 
     def _observe_scores(self, options: Any) -> list:
         from opentelemetry.metrics import Observation  # noqa: PLC0415
