@@ -30,7 +30,7 @@ table. Two families:
   median each run measured under steptrace.
 * *Real-shaped loops* (``--only real``; ``--real-loops`` picks some of them), where time
   between steps is evaluation, checkpoints, logging and callbacks, not only data:
-  ``gpt``: the nanoGPT-style loop of tests/python/gpt_loop.py (explicit phases,
+  ``gpt``: the nanoGPT-style loop of tests/python/support/gpt_loop.py (explicit phases,
   gradient accumulation, evaluation every 50 iterations under ``prof.interval("eval")``,
   ``torch.save`` checkpoints under ``prof.interval("checkpoint")``); ``gpt-run``: the same
   script unmodified under ``steptrace run`` (intervals found automatically); ``gpt-ddp``:
@@ -44,7 +44,7 @@ table. Two families:
   each epoch's short last batch, an evaluation and a ``torch.save`` per epoch);
   ``lightning``: Lightning with a validation loop every 50
   steps and ``ModelCheckpoint(every_n_train_steps=100)`` (its ``SteptraceCallback``);
-  ``gan-run``: tests/python/gan_loop.py under ``steptrace run``, two optimizers per batch
+  ``gan-run``: tests/python/support/gan_loop.py under ``steptrace run``, two optimizers per batch
   (DCGAN's D and G updates, two steps a batch of different costs, alternating).
   Steps: 1,500 / 1,500 / 1,500 / 1,600 / 2,000 / 5,000 / 2,000 at ``--scale`` 1, never fewer than
   150 / 150 / 150 / 192 / 150 / 300 / 400 (so a quick run still evaluates and saves a few times). All run in
@@ -120,7 +120,8 @@ LEAK_BYTES_PER_STEP = 512 * 1024  # one float32 BATCH x LEAK_COLS tensor kept pe
 LEAK_COLS = LEAK_BYTES_PER_STEP // 4 // BATCH
 HANG_POLL_S = 0.05
 REPO = Path(__file__).resolve().parent.parent
-GPT_SCRIPT = REPO / "tests" / "python" / "gpt_loop.py"
+TESTS = REPO / "tests" / "python"
+GPT_SCRIPT = TESTS / "support" / "gpt_loop.py"
 SLOW_STEP_TYPES = ("stall", "step_regression", "hang")
 KINDS = SLOW_STEP_TYPES + ("host_contention", "slow_checkpoint")  # the table's columns; the rest: "other"
 
@@ -510,13 +511,13 @@ def quiet() -> Iterator[None]:
 
 def _test_module(name: str):
     """A module of tests/python (the real-shaped loops the tests run too)."""
-    if str(GPT_SCRIPT.parent) not in sys.path:
-        sys.path.insert(0, str(GPT_SCRIPT.parent))
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
     return importlib.import_module(name)
 
 
 def train_gpt(steps: int, tmp: Path) -> Path:
-    gpt_loop = _test_module("gpt_loop")
+    gpt_loop = _test_module("support.gpt_loop")
     with quiet(), steptrace.Profiler(tmp / "run") as prof:
         gpt_loop.train(prof, iters=steps, out_dir=str(tmp), intervals=True)
     return tmp / "run"
@@ -559,24 +560,24 @@ def train_distill_run(steps: int, tmp: Path) -> Path:
 
 def train_hf(steps: int, tmp: Path) -> Path:
     """The Hugging Face Trainer on a tiny GPT-2: evaluation every 50 steps, a save every 100
-    (the last two kept), the train loader's fetches as data (tests/python/framework_loops.py)."""
+    (the last two kept), the train loader's fetches as data (tests/python/support/framework_loops.py)."""
     with quiet():
-        return _test_module("framework_loops").hf_trainer_run(tmp, max_steps=steps, eval_steps=50, save_steps=100,
+        return _test_module("support.framework_loops").hf_trainer_run(tmp, max_steps=steps, eval_steps=50, save_steps=100,
                                                               save_total_limit=2)
 
 
 def train_lightning(steps: int, tmp: Path) -> Path:
     """Lightning: a small classifier, validation every 50 steps (and the sanity check),
-    ModelCheckpoint every 100 training steps (tests/python/framework_loops.py)."""
+    ModelCheckpoint every 100 training steps (tests/python/support/framework_loops.py)."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with quiet():
-        return _test_module("framework_loops").lightning_run(tmp, max_steps=steps, val_every=50,
+        return _test_module("support.framework_loops").lightning_run(tmp, max_steps=steps, val_every=50,
                                                              checkpoint_every=100)[0]
 
 
 def train_gan_run(steps: int, tmp: Path) -> Path:
-    """tests/python/gan_loop.py unmodified under `steptrace run`: two optimizers per batch
+    """tests/python/support/gan_loop.py unmodified under `steptrace run`: two optimizers per batch
     (a discriminator and a generator update, each ending a step: steps // 2 batches)."""
     cmd = [sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(tmp / "logs"),
            str(GPT_SCRIPT.parent / "gan_loop.py"), "--batches", str(max(1, steps // 2))]

@@ -11,7 +11,7 @@ Two measurements, one run:
   the input shapes, looking the FLOPs up, ``add_work``) and the loader's batch count;
   against Lightning's ``Throughput.update`` + ``compute`` with the figures handed to it.
   Also the one-time FLOP count of the first forward of a shape.
-* A GPT-style CPU training loop (tests/python/gpt_loop.py's model, batch 8 x 32 tokens,
+* A GPT-style CPU training loop (tests/python/support/gpt_loop.py's model, batch 8 x 32 tokens,
   ``torch.set_num_threads(1)``) in interleaved, shuffled blocks: bare; steptrace with
   ``count_work=False``; steptrace with ``count_work`` (watch + data); bare with Lightning's
   Throughput. The medians per variant, and the difference steptrace's counting makes with
@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
 
 import steptrace  # noqa: E402
-from gpt_loop import GPT, get_batch  # noqa: E402
+from support.gpt_loop import GPT, get_batch  # noqa: E402
 from steptrace.work import ModelWork, batch_counter  # noqa: E402
 
 

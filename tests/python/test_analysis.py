@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 from steptrace import _table
 from steptrace.analysis import ALERT_COLUMNS, MissingDependencyError, Run, load, load_table
 from steptrace.summary import summarize

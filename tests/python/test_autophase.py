@@ -16,7 +16,7 @@ import steptrace
 from steptrace.autophase import PHASES
 from steptrace.errors import ConfigError
 
-from training import batches
+from support.training import batches
 
 
 class Work(nn.Module):

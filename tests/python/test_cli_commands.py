@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 
 PHASES = ("forward", "loss", "backward", "clip", "optimizer")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

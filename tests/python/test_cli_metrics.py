@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 
 CI_CHIPS = ("GA100", "GH100", "AD102", "GB100", "GB202")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 from steptrace.cli import main
 from steptrace.summary import MISSING_END, format_summary, percentile, summarize
 

@@ -17,7 +17,7 @@ import pytest
 from steptrace.cli import main as cli
 from steptrace.cluster import analyze_records, format_cluster
 
-SCRIPT = Path(__file__).resolve().parent / "ddp_slow_rank.py"
+SCRIPT = Path(__file__).resolve().parent / "support" / "ddp_slow_rank.py"
 STEP_NS = 25_000_000  # 25 ms steps: 200 steps are 5 s, far below the 30 s floor
 
 

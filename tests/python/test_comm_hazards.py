@@ -1,5 +1,5 @@
 """Three hazards of timing the program's collectives (issue 49), each on a fake that behaves
-as the vendor documents (tests/python/fake_nccl.py):
+as the vendor documents (tests/python/support/fake_nccl.py):
 
 1. CUDA graph capture: no Work is asked whether it completed by a thread that captures, nor
    by any thread while a capture in CUDA's global mode is in progress;
@@ -11,7 +11,7 @@ as the vendor documents (tests/python/fake_nccl.py):
 
 from __future__ import annotations
 
-from fake_nccl import run_case  # noqa: E402 - tests/python is on sys.path (conftest)
+from support.fake_nccl import run_case  # noqa: E402 - tests/python is on sys.path (conftest)
 
 
 def test_collectives_launched_inside_a_cuda_graph_capture_are_left_alone(tmp_path):

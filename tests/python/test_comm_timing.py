@@ -1,6 +1,6 @@
 """Collectives timed by their completion, with no call from the program: on a process
 group that behaves as NCCL's does on the host (futures complete at enqueue, the work 50 ms
-later: tests/python/fake_nccl.py), and for DDP models made before or after the Profiler,
+later: tests/python/support/fake_nccl.py), and for DDP models made before or after the Profiler,
 with no ``watch()``. (gloo, whose futures complete with the work, runs in test_cluster.py's
 torchrun tests.)"""
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from fake_nccl import run_case  # noqa: E402 - tests/python is on sys.path (conftest)
+from support.fake_nccl import run_case  # noqa: E402 - tests/python is on sys.path (conftest)
 
 
 def test_a_collective_whose_future_completes_at_launch_is_timed_to_its_completion(tmp_path):

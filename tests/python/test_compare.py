@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 from steptrace._table import collect
 from steptrace.compare import compare, compare_tables, format_compare, mann_whitney, median_change_ci
 

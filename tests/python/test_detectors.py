@@ -343,7 +343,7 @@ def test_on_the_cuda_path_the_phase_follows_the_allocator_not_the_heap(tmp_path)
 def test_with_constant_flops_per_step_an_mfu_drop_is_a_step_regression():
     # docs/useful-work.md: MFU = flops / iteration / peak, so with the FLOPs of a step fixed,
     # MFU falls exactly where the iteration grows, and step_regression judges that growth.
-    import logfactory as lf
+    from support import logfactory as lf
 
     recs = lf.work_run(220, iteration_ms=lambda i: 10.0 if i < 150 else 20.0)
     mfu = {r["step"]: r["work"]["mfu_pct"] for r in recs if r["kind"] == "step"}

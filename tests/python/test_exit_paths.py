@@ -22,7 +22,7 @@ CHILD_PRELUDE = f"""
 import sys, itertools
 sys.path.insert(0, {str(HERE)!r})
 import steptrace
-from training import batches, train
+from support.training import batches, train
 """
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 from steptrace.export import StepRange, export, export_chrome, export_csv
 
 

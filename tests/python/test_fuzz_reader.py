@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-import fuzzing as fz
-import logfactory as lf
+from support import fuzzing as fz
+from support import logfactory as lf
 import steptrace
 
 MUTANTS = int(os.environ.get("STEPTRACE_FUZZ_MUTANTS", "2000"))

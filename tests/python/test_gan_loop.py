@@ -1,4 +1,4 @@
-"""Two optimizers per batch (issue 52): a GAN-style loop (tests/python/gan_loop.py, as
+"""Two optimizers per batch (issue 52): a GAN-style loop (tests/python/support/gan_loop.py, as
 pytorch/examples' DCGAN writes it) unmodified under ``steptrace run``. Each
 ``optimizer.step()`` ends a step, as Lightning's ``global_step`` counts: two steps a batch,
 alternating D's update (48 samples through the models) and G's (16), of different costs.
@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent / "gan_loop.py"
+SCRIPT = Path(__file__).resolve().parent / "support" / "gan_loop.py"
 SLOW_STEP_ALERTS = {"step_regression", "stall", "hang"}
 
 

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 from steptrace.goodput import CAUSES, ideal_step_time, job_attempts, job_goodput, money_text
 from steptrace.summary import format_summary, summarize, summarize_job
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 
 torch = pytest.importorskip("torch")
 

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import pytest
 
 import steptrace
-from logfactory import alert, run_end, run_start, run_cli_tty, step, write_log
+from support.logfactory import alert, run_end, run_start, run_cli_tty, step, write_log
 from steptrace.cli import main as cli
 from steptrace.cluster import CLUSTER_OPTIONS, ClusterExchange
 from steptrace.errors import ConfigError

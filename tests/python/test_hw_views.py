@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 import steptrace
 from steptrace.summary import HwSeries, format_summary, hw_summary, render_rich, summarize
 

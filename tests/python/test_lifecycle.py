@@ -27,7 +27,7 @@ CHILD_PRELUDE = f"""
 import sys, os, threading
 sys.path.insert(0, {str(HERE)!r})
 import steptrace
-from training import batches, train
+from support.training import batches, train
 
 def steps(prof, n):  # steps without torch work (libgomp may hang in a forked child)
     for _ in range(n):

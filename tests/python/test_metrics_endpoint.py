@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 import steptrace
-from training import batches, train
+from support.training import batches, train
 
 PROMETHEUS = shutil.which("prometheus")
 

@@ -13,7 +13,7 @@ import torch
 
 import steptrace
 from steptrace.errors import ConfigError, UnknownOptionError, UsageError
-from training import PHASES, SlowLoader, batches, train
+from support.training import PHASES, SlowLoader, batches, train
 
 
 def steps_of(records):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 import steptrace
 from steptrace.errors import LogFormatError
 from steptrace.reader import CorruptLineWarning, TornLineWarning, TruncatedLogWarning, read, validate_record

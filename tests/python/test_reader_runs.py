@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 from steptrace._progress import Progress
 from steptrace.errors import LogFormatError
 from steptrace.reader import log_files, read

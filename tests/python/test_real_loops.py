@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import framework_loops
-import gpt_loop
+from support import framework_loops, gpt_loop
 import steptrace
 from steptrace.cluster.exchange import peer_notice_s
-from training import batches, train
+from support.training import batches, train
 
 HERE = Path(__file__).parent
 SLOW_STEP_ALERTS = {"stall", "step_regression", "hang"}
@@ -153,7 +152,7 @@ def test_gpt_loop_injected_stall_is_caught_with_its_phase(tmp_path, records_of, 
 def _steptrace_run(tmp_path, *script_args):
     log_dir = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(log_dir),
-                           str(HERE / "gpt_loop.py"), *script_args], capture_output=True, text=True,
+                           str(HERE / "support" / "gpt_loop.py"), *script_args], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     return log_dir / "rank0.jsonl"
@@ -185,7 +184,7 @@ def test_ddp_gpt_script_pages_the_rank_that_stalled_and_not_for_rank0_evaluating
     proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--nproc-per-node", "2",
                            "--torchrun=--standalone", "--log-dir", str(log_dir),
                            "--option", f"cluster_poll_s={poll_s}", "--option", f"cluster_silent_s={silent_s}",
-                           str(HERE / "gpt_loop.py"), "--iters", "100", "--eval-interval", "60",
+                           str(HERE / "support" / "gpt_loop.py"), "--iters", "100", "--eval-interval", "60",
                            "--eval-iters", "4000", "--out", str(tmp_path), "--stall-at", "80", "--stall-rank", "1"],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -436,7 +435,7 @@ def test_long_batches_of_dynamic_padding_are_judged_per_token(tmp_path, records_
     # give each step its tokens (prof.data).
     import random
 
-    gpt_loop = pytest.importorskip("gpt_loop")
+    gpt_loop = pytest.importorskip("support.gpt_loop")
     rng = random.Random(0)
     torch.manual_seed(0)
     model = gpt_loop.GPT(block=256, dim=96, layers=3)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import logfactory as lf
+from support import logfactory as lf
 
 pytest.importorskip("matplotlib")
 pytest.importorskip("pandas")

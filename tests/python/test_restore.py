@@ -253,7 +253,7 @@ def test_hf_trainer_resume_is_a_restore_and_progress_continues(tmp_path, monkeyp
 
 def test_hf_trainer_load_best_model_at_end_is_a_restore(tmp_path, records_of):
     pytest.importorskip("transformers")
-    from framework_loops import hf_trainer_run
+    from support.framework_loops import hf_trainer_run
 
     run = hf_trainer_run(tmp_path, max_steps=4, eval_steps=2, save_steps=2, train_samples=32, detect=False,
                          training_args={"load_best_model_at_end": True})

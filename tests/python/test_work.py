@@ -25,7 +25,7 @@ from steptrace.work import batch_work, count_flops  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpt_loop import GPT, get_batch  # noqa: E402
+from support.gpt_loop import GPT, get_batch  # noqa: E402
 
 PEAK_TFLOPS = 0.5  # a CPU has no datasheet peak: MFU needs the option
 
@@ -226,7 +226,7 @@ def test_gpt_script_under_steptrace_run_reports_work(tmp_path, records_of, mode)
     # training (steptrace.autophase._EvalModeForwards), and its work is still counted
     log_dir = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(log_dir),
-                           "-o", f"peak_tflops={PEAK_TFLOPS}", str(HERE / "gpt_loop.py"), "--iters", "30",
+                           "-o", f"peak_tflops={PEAK_TFLOPS}", str(HERE / "support" / "gpt_loop.py"), "--iters", "30",
                            "--eval-interval", "10"] + (["--eval-mode-training"] if mode == "eval" else []),
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
@@ -252,7 +252,7 @@ def _hf_analytic_flops(batch: int, seq: int) -> float:
 
 def test_hf_trainer_reports_tokens_flops_and_mfu(tmp_path, records_of):
     pytest.importorskip("transformers")
-    from framework_loops import hf_trainer_run
+    from support.framework_loops import hf_trainer_run
 
     run = hf_trainer_run(tmp_path, max_steps=12, eval_steps=6, save_steps=100, peak_tflops=PEAK_TFLOPS)
     steps = [r for r in records_of(run / "rank0.jsonl") if r["kind"] == "step"]
@@ -266,7 +266,7 @@ def test_hf_trainer_reports_tokens_flops_and_mfu(tmp_path, records_of):
 
 def test_lightning_reports_tokens_flops_and_mfu(tmp_path, records_of):
     pytest.importorskip("lightning")
-    from framework_loops import lightning_gpt_run
+    from support.framework_loops import lightning_gpt_run
 
     run = lightning_gpt_run(tmp_path, max_steps=12, peak_tflops=PEAK_TFLOPS)
     steps = [r for r in records_of(run / "rank0.jsonl") if r["kind"] == "step"]

@@ -22,9 +22,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-import logfactory as lf
+from support import logfactory as lf
 
-CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"
+CORPUS = Path(__file__).resolve().parents[1] / "fuzz_corpus"  # tests/python/fuzz_corpus
 REAL_SEED = CORPUS / "seed_real.jsonl"  # a real CPU training run (tests/python/fuzz_corpus/README.md)
 ERROR_LINE_MAX = 2000  # a clean error is one line a person can read, not a dump of the log
 # argparse's usage errors: the usage block, then "steptrace[ COMMAND]: error: ..."

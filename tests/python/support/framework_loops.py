@@ -102,7 +102,7 @@ def lightning_gpt_run(tmp: Path, *, max_steps: int, **options) -> Path:
     validation loop); ``options`` go to the profiler. Returns the log folder."""
     import lightning.pytorch as L
 
-    from gpt_loop import GPT
+    from support.gpt_loop import GPT
     from steptrace.integrations.lightning import SteptraceCallback
 
     class LitGPT(L.LightningModule):

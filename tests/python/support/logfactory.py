@@ -392,8 +392,8 @@ def write_log(path: Path, records: Iterable[Any], tail: str = "") -> Path:
 
 # --------------------------------------------------------------------------- the CLI
 
-REPO = Path(__file__).resolve().parents[2]
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[3]
+TESTS = Path(__file__).resolve().parents[1]  # tests/python
 
 
 def steptrace_script() -> str:
@@ -493,7 +493,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
 import steptrace
-from training import batches, model, train
+from support.training import batches, model, train
 torch.set_num_threads(1)  # steady steps beside other load (see conftest.py)
 
 class SlowForward(torch.nn.Module):

@@ -9,7 +9,7 @@ two steps per batch, alternating D and G.
 ``--slow-g-from N --slow-g-matmuls K``: from batch N on, G's forward does K extra
 192x192 matmuls (an injected regression; it lands in the D steps, where G runs forward).
 
-    steptrace run --log-dir runs/gan tests/python/gan_loop.py --batches 800
+    steptrace run --log-dir runs/gan tests/python/support/gan_loop.py --batches 800
 """
 
 from __future__ import annotations

@@ -274,7 +274,7 @@ import json, statistics, sys, threading, time
 import torch, torch.distributed as dist
 from torch import nn
 sys.path.insert(0, {here!r})
-import fake_nccl
+from support import fake_nccl
 import steptrace
 torch.set_num_threads(1)
 fake_nccl.init(0.05)
@@ -294,7 +294,7 @@ def run_case(tmp_path: Any, body: str, timeout_s: float = 300) -> dict:
     import sys
     import textwrap
 
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/python
     code = CASE_PRELUDE.format(here=here) + textwrap.dedent(body)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
                           cwd=tmp_path)
