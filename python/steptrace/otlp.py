@@ -5,8 +5,8 @@ scrapes.
     with steptrace.Profiler("runs/exp1", metrics_otlp="http://collector:4318/v1/metrics"):
         ...
 
-How records reach it: a daemon thread (``steptrace-otlp``) reads what the writer thread
-already wrote to the rank's log, as the cross-rank exchange does, and feeds the
+How records reach it: a daemon thread (``steptrace-otlp``) takes what the writer thread
+already wrote from the core's record channel, as dicts (steptrace.records_channel), and feeds the
 OpenTelemetry SDK's instruments; the SDK's periodic reader exports them on its own thread.
 The training thread does nothing for it, and neither does the C++ writer: calling into
 Python from the writer thread would need the GIL, which the training thread holds, so a
@@ -21,7 +21,6 @@ The metrics (OpenTelemetry names; a collector's Prometheus exporter turns them i
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import urllib.parse
@@ -29,7 +28,7 @@ from typing import Any, Mapping, Optional
 
 from steptrace import _core
 from steptrace._options import PYTHON_OPTIONS
-from steptrace.cluster.exchange import follow_records
+from steptrace.records_channel import follow_records
 from steptrace.errors import ConfigError
 
 logger = logging.getLogger("steptrace")
@@ -101,7 +100,7 @@ class OtlpExporter:
         self._core = core
         config = core.config
         self._log = follow_records(core)
-        self._pending = self._log.new_lines()  # run_start first: the run's identity
+        self._pending: list = self._log.take()  # run_start first: the run's identity
         start = self._run_start()
         self.run_id = str(start.get("run_id") or config.run_id)
         self.rank = int(start.get("rank", config.rank))
@@ -160,10 +159,7 @@ class OtlpExporter:
                 if isinstance(row.get(f"{part}_ms"), (int, float))]
 
     def _run_start(self) -> dict:
-        try:
-            return json.loads(self._pending[0]) if self._pending else {}
-        except ValueError:
-            return {}
+        return self._pending[0] if self._pending else {}
 
     def start(self) -> "OtlpExporter":
         self._thread.start()
@@ -193,14 +189,9 @@ class OtlpExporter:
 
     def poll_once(self) -> None:
         with self._lock:
-            lines, self._pending = self._pending + self._log.new_lines(), []
-            for line in lines:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict):
-                    self._record(rec)
+            records, self._pending = self._pending + self._log.take(), []
+            for rec in records:  # dicts, decoded by the core's record channel
+                self._record(rec)
 
     def _record(self, rec: dict) -> None:
         kind = rec.get("kind")

@@ -185,7 +185,7 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_
         if kind == "collectives":  # a hang: the flight recorder's last collectives, if any
             core.answer_collectives(_flight_recorder_answer())
             continue
-        record = json.loads(payload)
+        record = payload  # the alert or resolved record, a dict decoded by the core
         _log_record(record, limiter)
         if on_alert is not None:
             try:

@@ -10,7 +10,6 @@ the way to tune the rules on a real run. Tests drive it with synthetic timelines
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Iterable, Union
 
@@ -29,7 +28,10 @@ def _number(rec: dict, key: str, where: str, default: Any = None) -> Any:
     return value
 
 
-def _step_tuple(rec: dict, where: str, previous_rss: Any) -> tuple:
+def _replay_step(rec: dict, where: str, previous_rss: Any) -> Any:
+    """The step record as the detectors' named ReplayStep (steptrace/replay.hpp)."""
+    from steptrace import _core
+
     step = rec.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise LogFormatError(f"{where}: step={step!r} must be an integer >= 0")
@@ -39,20 +41,29 @@ def _step_tuple(rec: dict, where: str, previous_rss: Any) -> tuple:
     memory = rec.get("memory") or {}
     if not isinstance(memory, dict):
         raise LogFormatError(f"{where}: memory must be an object of byte counts")
-    mem = []
+    s = _core.ReplayStep()
     for key in _MEMORY_FIELDS:
         v = memory.get(key, -1)
         if isinstance(v, bool) or not isinstance(v, int):
             raise LogFormatError(f"{where}: memory.{key}={v!r} must be an integer")
-        mem.append(v)
-    return (step, int(_number(rec, "start_unix_ns", where, 0)), float(_number(rec, "data_ms", where, 0.0)),
-            float(_number(rec, "step_ms", where)), rec.get("status") == "error",
-            [(str(k), float(_number(phases, k, f"{where}: phases_ms"))) for k in phases], tuple(mem),
-            # a live run re-reads RSS at most every 10 ms and repeats it in between
-            memory.get("rss_bytes") != previous_rss,
-            (float(_number(rec, "other_ms", where, 0.0)), float(_number(rec, "interval_in_step_ms", where, 0.0)),
-             *_host(rec, where), float(_number(rec, "data_start_ms", where, 0.0)),
-             float(_number(rec, "compile_ms", where, 0.0)), *_work(rec, where), *_gc(rec, where)))
+        setattr(s, key, v)
+    s.step = step
+    s.start_unix_ns = int(_number(rec, "start_unix_ns", where, 0))
+    s.data_ms = float(_number(rec, "data_ms", where, 0.0))
+    s.step_ms = float(_number(rec, "step_ms", where))
+    s.failed = rec.get("status") == "error"
+    s.phases_ms = [(str(k), float(_number(phases, k, f"{where}: phases_ms"))) for k in phases]
+    # a live run re-reads RSS at most every 10 ms and repeats it in between
+    s.rss_fresh = memory.get("rss_bytes") != previous_rss
+    s.other_ms = float(_number(rec, "other_ms", where, 0.0))
+    s.interval_in_step_ms = float(_number(rec, "interval_in_step_ms", where, 0.0))
+    s.runq_ms, s.runq_span_ms, s.steal_ms = _host(rec, where)
+    s.data_start_ms = float(_number(rec, "data_start_ms", where, 0.0))
+    s.compile_ms = float(_number(rec, "compile_ms", where, 0.0))
+    s.tokens, s.samples = _work(rec, where)
+    s.gc_ms, s.gc_gen2_ms, s.gc_between_ms, s.gc_between_gen2_ms, gc_count = _gc(rec, where)
+    s.gc_count = int(gc_count)
+    return s
 
 
 def _work(rec: dict, where: str) -> tuple[float, float]:
@@ -107,7 +118,7 @@ def detect(source: Source, **options: Any) -> list[dict[str, Any]]:
         records = source
         where_prefix = "record"
     run_config: dict[str, Any] = {}
-    by_rank: dict[int, list[tuple]] = {}
+    by_rank: dict[int, list[Any]] = {}
     last_rss: dict[int, Any] = {}
     for i, rec in enumerate(records):
         if not isinstance(rec, dict):
@@ -119,7 +130,7 @@ def detect(source: Source, **options: Any) -> list[dict[str, Any]]:
             continue
         rank = rec.get("rank", 0)
         rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else 0
-        t = _step_tuple(rec, f"{where_prefix} {i} (step {rec.get('step')!r})", last_rss.get(rank))
+        t = _replay_step(rec, f"{where_prefix} {i} (step {rec.get('step')!r})", last_rss.get(rank))
         last_rss[rank] = (rec.get("memory") or {}).get("rss_bytes")
         by_rank.setdefault(rank, []).append(t)
     for key in ("rank", "world_size", "run_id", "overwrite"):
@@ -129,8 +140,8 @@ def detect(source: Source, **options: Any) -> list[dict[str, Any]]:
     for rank in sorted(by_rank):
         config.rank = rank
         try:
-            lines = _core.replay_detectors(config, by_rank[rank])
+            found = _core.replay_detectors(config, by_rank[rank])
         except Exception as exc:  # steps out of order: the record is what is wrong
             raise LogFormatError(f"{where_prefix}: rank {rank}: {exc}") from None
-        out.extend(json.loads(line) for line in lines)
+        out.extend(found)  # the detectors' records, as dicts
     return out

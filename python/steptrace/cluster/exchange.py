@@ -16,6 +16,7 @@ from steptrace import flight_recorder
 from steptrace.cluster.rules import ClusterAnalyzer
 from steptrace.cluster.stats import _median, window_summary
 from steptrace.cluster.values import BadValue, parse_busy, parse_heartbeat, parse_summary
+from steptrace.records_channel import LogTail, follow_records  # noqa: F401 - LogTail: re-exported
 
 logger = logging.getLogger("steptrace")
 
@@ -47,38 +48,6 @@ def peer_notice_s(poll_s: float) -> float:
     return 2 * poll_s + 2 * min(_TICK_S, poll_s) + 0.5
 
 
-def follow_records(core: Any) -> Any:
-    """What this rank's pipeline writes, for the background threads that follow it (the
-    cross-rank exchange, the OTLP export): the core's in-process reader
-    (``core.record_reader()``: nothing reads the log file back), whose ``new_lines()``
-    returns the whole lines written since the last call, run_start first. A stand-in core
-    without one (tests that write a log by hand) is followed through its file."""
-    reader = getattr(core, "record_reader", None)
-    return reader() if reader is not None else LogTail(core.log_path)
-
-
-class LogTail:
-    """The whole lines a log file gained since the last call (a finished run's log, or a
-    stand-in core's)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-
-    def new_lines(self) -> list[bytes]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except OSError:
-            return []
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()  # an incomplete last line waits for the next read
-        return lines
-
-
 class ClusterExchange:
     """Publishes this rank's window summaries and heartbeats through a c10d Store and, on
     the aggregating rank, writes the cross-rank view into this rank's log. One daemon
@@ -102,7 +71,7 @@ class ClusterExchange:
         self._aggregator = self.rank == int(self.options["cluster_rank"])
         self._analyzer = ClusterAnalyzer(self.options, rank=self.rank)
         self._stop = threading.Event()
-        self._log = follow_records(core)
+        self._log = follow_records(core, kinds=("step",))  # this rank's steps, as dicts
         self._window_steps: list[dict] = []
         self._window_index: Optional[int] = None
         self._published_window = -1
@@ -200,13 +169,7 @@ class ClusterExchange:
 
     # ---- this rank ----
     def _read_own_log(self) -> None:
-        for line in self._log.new_lines():
-            if not line.startswith(b'{"kind":"step"'):
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
+        for rec in self._log.take():
             self._add_step(rec)
 
     def _add_step(self, rec: dict) -> None:
@@ -411,7 +374,7 @@ class ClusterExchange:
     def _write_all(self, records: list[dict]) -> None:
         for rec in records:
             try:
-                self._core.write_record(json.dumps(rec, separators=(",", ":")))
+                self._core.write_record(rec)  # as a value: no JSON text
             except Exception as exc:
                 self.errors += 1
                 logger.debug("steptrace: cluster record not written: %s", exc)
