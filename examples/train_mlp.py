@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -36,6 +37,27 @@ def dataset(synthetic: bool) -> TensorDataset:
     return TensorDataset(x, y)
 
 
+def train_epoch(prof: steptrace.Profiler, model: nn.Module, loss_fn: nn.Module, opt: torch.optim.Optimizer,
+                batches: Iterable) -> torch.Tensor:
+    """One pass over ``batches`` of (x, y), each step split into the five default phases;
+    returns the last loss. Wrap the loader as ``prof.data(loader)`` to time its wait."""
+    params = list(model.parameters())
+    for x, y in batches:
+        with prof.step():
+            with prof.phase("forward"):
+                out = model(x)
+            with prof.phase("loss"):
+                loss = loss_fn(out, y)
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("clip"):
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+            with prof.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+    return loss
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log_dir", nargs="?", default="runs/train_mlp")
@@ -56,19 +78,7 @@ def main() -> None:
     with steptrace.Profiler(args.log_dir, overwrite=True, metrics_port=args.metrics_port) as prof:
         prof.watch(model, phases=False)  # each step's model FLOPs (samples come from prof.data)
         for epoch in range(args.epochs):
-            for x, y in prof.data(loader):  # the wait for each batch is the step's data_ms
-                with prof.step():
-                    with prof.phase("forward"):
-                        out = model(x)
-                    with prof.phase("loss"):
-                        loss = loss_fn(out, y)
-                    with prof.phase("backward"):
-                        loss.backward()
-                    with prof.phase("clip"):
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    with prof.phase("optimizer"):
-                        opt.step()
-                        opt.zero_grad()
+            loss = train_epoch(prof, model, loss_fn, opt, prof.data(loader))  # the wait for each batch is data_ms
             with prof.interval("eval"), torch.no_grad():
                 x, y = data.tensors
                 accuracy = (model(x).argmax(dim=1) == y).float().mean().item()
