@@ -73,9 +73,9 @@ SlowStepDetector::Noise SlowStepDetector::window_noise() {
 // on the side) makes a lone slow iteration each time it runs, of about the same size: as
 // stalls they paged at every occurrence (a 50 ms log every 50 steps of a 3 ms loop: 29
 // stalls in 1,500 steps). A lone spike of a new size is held (release_held_spike); one
-// within kSpikeSize of it is the same work again: the held stall is dropped, and neither
-// it nor later ones alert. A lasting slowdown of that work is no lone spike (slow steps in
-// a row take the usual path).
+// within kSpikeSize of an earlier one's is the same work again: the held stall is dropped,
+// and neither it nor later ones alert. A lasting slowdown of that work is no lone spike (slow steps
+// in a row take the usual path).
 SlowStepDetector::Spike SlowStepDetector::host_work_spike(const StepRecord& r, const Grew& grew,
                                                           double excess) {
   if (grew.name == nullptr || *grew.name != "other" ||
@@ -90,17 +90,36 @@ SlowStepDetector::Spike SlowStepDetector::host_work_spike(const StepRecord& r, c
     if (held_spike_ && r.step == held_spike_->step + 1) held_spike_.reset();
     return Spike::kNone;
   }
-  if (spike_ms_ > 0 && grew.ms <= kSpikeSize * spike_ms_ && grew.ms * kSpikeSize >= spike_ms_) {
+  // Its size in host work: `other`'s growth, and the least of it that was work (less the
+  // step's wait for a CPU: beside a busy host the same logging takes two or three times as
+  // long, most of it waiting). The same work as the last new spike, which is held, shows
+  // that one recurs; the same work as a size seen recurring is that work again.
+  const HostWait wait = host_wait_in_iteration(r);
+  const SpikeSize size{std::max(0.0, grew.ms - std::max(0.0, wait.total_ms)), grew.ms};
+  if (last_new_spike_.ms > 0 && same_work(size, last_new_spike_)) {
     recurring_spikes_ += held_spike_ ? 2 : 1;  // (the held one was the first of them)
     held_spike_.reset();
+    recurring_sizes_[recurring_sizes_seen_++ % recurring_sizes_.size()] = last_new_spike_;
+    last_new_spike_ = {};
     return Spike::kRecurring;
   }
-  spike_ms_ = grew.ms;
+  for (std::size_t i = 0; i < std::min(recurring_sizes_seen_, recurring_sizes_.size()); ++i) {
+    if (same_work(size, recurring_sizes_[i])) {
+      ++recurring_spikes_;
+      return Spike::kRecurring;
+    }
+  }
+  last_new_spike_ = size;
   return Spike::kNew;
+}
+
+bool SlowStepDetector::same_work(SpikeSize a, SpikeSize b) {
+  return a.work_ms <= kSpikeSize * b.ms && a.ms * kSpikeSize >= b.work_ms;
 }
 
 void SlowStepDetector::release_held_spike(std::vector<AlertEvent>& out, const char* why) {
   if (!held_spike_) return;
+  last_new_spike_ = {};  // a one-off, paged: the size of no recurring work
   AlertEvent alert = std::move(*held_spike_);
   held_spike_.reset();
   alert.message += fmt::format(

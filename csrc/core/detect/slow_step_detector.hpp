@@ -3,6 +3,8 @@
 // order (writer thread), returns alerts; O(window) memory, O(log W) work per step.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -93,8 +95,8 @@ class SlowStepDetector {
   };
   static HostWait host_wait_in_iteration(const StepRecord& r);
   // A lone slow step whose excess is mostly host work between steps (`other`): a new
-  // size of it, or one within kSpikeSize of the last new one (the loop's own recurring
-  // work: logging, a callback every N steps). See the definition.
+  // size of it, or one within kSpikeSize of an earlier new one's (the loop's own
+  // recurring work: logging, a callback every N steps). See the definition.
   enum class Spike { kNone, kNew, kRecurring };
   Spike host_work_spike(const StepRecord& r, const Grew& grew, double excess);
   // The held stall of a new spike: written once `window` steps passed without it coming
@@ -131,7 +133,16 @@ class SlowStepDetector {
   int streak_gaps_ = 0;                   // all of them in the streak
   static constexpr int kSlowPerGap = 10;  // and one per this many slow steps
   std::int64_t streak_start_ = 0;
-  double spike_ms_ = 0;  // `other` of the last new lone host-work spike (0: none yet)
+  // Lone host-work spikes' sizes: `other`'s growth, and the part of it that was not
+  // waiting for a CPU. The last new one (zero once paged), and the last sizes seen recurring.
+  struct SpikeSize {
+    double work_ms = 0;
+    double ms = 0;
+  };
+  static bool same_work(SpikeSize a, SpikeSize b);  // within kSpikeSize, either way
+  SpikeSize last_new_spike_;
+  std::array<SpikeSize, 8> recurring_sizes_{};
+  std::size_t recurring_sizes_seen_ = 0;
   std::int64_t last_spike_step_ = -2;
   std::int64_t recurring_spikes_ = 0;     // slow steps folded as recurring host work
   std::optional<AlertEvent> held_spike_;  // a new spike's stall, held for `window` steps
