@@ -75,8 +75,8 @@ std::string key_name(py::handle key, const std::string& where) {
                        std::string(Py_TYPE(key.ptr())->tp_name) + ", not str");
 }
 
-// A Python record as JSON, as json.dumps would write it: dicts, lists and tuples, str, bool, int, float,
-// None. Anything else is a TypeError; a NaN or infinity a ValueError (JSON has neither: the
+// A Python record as JSON, as json.dumps would write it: dicts, lists and tuples, str, bool, int,
+// float, None. Anything else is a TypeError; a NaN or infinity a ValueError (JSON has neither: the
 // text path rejected them too).
 Json from_python(py::handle v, const std::string& where) {
   if (v.is_none()) return nullptr;
@@ -110,7 +110,9 @@ Json from_python(py::handle v, const std::string& where) {
     Json out = Json::array();
     std::size_t i = 0;
     for (const py::handle item : v) {
-      out.push_back(from_python(item, where + "[" + std::to_string(i++) + "]"));
+      std::string at = where;
+      at.append("[").append(std::to_string(i++)).append("]");
+      out.push_back(from_python(item, at));
     }
     return out;
   }
