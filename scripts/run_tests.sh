@@ -28,7 +28,7 @@ bash scripts/check_wheel.sh
 
 echo "[tests] Python: pytest"
 set +e
-"$PY" -m pytest tests/python -q -p no:cacheprovider
+"$PY" -m pytest tests/python -q -p no:cacheprovider --durations=25  # the slowest, to keep CI short
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -513,7 +513,27 @@ TEST(SlowStepDetector, PeriodicHostWorkStretchedByAWaitForACpuStillRecurs) {
     if (!e.resolved) stalls.push_back(e.step);
   }
   EXPECT_EQ(stalls, (std::vector<std::int64_t>{160}));  // the one-off only
-  EXPECT_EQ(d.slow().recurring_spikes(), 5);             // 40 and 80, 120, 200, 240
+  EXPECT_EQ(d.slow().recurring_spikes(), 5);            // 40 and 80, 120, 200, 240
+}
+
+// A slowdown the distribution shift reported (beside a busy host the per-step rules held its
+// steps out of their window for hundreds of steps, and a streak of them paged the same
+// slowdown again ~500 steps later, in the clean-clone CI): the held steps become the
+// window's normal at once, and the streak ends.
+TEST(SlowStepDetector, ASlowdownReportedElsewhereBecomesTheNormal) {
+  Timeline t;
+  t.config.regression_min_ms = 1e9;  // the streak never alerts here
+  t.config.regression_min_steps = 1000000;
+  SlowStepDetector d(t.config, t.names);
+  Events events;
+  for (int i = 0; i < 200; ++i) d.observe(t.step(i, 1, 4, 5), events);     // 10 ms
+  for (int i = 200; i < 350; ++i) d.observe(t.step(i, 1, 24, 5), events);  // 30 ms, held
+  EXPECT_DOUBLE_EQ(d.median_iteration_ms(), 10.0);
+  d.adopt_new_normal();
+  EXPECT_DOUBLE_EQ(d.median_iteration_ms(), 30.0);
+  for (int i = 350; i < 500; ++i) d.observe(t.step(i, 1, 24, 5), events);
+  EXPECT_TRUE(events.empty()) << events[0].message;
+  EXPECT_DOUBLE_EQ(d.median_iteration_ms(), 30.0);
 }
 
 // A slow step whose excess is mostly run-queue wait is host contention: one alert with

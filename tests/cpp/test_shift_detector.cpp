@@ -82,7 +82,7 @@ TEST(ShiftDetector, ALastingRegressionBesideABusyHostIsFlaggedInItsPhase) {
     loop.read_cpu = seed % 2 == 0;
     RecordDetectors d(loop.config, loop.names, 0);
     auto events = loop.run(d, 0, 400, 0.6, 0.35);
-    const auto after = loop.run(d, 400, 1400, 3.1, 0.35);
+    const auto after = loop.run(d, 400, 3400, 3.1, 0.35);
     events.insert(events.end(), after.begin(), after.end());
     const auto regressions = alerts_of(events, "step_regression");
     ASSERT_EQ(regressions.size(), 1u) << "seed " << seed;

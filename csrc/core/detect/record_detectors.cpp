@@ -8,6 +8,10 @@ void RecordDetectors::observe(const StepRecord& r, std::vector<AlertEvent>& out)
   fold_into_shift(r, first, out);
   // (two windows: the shift is judged once its window is mostly the slower steps)
   shift_.observe(r, r.step - last_slow_alert_ <= 2 * window_, out);
+  // A shift alerted: the per-step rules take the slower steps as the norm from here (beside
+  // a busy host they held them out of their window for up to kMaxRegressionSteps, and a
+  // streak of them paged the same slowdown again 500 steps later).
+  if (shift_.last_alert_step() == r.step) slow_.adopt_new_normal();
   memory_.observe(r, out);
   device_.observe(r, out);
   hw_.observe(r, out);

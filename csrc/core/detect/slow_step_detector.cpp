@@ -117,6 +117,16 @@ bool SlowStepDetector::same_work(SpikeSize a, SpikeSize b) {
   return a.work_ms <= kSpikeSize * b.ms && a.ms * kSpikeSize >= b.work_ms;
 }
 
+void SlowStepDetector::adopt_new_normal() {
+  if (level_ > 0) return;
+  for (double v : held_) iteration_.push(v);
+  held_.clear();
+  slow_streak_ = 0;
+  slow_streak_ms_ = 0;
+  streak_gap_ = 0;
+  streak_gaps_ = 0;
+}
+
 void SlowStepDetector::release_held_spike(std::vector<AlertEvent>& out, const char* why) {
   if (!held_spike_) return;
   last_new_spike_ = {};  // a one-off, paged: the size of no recurring work

@@ -61,6 +61,10 @@ class SlowStepDetector {
   /// Median iteration time of the window (ms), and how many steps it holds.
   double median_iteration_ms() const { return iteration_.median(); }
   std::size_t history() const { return iteration_.size(); }
+  /// A lasting slowdown was reported elsewhere (the distribution shift): the slow steps
+  /// held out of the window while their streak might become an episode join it now, as
+  /// the new normal, and the streak ends (no episode may be open: it would have reported).
+  void adopt_new_normal();
   /// Slow steps not alerted as recurring host work between steps (host_work_spike).
   std::int64_t recurring_spikes() const { return recurring_spikes_; }
 
