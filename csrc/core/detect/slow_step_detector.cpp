@@ -316,6 +316,9 @@ void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out
       const bool alert = stall || long_enough(contention_streak_, contention_streak_ms_);
       slow = stall = false;
       contended = true;
+      // host work between steps is seen in its size even where the wait made it contention:
+      // the same work with less wait another time is that work again
+      host_work_spike(r, grew, excess);
       contention(r, judged_ms, median, alert, out);
     } else {
       contention_streak_ = 0;
