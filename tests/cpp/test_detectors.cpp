@@ -487,6 +487,17 @@ TEST(SlowStepDetector, PeriodicHostWorkBetweenStepsIsNoStall) {
   EXPECT_EQ(inside.recurring_spikes(), 0);
 }
 
+// A 10 ms step with `other_ms` of host work before it, `wait_ms` of which the thread
+// waited for a CPU (the host reading spans the iteration).
+StepRecord host_work_step(Timeline& t, std::int64_t i, double other_ms, double wait_ms) {
+  StepRecord r = t.step(i, 1, 4, 5);
+  r.start_unix_ns = i * kMs;
+  r.between.other_ns = static_cast<std::int64_t>(other_ms * kMs);
+  r.runq_ns = static_cast<std::int64_t>(wait_ms * kMs);
+  r.runq_span_ns = r.step_ns + r.data_ns + r.between.other_ns;
+  return r;
+}
+
 // The same logging beside a CPU hog (test_real_loops' every-40-steps work, issue 52): it
 // took 60 ms on a quiet host and 160 ms at step 200, 70 ms of it waiting for a CPU. Its
 // work (90 ms) is within kSpikeSize of the size seen recurring: no stall, also when a
@@ -496,16 +507,11 @@ TEST(SlowStepDetector, PeriodicHostWorkStretchedByAWaitForACpuStillRecurs) {
   RecordDetectors d(t.config, t.names, 0);
   Events events;
   for (std::int64_t i = 0; i < 400; ++i) {
-    StepRecord r = t.step(i, 1, 4, 5);
-    r.start_unix_ns = i * kMs;
     double other_ms = 0, wait_ms = 0;
     if (i == 40 || i == 80 || i == 120) other_ms = 60;
     if (i == 160) other_ms = 400;  // something else, once: held
     if (i == 200 || i == 240) other_ms = 160, wait_ms = 70;
-    r.between.other_ns = static_cast<std::int64_t>(other_ms * kMs);
-    r.runq_ns = static_cast<std::int64_t>(wait_ms * kMs);
-    r.runq_span_ns = r.step_ns + r.data_ns + r.between.other_ns;
-    d.observe(r, events);
+    d.observe(host_work_step(t, i, other_ms, wait_ms), events);
   }
   d.finish(events);
   std::vector<std::int64_t> stalls;
@@ -524,15 +530,10 @@ TEST(SlowStepDetector, HostWorkSeenAsContentionIsKnownWhenItComesWithLessWait) {
   RecordDetectors d(t.config, t.names, 0);
   Events events;
   for (std::int64_t i = 0; i < 300; ++i) {
-    StepRecord r = t.step(i, 1, 4, 5);
-    r.start_unix_ns = i * kMs;
     double other_ms = 0, wait_ms = 0;
     if (i > 0 && i % 40 == 0) other_ms = 400, wait_ms = 220;
     if (i == 240) other_ms = 235, wait_ms = 86;
-    r.between.other_ns = static_cast<std::int64_t>(other_ms * kMs);
-    r.runq_ns = static_cast<std::int64_t>(wait_ms * kMs);
-    r.runq_span_ns = r.step_ns + r.data_ns + r.between.other_ns;
-    d.observe(r, events);
+    d.observe(host_work_step(t, i, other_ms, wait_ms), events);
   }
   d.finish(events);
   for (const auto& e : events) EXPECT_NE(e.type, "stall") << e.message;
