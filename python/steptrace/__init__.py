@@ -12,7 +12,7 @@ from steptrace.errors import (
     UsageError,
     UsageWarning,
 )
-from steptrace.reader import read, validate_record
+from steptrace.analysis.reader import read, validate_record
 
 
 
@@ -40,8 +40,8 @@ except Exception:  # running from a source tree without an install
     __version__ = _source_version()
 SCHEMA = "steptrace/1"
 
-_LAZY = {"Profiler": "steptrace.profiler", "load": "steptrace.analysis", "Run": "steptrace.analysis",
-         "detect": "steptrace.replay"}
+_LAZY = {"Profiler": "steptrace.profiler", "load": "steptrace.analysis.run", "Run": "steptrace.analysis.run",
+         "detect": "steptrace.analysis.replay"}
 
 
 def __getattr__(name: str):  # PEP 562: load the extension only when the profiler is used

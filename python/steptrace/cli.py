@@ -52,7 +52,7 @@ def _print_warning(message: Any, category: type, filename: str, lineno: int,
     # one line, without the source location of the warnings.warn call: users care about
     # the log file and line, which the message already names
     from steptrace._progress import clear_active
-    from steptrace.reader import ReaderWarning
+    from steptrace.analysis.reader import ReaderWarning
 
     clear_active()
     if not issubclass(category, ReaderWarning):  # a library's warning: Python's usual format
@@ -114,7 +114,7 @@ def _progress(args: argparse.Namespace) -> bool:
 
 
 def _step_range(text: str) -> Any:
-    from steptrace.export import StepRange
+    from steptrace.analysis.export import StepRange
 
     try:
         return StepRange.parse(text)
@@ -185,7 +185,7 @@ def _add_summary(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from steptrace.summary import format_summary, render_rich, summarize_job
+    from steptrace.analysis.summary import format_summary, render_rich, summarize_job
 
     summary = summarize_job(args.path, skip_bad=args.skip_bad, progress=_progress(args))
     if args.json:
@@ -203,7 +203,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _add_compare(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from steptrace.compare import DEFAULT_ALPHA, DEFAULT_MIN_DELTA_MS, DEFAULT_THRESHOLD
+    from steptrace.analysis.compare import DEFAULT_ALPHA, DEFAULT_MIN_DELTA_MS, DEFAULT_THRESHOLD
 
     p = sub.add_parser(
         "compare",
@@ -238,8 +238,8 @@ def _add_compare(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from steptrace.analysis import load_table
-    from steptrace.compare import compare_tables, format_compare
+    from steptrace.analysis.run import load_table
+    from steptrace.analysis.compare import compare_tables, format_compare
 
     if not 0 < args.alpha < 1:
         raise _Usage(f"--alpha must be between 0 and 1, got {args.alpha:g}")
@@ -250,7 +250,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         gate = [g.strip() for g in args.gate.split(",") if g.strip()]
         if not gate:
             raise _Usage("--gate needs at least one timing name")
-    from steptrace.analysis import require
+    from steptrace.analysis.run import require
 
     require("numpy", "analysis", "steptrace compare")
     base = load_table(args.base, skip_bad=args.skip_bad, progress=_progress(args))
@@ -280,7 +280,7 @@ def _render_compare_rich(result: dict[str, Any], console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from steptrace.compare import compare_footer, compare_header, compare_rows, goodput_line, goodput_rows, work_rows
+    from steptrace.analysis.compare import compare_footer, compare_header, compare_rows, goodput_line, goodput_rows, work_rows
 
     from steptrace._terminal import printable
 
@@ -337,12 +337,12 @@ def _add_plot(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> Non
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from steptrace.analysis import load, require
+    from steptrace.analysis.run import load, require
 
     require("matplotlib", "plot", "steptrace plot")
     _check_output(args.output, (".png", ".svg", ".pdf"))
     run = load(args.path, skip_bad=args.skip_bad, progress=_progress(args))
-    from steptrace.plot import plot_run
+    from steptrace.analysis.plot import plot_run
 
     plot_run(run, args.output, rank=args.rank, steps=args.steps)
     print(f"wrote {args.output}", file=sys.stderr)
@@ -369,7 +369,7 @@ def _add_export(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from steptrace.export import export
+    from steptrace.analysis.export import export
 
     if args.output != "-":
         _check_output(args.output, None)
@@ -400,12 +400,12 @@ def _add_report(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from steptrace.analysis import load, require
+    from steptrace.analysis.run import load, require
 
     require("matplotlib", "plot", "steptrace report")
     _check_output(args.output, None)
     run = load(args.path, skip_bad=args.skip_bad, progress=_progress(args))
-    from steptrace.report import write_report
+    from steptrace.analysis.report import write_report
 
     write_report(run, args.output, rank=args.rank, title=args.title)
     print(f"wrote {args.output}", file=sys.stderr)
@@ -440,7 +440,7 @@ def _add_cluster(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
 def _cmd_cluster(args: argparse.Namespace) -> int:
     from steptrace.cluster import analyze_records, format_cluster, stragglers_found
-    from steptrace.reader import read
+    from steptrace.analysis.reader import read
 
     options = {}
     if args.interval is not None:
@@ -449,7 +449,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         options["straggler_pct"] = args.straggler_pct
     if args.straggler_min_s is not None:
         options["straggler_min_s"] = args.straggler_min_s
-    from steptrace.goodput import job_attempts
+    from steptrace.analysis.goodput import job_attempts
 
     # a job root: the ranks of each attempt are compared among themselves, attempt by attempt
     attempts = job_attempts(args.path) if os.path.isdir(args.path) else []
@@ -491,7 +491,7 @@ def _add_goodput(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> 
 
 
 def _cmd_goodput(args: argparse.Namespace) -> int:
-    from steptrace.goodput import format_job, job_goodput
+    from steptrace.analysis.goodput import format_job, job_goodput
 
     job = job_goodput(args.path, args.gpu_hour_cost, skip_bad=args.skip_bad, progress=_progress(args))
     if args.json:
@@ -641,7 +641,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("steptrace: error: a command is required (try: steptrace summary PATH)", file=sys.stderr)
         return EXIT_ERROR
     with warnings.catch_warnings():
-        from steptrace.reader import ReaderWarning
+        from steptrace.analysis.reader import ReaderWarning
 
         warnings.simplefilter("always", ReaderWarning)
         warnings.showwarning = _print_warning

@@ -264,7 +264,7 @@ INTERVAL_KINDS = ("eval", "checkpoint", "restore", "other")
 
 def _seed_earlier_attempts(core: Any, log_dir: str) -> None:
     """A restart's live waste metrics continue the job's: the earlier attempts' seconds
-    by cause (steptrace.goodput reads their logs) are added to the core's account, on a
+    by cause (steptrace.analysis.goodput reads their logs) are added to the core's account, on a
     thread of their own (the logs may be long). Attempt 0 has none; a failure is said once
     and the metrics go on with this attempt alone."""
     attempt = core.attempt
@@ -273,7 +273,7 @@ def _seed_earlier_attempts(core: Any, log_dir: str) -> None:
 
     def seed() -> None:
         try:
-            from steptrace import goodput  # noqa: PLC0415
+            from steptrace.analysis import goodput  # noqa: PLC0415
 
             earlier = [a for a in goodput.load_job(log_dir) if a[0] < attempt]
             if not earlier:

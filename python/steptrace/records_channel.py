@@ -58,7 +58,7 @@ class LogTail:
         out = []
         for line in self.new_lines():
             try:
-                rec = json.loads(line)  # a log file on disk, as steptrace.reader reads one
+                rec = json.loads(line)  # a log file on disk, as steptrace.analysis.reader reads one
             except ValueError:
                 continue
             if isinstance(rec, dict) and (self.kinds is None or rec.get("kind") in self.kinds):

@@ -1,4 +1,4 @@
-"""steptrace.analysis: load() and its DataFrames; the column collector behind them and
+"""steptrace.analysis.run: load() and its DataFrames; the column collector behind them and
 behind the summary (numpy and pure Python give the same numbers)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from support import logfactory as lf
 from steptrace import _table
-from steptrace.analysis import ALERT_COLUMNS, MissingDependencyError, Run, load, load_table
-from steptrace.summary import summarize
+from steptrace.analysis.run import ALERT_COLUMNS, MissingDependencyError, Run, load, load_table
+from steptrace.analysis.summary import summarize
 
 pd = pytest.importorskip("pandas")
 np = pytest.importorskip("numpy")
@@ -33,7 +33,7 @@ def _mixed_run(tmp: Path) -> Path:
                         phase_retained_bytes={"backward": 4096}))
     recs.append(lf.run_end(3, error_steps=1))
     for r in recs:
-        from steptrace.reader import validate_record
+        from steptrace.analysis.reader import validate_record
 
         validate_record(r)
     return lf.write_log(tmp / "rank0.jsonl", recs)

@@ -1,4 +1,4 @@
-"""Tests of steptrace.summary (numbers on known data) and the `steptrace summary` CLI."""
+"""Tests of steptrace.analysis.summary (numbers on known data) and the `steptrace summary` CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from support import logfactory as lf
 from steptrace.cli import main
-from steptrace.summary import MISSING_END, format_summary, percentile, summarize
+from steptrace.analysis.summary import MISSING_END, format_summary, percentile, summarize
 
 PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 
@@ -44,7 +44,7 @@ def _known_run() -> list[dict]:
 
 
 def test_known_run_records_are_valid() -> None:
-    from steptrace.reader import validate_record
+    from steptrace.analysis.reader import validate_record
 
     for rec in _known_run():
         validate_record(rec)
@@ -258,7 +258,7 @@ def _timeline_goodput(recs: list[dict]) -> dict:
 
 
 def test_timeline_run_records_are_valid_and_its_goodput_adds_up() -> None:
-    from steptrace.reader import validate_record
+    from steptrace.analysis.reader import validate_record
 
     recs = lf.timeline_run()
     for rec in recs:
@@ -375,7 +375,7 @@ def test_cli_summary_json_and_rich_show_the_wall_clock(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from steptrace.summary import render_rich
+    from steptrace.analysis.summary import render_rich
 
     buf = StringIO()
     render_rich(data, Console(file=buf, width=160, color_system=None))
@@ -392,7 +392,7 @@ def _slowing(i: int) -> float:
 
 
 def test_work_run_records_are_valid() -> None:
-    from steptrace.reader import validate_record
+    from steptrace.analysis.reader import validate_record
 
     for rec in lf.work_run(5, energy_j=2.0) + lf.work_run(3, peak_tflops=None, tokens=None):
         validate_record(rec)
@@ -470,7 +470,7 @@ def test_cli_summary_json_and_rich_carry_the_work(tmp_path: Path) -> None:
     assert data["work"]["run"]["tokens_per_kwh"] == pytest.approx(3.6e6 * 1024 / 2.0)
     from rich.console import Console
 
-    from steptrace.summary import render_rich
+    from steptrace.analysis.summary import render_rich
 
     console = Console(record=True, width=160)
     render_rich(data, console)

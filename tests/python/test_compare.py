@@ -1,4 +1,4 @@
-"""steptrace.compare: the rank test, the bootstrap interval and the verdicts, on
+"""steptrace.analysis.compare: the rank test, the bootstrap interval and the verdicts, on
 synthetic data with a known shift and with none."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from support import logfactory as lf
 from steptrace._table import collect
-from steptrace.compare import compare, compare_tables, format_compare, mann_whitney, median_change_ci
+from steptrace.analysis.compare import compare, compare_tables, format_compare, mann_whitney, median_change_ci
 
 np = pytest.importorskip("numpy")
 
@@ -180,7 +180,7 @@ def test_added_removed_and_too_few() -> None:
 
 
 def test_compare_accepts_paths_and_runs(tmp_path: Path) -> None:
-    from steptrace.analysis import load_table
+    from steptrace.analysis.run import load_table
 
     path = lf.write_log(tmp_path / "a" / "rank0.jsonl", lf.run_records(30))
     res = compare(path, load_table(path))

@@ -12,7 +12,7 @@ import steptrace
 from steptrace import _core
 from steptrace.cli import main as cli_main
 from steptrace.errors import ConfigError
-from steptrace.summary import summarize
+from steptrace.analysis.summary import summarize
 from support.training import batches, model
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import steptrace
-from steptrace.summary import summarize
+from steptrace.analysis.summary import summarize
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
 

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 
 import steptrace
-from steptrace.reader import TruncatedLogWarning
+from steptrace.analysis.reader import TruncatedLogWarning
 
 HERE = Path(__file__).parent
 

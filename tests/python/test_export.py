@@ -1,4 +1,4 @@
-"""steptrace.export: the Chrome trace-event timeline and the CSV, on hand-made logs."""
+"""steptrace.analysis.export: the Chrome trace-event timeline and the CSV, on hand-made logs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from support import logfactory as lf
-from steptrace.export import StepRange, export, export_chrome, export_csv
+from steptrace.analysis.export import StepRange, export, export_chrome, export_csv
 
 
 def _two_rank_run(tmp: Path, n: int = 20) -> Path:
@@ -100,7 +100,7 @@ def test_step_range(tmp_path: Path) -> None:
 
 def test_csv_matches_the_dataframe(tmp_path: Path) -> None:
     pd = pytest.importorskip("pandas")
-    from steptrace.analysis import load
+    from steptrace.analysis.run import load
 
     run = _two_rank_run(tmp_path)
     buf = io.StringIO()
@@ -137,7 +137,7 @@ def test_export_to_a_file_is_atomic(tmp_path: Path) -> None:
     with pytest.raises(LogFormatError, match=":4: record is not a JSON object"):
         export(bad, "chrome", out)
     assert not out.exists() and list(tmp_path.iterdir()) == [bad]
-    from steptrace.reader import CorruptLineWarning
+    from steptrace.analysis.reader import CorruptLineWarning
 
     with pytest.warns(CorruptLineWarning, match=":4: skipped"):
         assert export(bad, "chrome", out, skip_bad=True) > 0

@@ -71,7 +71,7 @@ def test_mutants(tmp_path, seeds, oracle):
     assert oracle.calls >= 8 * MUTANTS
 
 
-@pytest.mark.filterwarnings("ignore::steptrace.reader.TruncatedLogWarning")
+@pytest.mark.filterwarnings("ignore::steptrace.analysis.reader.TruncatedLogWarning")
 def test_truncation_keeps_every_whole_record(tmp_path, seeds):
     original = seeds["real"].read_bytes()
     rng = random.Random(7)
@@ -105,7 +105,7 @@ def test_long_lines_keep_memory_bounded(tmp_path, seeds, oracle, mib):
     read in pieces: the peak RSS of every command stays far below the line's size. A
     line of 6 MiB is parsed: the peak is a bounded multiple of the line (Python objects
     for a 1.5-million-element array take ~30x its text)."""
-    from steptrace.reader import MAX_LINE_BYTES
+    from steptrace.analysis.reader import MAX_LINE_BYTES
 
     for name, data, line in fz.long_line_files(seeds["real"].read_bytes(), mib << 20):
         path = tmp_path / f"{name}.jsonl"

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import steptrace
-from steptrace.goodput import CAUSES, job_goodput
-from steptrace.summary import format_summary, summarize
+from steptrace.analysis.goodput import CAUSES, job_goodput
+from steptrace.analysis.summary import format_summary, summarize
 
 SLOW_STEP_ALERTS = {"stall", "step_regression"}
 BATCHES = 260

@@ -11,8 +11,8 @@ from typing import Any, Optional
 import pytest
 
 from support import logfactory as lf
-from steptrace.goodput import CAUSES, ideal_step_time, job_attempts, job_goodput, money_text
-from steptrace.summary import format_summary, summarize, summarize_job
+from steptrace.analysis.goodput import CAUSES, ideal_step_time, job_attempts, job_goodput, money_text
+from steptrace.analysis.summary import format_summary, summarize, summarize_job
 
 MS = 1_000_000
 TRUNCATED = '{"kind":"step","rank":0,"step":99,"start_unix_ns":1'  # a write cut off by the crash
@@ -20,7 +20,7 @@ TRUNCATED = '{"kind":"step","rank":0,"step":99,"start_unix_ns":1'  # a write cut
 
 def _schema_knows_issue51() -> bool:
     """Whether the schema has the lead's issue 51 fields yet (run_start.job, restore)."""
-    from steptrace.reader import validate_record
+    from steptrace.analysis.reader import validate_record
 
     try:
         validate_record(lf.run_start(process_start_unix_ns=lf.T0_NS - 10**9, job=lf.job_of("j", 1, 0)))
@@ -345,7 +345,7 @@ def test_summary_of_a_job_root_pools_the_attempts_and_shows_both_tables(tmp_path
 @pytest.mark.xfail(not _schema_knows_issue51(), reason="the lead's issue 51 schema (run_start.job, "
                    "process_start_unix_ns, progress, restore) has not landed yet", strict=False)
 def test_the_synthetic_attempts_validate_against_the_schema(tmp_path: Path) -> None:
-    from steptrace.reader import read
+    from steptrace.analysis.reader import read
 
     _two_attempts(tmp_path)
     for folder in (tmp_path, tmp_path / "attempt1"):
@@ -355,7 +355,7 @@ def test_the_synthetic_attempts_validate_against_the_schema(tmp_path: Path) -> N
 def test_the_report_of_a_job_root_has_the_waste_section(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     pytest.importorskip("pandas")
-    from steptrace.report import render_report
+    from steptrace.analysis.report import render_report
 
     _two_attempts(tmp_path / "job")
     page = render_report(str(tmp_path / "job"))

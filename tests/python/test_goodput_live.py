@@ -1,5 +1,5 @@
 """The live waste metrics (steptrace_badput_seconds_total{cause}, steptrace_job_goodput_ratio)
-continue across the attempts of a job and agree with the offline report (steptrace.goodput).
+continue across the attempts of a job and agree with the offline report (steptrace.analysis.goodput).
 
 Each attempt is its own process (a restart is a new process: its start is where the
 recovery ends), writing the metrics to a node-exporter textfile at close.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from steptrace import goodput
+from steptrace.analysis import goodput
 
 LOOP = textwrap.dedent("""
     import os, sys, torch, steptrace

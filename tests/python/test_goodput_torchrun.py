@@ -131,7 +131,7 @@ def _side(side: Path, attempt: int, rank: int) -> dict[str, Any]:
 @pytest.mark.parametrize("how", ["raise", "kill"])
 def test_a_restarted_torchrun_job_accounts_its_restart(tmp_path: Path, how: str) -> None:
     """Rank 1 raises (``raise``) or is killed with SIGKILL (``kill``) at step 180."""
-    from steptrace.goodput import CAUSES, job_goodput
+    from steptrace.analysis.goodput import CAUSES, job_goodput
 
     proc, root, side = _torchrun(tmp_path, how)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -150,7 +150,7 @@ def test_a_restarted_torchrun_job_accounts_its_restart(tmp_path: Path, how: str)
     # step 149 was its last), at their own measured time: steps 150..179, and the step 180
     # it was in when rank 1 raised, if it had begun it (failed: it waited in the all-reduce
     # for the dead peer until gloo saw the connection close)
-    from steptrace.reader import read
+    from steptrace.analysis.reader import read
 
     steps0 = [r for r in read(root / "rank0.jsonl") if r["kind"] == "step" and r["rank"] == 0]
     lost = [r for r in steps0 if r["step"] >= 150]
@@ -233,8 +233,8 @@ finally:
 def test_a_slurm_style_requeue_is_the_next_attempt_of_the_job(tmp_path: Path) -> None:
     import time
 
-    from steptrace.goodput import CAUSES, job_goodput
-    from steptrace.reader import read
+    from steptrace.analysis.goodput import CAUSES, job_goodput
+    from steptrace.analysis.reader import read
 
     root, side = tmp_path / "job", tmp_path / "side"
     side.mkdir()

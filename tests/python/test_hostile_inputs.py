@@ -399,7 +399,7 @@ def test_printable_keeps_text_and_layout():
 def test_a_phase_name_with_a_lone_surrogate_is_printed():
     # the reader's json fallback (no orjson) lets "\udcff" through: printing it raised
     # UnicodeEncodeError on a UTF-8 terminal instead of the summary
-    from steptrace.summary import format_summary, summarize
+    from steptrace.analysis.summary import format_summary, summarize
 
     records = [run_start(), *[step(i, phases={"forward": 3.0, "fwd\udcff": 1.0}) for i in range(20)], run_end(20)]
     text = format_summary(summarize(records))

@@ -13,7 +13,7 @@ import pytest
 
 from support import logfactory as lf
 import steptrace
-from steptrace.summary import HwSeries, format_summary, hw_summary, render_rich, summarize
+from steptrace.analysis.summary import HwSeries, format_summary, hw_summary, render_rich, summarize
 
 N = 100
 LIMIT = 700.0
@@ -129,7 +129,7 @@ def test_without_hw_summary_is_unchanged(tmp_path: Path) -> None:
 def test_plot_power_and_step_time_panel(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     pytest.importorskip("pandas")
-    from steptrace.plot import plot_run
+    from steptrace.analysis.plot import plot_run
 
     fig = plot_run(_log(tmp_path), tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
@@ -149,7 +149,7 @@ def test_plot_power_and_step_time_panel(tmp_path: Path) -> None:
 def test_plot_without_hw_is_unchanged(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     pytest.importorskip("pandas")
-    from steptrace.plot import plot_run
+    from steptrace.analysis.plot import plot_run
 
     axes = plot_run(_log(tmp_path, hw=False)).get_axes()
     assert len(axes) == 2 and [ax.get_ylabel() for ax in axes] == ["iteration ms", "memory MiB"]
@@ -158,7 +158,7 @@ def test_plot_without_hw_is_unchanged(tmp_path: Path) -> None:
 def test_report_hardware_section(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     pytest.importorskip("pandas")
-    from steptrace.report import render_report
+    from steptrace.analysis.report import render_report
 
     text = render_report(_log(tmp_path, ranks=2))
     assert "<h2>GPU hardware</h2>" in text
@@ -185,6 +185,6 @@ def test_real_run_on_the_fake_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert hw["throttle_reasons"] == {} and hw["steps_with_hw"] >= 29
     pytest.importorskip("matplotlib")
     pytest.importorskip("pandas")
-    from steptrace.plot import plot_run
+    from steptrace.analysis.plot import plot_run
 
     assert any(ax.get_ylabel() == "power W" for ax in plot_run(tmp_path / "run").get_axes())

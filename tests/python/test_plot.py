@@ -1,4 +1,4 @@
-"""steptrace.plot: the panels drawn for what a log holds."""
+"""steptrace.analysis.plot: the panels drawn for what a log holds."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from support import logfactory as lf
 pytest.importorskip("matplotlib")
 pytest.importorskip("pandas")
 
-from steptrace import plot as plot_mod  # noqa: E402
-from steptrace.analysis import MissingDependencyError, load  # noqa: E402
-from steptrace.plot import plot_run  # noqa: E402
+from steptrace.analysis import plot as plot_mod  # noqa: E402
+from steptrace.analysis.run import MissingDependencyError, load  # noqa: E402
+from steptrace.analysis.plot import plot_run  # noqa: E402
 
 
 def _run(tmp: Path, n: int = 300, ranks: int = 1, counters: bool = False, alerts: bool = False) -> Path:

@@ -1,4 +1,4 @@
-"""Tests of steptrace.reader: reading files and run folders, truncation, corruption, schema."""
+"""Tests of steptrace.analysis.reader: reading files and run folders, truncation, corruption, schema."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from support import logfactory as lf
 import steptrace
 from steptrace.errors import LogFormatError
-from steptrace.reader import CorruptLineWarning, TornLineWarning, TruncatedLogWarning, read, validate_record
+from steptrace.analysis.reader import CorruptLineWarning, TornLineWarning, TruncatedLogWarning, read, validate_record
 
 
 def _read_all(path, **kw) -> list[dict]:

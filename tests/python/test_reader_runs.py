@@ -1,4 +1,4 @@
-"""steptrace.reader: run folders must hold one run; the progress bar of long reads."""
+"""steptrace.analysis.reader: run folders must hold one run; the progress bar of long reads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from support import logfactory as lf
 from steptrace._progress import Progress
 from steptrace.errors import LogFormatError
-from steptrace.reader import log_files, read
+from steptrace.analysis.reader import log_files, read
 
 AUTO_A = "20260101T120000Z-node1-4242"
 AUTO_B = "20260101T120002Z-node2-977"

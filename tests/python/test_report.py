@@ -1,4 +1,4 @@
-"""steptrace.report: one self-contained HTML file, rendered by headless Chromium."""
+"""steptrace.analysis.report: one self-contained HTML file, rendered by headless Chromium."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from support import logfactory as lf
 pytest.importorskip("matplotlib")
 pytest.importorskip("pandas")
 
-from steptrace.report import render_report, write_report  # noqa: E402
+from steptrace.analysis.report import render_report, write_report  # noqa: E402
 
 CHROMIUM = next((c for c in ("chromium", "chromium-browser", "google-chrome") if shutil.which(c)), None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed "

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import steptrace
 from steptrace._table import collect
-from steptrace.analysis import load_table
-from steptrace.plot import hw_of
-from steptrace.report import render_report
-from steptrace.summary import summarize_table
+from steptrace.analysis.run import load_table
+from steptrace.analysis.plot import hw_of
+from steptrace.analysis.report import render_report
+from steptrace.analysis.summary import summarize_table
 
 # The stand-in NVML library of the C++ tests, compiled by test_nvml.py's fixture.
 

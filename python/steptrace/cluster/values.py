@@ -13,7 +13,7 @@ import math
 from typing import Any, Optional
 
 from steptrace.cluster.stats import WORK_KEYS
-from steptrace.reader import _loads  # orjson where installed: ~0.5 us a heartbeat
+from steptrace.analysis.reader import _loads  # orjson where installed: ~0.5 us a heartbeat
 
 #: Larger than any value a rank publishes (a heartbeat ~200 bytes, a summary ~1 KB, a
 #: stalled rank's flight-recorder state a few KB): longer is not parsed at all.

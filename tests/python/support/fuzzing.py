@@ -499,7 +499,7 @@ class Oracle:
                     import traceback
 
                     self._fail(name, "raised " + "".join(traceback.format_exception(exc))[-3000:])
-            from steptrace.reader import ReaderWarning
+            from steptrace.analysis.reader import ReaderWarning
 
             stray = [w for w in caught if not issubclass(w.category, ReaderWarning)]
             if stray:

@@ -1,4 +1,4 @@
-"""Column operations behind :mod:`steptrace.summary`: the same statistics on ``array``/list
+"""Column operations behind :mod:`steptrace.analysis.summary`: the same statistics on ``array``/list
 columns in pure Python and on numpy arrays (fast on a million steps), with the same
 results, and the per-timing statistics (count, mean, p50/p95/p99, max, share) built on them."""
 

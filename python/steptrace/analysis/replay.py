@@ -109,7 +109,7 @@ def detect(source: Source, **options: Any) -> list[dict[str, Any]]:
     """
     from steptrace import _core
     from steptrace.profiler import _CORE_OPTIONS, build_config
-    from steptrace.reader import read
+    from steptrace.analysis.reader import read
 
     if isinstance(source, (str, os.PathLike)):
         records: Iterable[dict] = read(source)

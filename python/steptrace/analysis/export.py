@@ -32,7 +32,7 @@ from typing import IO, Any, Iterable, Optional
 
 from steptrace._files import write_atomically
 from steptrace._table import BETWEEN_FIELDS, HOST_FIELDS
-from steptrace.reader import Paths, log_files, read
+from steptrace.analysis.reader import Paths, log_files, read
 
 STEP_TID, DATA_TID, HOST_TID = 1, 2, 3
 _LANES = {STEP_TID: "steps", DATA_TID: "data wait", HOST_TID: "host"}
@@ -271,7 +271,7 @@ _CSV_CHUNK = 65536
 def export_csv(path: Paths, out: IO[str], *, steps: Optional[StepRange] = None, skip_bad: bool = False,
                progress: bool = False) -> int:
     """Write one CSV row per step and rank to ``out``; returns the number of rows."""
-    from steptrace.analysis import is_int_field, load_table
+    from steptrace.analysis.run import is_int_field, load_table
 
     rng = steps or StepRange()
     run = load_table(path, skip_bad=skip_bad, progress=progress)

@@ -46,8 +46,8 @@ from typing import Any, Optional, Union
 
 from steptrace._table import BETWEEN_FIELDS, HOST_FIELDS, StepTable, _int, collect
 from steptrace.errors import SteptraceError
-from steptrace.reader import Paths, read
-from steptrace.summary import DEFAULT_PHASES
+from steptrace.analysis.reader import Paths, read
+from steptrace.analysis.summary import DEFAULT_PHASES
 
 #: The alert DataFrame's columns, in order.
 ALERT_COLUMNS = ("run_id", "rank", "step", "type", "phase", "value", "baseline", "threshold",
@@ -136,8 +136,8 @@ class Run:
         return {}
 
     def summary(self) -> dict[str, Any]:
-        """The :func:`steptrace.summary.summarize` dict of these records."""
-        from steptrace.summary import summarize_table
+        """The :func:`steptrace.analysis.summary.summarize` dict of these records."""
+        from steptrace.analysis.summary import summarize_table
 
         return summarize_table(self.table, source=self.source)
 

@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 from steptrace._files import write_atomically
 from steptrace._table import as_object
-from steptrace.analysis import Run, load, require
+from steptrace.analysis.run import Run, load, require
 from steptrace.errors import SteptraceError
-from steptrace.summary import (
+from steptrace.analysis.summary import (
     _ms,
     _pct,
     _energy,
@@ -179,7 +179,7 @@ def _alert_list(run: Run) -> str:
 
 def _ranks_section(run: Run) -> str:
     """Per-rank table (the cross-rank view over the run) and the step-time heat map."""
-    from steptrace.plot import rank_heatmap_png
+    from steptrace.analysis.plot import rank_heatmap_png
 
     png = base64.b64encode(rank_heatmap_png(run)).decode("ascii")
     rows = [["rank", "host", "steps", "p50 ms", "p95 ms", "compute ms", "comm ms", "wait ms", "data ms",
@@ -243,7 +243,7 @@ def _work_section(summary: dict[str, Any]) -> str:
 def _waste_section(job: dict[str, Any]) -> str:
     """The job's goodput across attempts (docs/goodput.md): the sentence, then the tables
     per cause and, with several attempts, per attempt."""
-    from steptrace.goodput import attempt_rows, cause_rows, header_lines
+    from steptrace.analysis.goodput import attempt_rows, cause_rows, header_lines
 
     lines = header_lines(job)
     per_attempt = _table(attempt_rows(job), left=(0, 2, 8), msg_col=8) if len(job["attempts"]) > 1 else ""
@@ -258,7 +258,7 @@ def _waste_section(job: dict[str, Any]) -> str:
 def _job_waste(run: Run, summary: dict[str, Any]) -> Optional[dict[str, Any]]:
     """The waste report: the job's across its attempts where the run is a job root with
     several, else the run's own (the summary's)."""
-    from steptrace.goodput import job_attempts, job_goodput
+    from steptrace.analysis.goodput import job_attempts, job_goodput
 
     source = run.source
     if source and os.path.isdir(source) and len(job_attempts(source)) > 1:
@@ -270,7 +270,7 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
     """The report of ``run`` (a path or :class:`~steptrace.analysis.Run`) as an HTML string."""
     require("matplotlib", "plot", "steptrace report")
     from steptrace import __version__
-    from steptrace.plot import hw_of, png_bytes
+    from steptrace.analysis.plot import hw_of, png_bytes
 
     run = load(run) if not isinstance(run, Run) else run
     summary = run.summary()

@@ -5,11 +5,11 @@ memory, alerts, end reason.
 JSON-serializable dict; :func:`format_summary` renders that dict as an aligned text
 table and :func:`render_rich` as rich tables (for a terminal). The records are collected
 into columns (:mod:`steptrace._table`) in one pass; the statistics use numpy when it is
-installed and pure Python otherwise, with the same results (:mod:`steptrace._column_ops`).
+installed and pure Python otherwise, with the same results (:mod:`steptrace.analysis._column_ops`).
 
-This module computes; :mod:`steptrace.summary_render` renders (the text and rich tables,
+This module computes; :mod:`steptrace.analysis.summary_render` renders (the text and rich tables,
 the cell formats). The rendering names are reachable from here too
-(``from steptrace.summary import format_summary``), loaded on first use.
+(``from steptrace.analysis.summary import format_summary``), loaded on first use.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Optional, Sequence
 
-from steptrace._column_ops import _is_num, _ops, _stats, percentile
+from steptrace.analysis._column_ops import _is_num, _ops, _stats, percentile
 from steptrace._table import GROUPS, HwSeries, StepTable, as_object, collect
 
 #: The phases the summary knows, listed first and in this order when present.
@@ -81,7 +81,7 @@ def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None
     """
     if isinstance(records, StepTable):
         return summarize_table(records, source=source)
-    from steptrace.goodput import StepExtras
+    from steptrace.analysis.goodput import StepExtras
 
     extras = StepExtras()
     return summarize_table(collect(extras.tee(records)), source=source, extras=extras)
@@ -90,10 +90,10 @@ def summarize(records: Iterable[dict[str, Any]], *, source: Optional[str] = None
 def summarize_job(path: Any, *, skip_bad: bool = False, progress: bool = False) -> dict[str, Any]:
     """:func:`summarize` of a run folder, a log file or a job root with several attempts
     (docs/goodput.md): the phases pooled over every attempt, and ``waste``, the job's
-    goodput across them (:func:`steptrace.goodput.job_goodput`); with several attempts
+    goodput across them (:func:`steptrace.analysis.goodput.job_goodput`); with several attempts
     ``goodput`` (one run's wall clock) is None and ``attempts`` says how many."""
-    from steptrace.goodput import account, job_attempts, load_job
-    from steptrace.reader import read
+    from steptrace.analysis.goodput import account, job_attempts, load_job
+    from steptrace.analysis.reader import read
 
     attempts = job_attempts(path)
     source = str(path)
@@ -111,7 +111,7 @@ def _waste(table: StepTable, source: Optional[str], extras: Any) -> Optional[dic
     """The waste report of one run (a job of one attempt), None for a log that does not
     account its wall clock."""
     from steptrace.errors import LogFormatError
-    from steptrace.goodput import account
+    from steptrace.analysis.goodput import account
 
     if not table.run_starts:
         return None
@@ -125,7 +125,7 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
                     hw: Optional["HwSeries"] = None, extras: Any = None, waste: bool = True) -> dict[str, Any]:
     """:func:`summarize` of records already collected into a :class:`StepTable`; ``hw``
     the steps' NVML readings (:class:`HwSeries`) for the "hw" part, by default the
-    table's own (``table.hw``); ``extras`` the steps' :class:`steptrace.goodput.StepExtras`
+    table's own (``table.hw``); ``extras`` the steps' :class:`steptrace.analysis.goodput.StepExtras`
     (progress, compile and restore times) for the waste report, where collected;
     ``waste=False``: no waste report (the table pools several attempts)."""
     hw = table.hw if hw is None else hw
@@ -505,7 +505,7 @@ def _goodput_of_steps(table: StepTable, ops: Any, rank: int, idx: Any,
     """A rank's goodput computed from its step and interval records (no run_end, or one
     without goodput): from the profiler's start (its run_start) to the end of the last
     step or interval (run_end's end when there is one). ``restore``: the steps'
-    ``restore_ms`` (a column beside the table's, :class:`steptrace.goodput.StepExtras`),
+    ``restore_ms`` (a column beside the table's, :class:`steptrace.analysis.goodput.StepExtras`),
     a part of its own where given. None for a log whose steps do not account the time
     between steps (older logs: no other_ms) or that has no usable step."""
     if not len(idx) or not len(ops.nonnan(ops.take(ops.col(table.between["other_ms"]), idx))):
@@ -748,7 +748,7 @@ def _device_backends(run_starts: Sequence[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-#: The names :mod:`steptrace.summary_render` defines that callers import from here. The
+#: The names :mod:`steptrace.analysis.summary_render` defines that callers import from here. The
 #: renderer imports this module's constants, so it is loaded on first use (PEP 562) rather
 #: than at the end of this file: importing either module first works.
 _RENDER_NAMES = frozenset((
@@ -761,7 +761,7 @@ _RENDER_NAMES = frozenset((
 
 def __getattr__(name: str) -> Any:
     if name in _RENDER_NAMES:
-        from steptrace import summary_render
+        from steptrace.analysis import summary_render
 
         return getattr(summary_render, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Render a :func:`steptrace.summary.summarize` dict: the aligned text of
+"""Render a :func:`steptrace.analysis.summary.summarize` dict: the aligned text of
 :func:`format_summary` (``steptrace summary``), the rich tables of :func:`render_rich`
 (a terminal), and the rows, lines and cell formats both are built from (also used by
 the HTML report and ``steptrace compare``). Pure functions of the dict: nothing here
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from steptrace._column_ops import _is_num
+from steptrace.analysis._column_ops import _is_num
 from steptrace._table import INTERVAL_KINDS
 from steptrace._terminal import printable
-from steptrace.summary import GOODPUT_PARTS, WORK_RATES
+from steptrace.analysis.summary import GOODPUT_PARTS, WORK_RATES
 
 
 def _num(v: Optional[float], fmt: str, unit: str = "") -> str:
@@ -332,7 +332,7 @@ def waste_parts(summary: dict[str, Any]) -> list[Any]:
     job = summary.get("waste")
     if not job:
         return []
-    from steptrace.goodput import attempt_rows, cause_rows, header_lines
+    from steptrace.analysis.goodput import attempt_rows, cause_rows, header_lines
 
     out: list[Any] = [header_lines(job), (cause_rows(job), (0,))]
     if len(job["attempts"]) > 1:

@@ -412,7 +412,7 @@ def _schema_path() -> Any:
             return packaged
     except (ImportError, TypeError):  # pragma: no cover - not importable as a package
         pass
-    return Path(__file__).resolve().parents[2] / "schema" / _SCHEMA_FILE
+    return Path(__file__).resolve().parents[3] / "schema" / _SCHEMA_FILE
 
 
 @functools.lru_cache(maxsize=None)

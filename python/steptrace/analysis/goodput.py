@@ -10,7 +10,7 @@ clock, and x the world size to the GPU-hours.
 
 Rank 0's view is the job's (the lowest rank present where rank 0's log of an attempt is
 missing): the other ranks wait for it in every collective. Each attempt's own account
-comes from :func:`steptrace.summary.goodput` (run_end's ``goodput``, or the records of
+comes from :func:`steptrace.analysis.summary.goodput` (run_end's ``goodput``, or the records of
 a torn log); this module splits its training time into productive time, slow steps
 (above the job's ideal step time), compiling, host contention, Python's garbage
 collections and wasted progress, and
@@ -140,7 +140,7 @@ class StepExtras:
 
 def read_attempt(path: PathArg, *, skip_bad: bool = False, progress: bool = False) -> tuple[StepTable, StepExtras]:
     """The records of one attempt (a run folder or a log file) as a table and its extras."""
-    from steptrace.reader import read
+    from steptrace.analysis.reader import read
 
     extras = StepExtras()
     table = collect(extras.tee(read(path, skip_bad=skip_bad, progress=progress)))
@@ -258,7 +258,7 @@ def _origin(table: StepTable, ranks: list[int], ends: dict[int, dict[str, Any]],
 
 
 def _view(number: int, path: str, table: StepTable, extras: Optional[StepExtras]) -> _View:
-    from steptrace.summary import _ops, goodput
+    from steptrace.analysis.summary import _ops, goodput
 
     ops = _ops()
     ranks = table.ranks()
@@ -556,7 +556,7 @@ def header_lines(job: dict[str, Any]) -> list[str]:
 
 def format_job(job: dict[str, Any]) -> str:
     """The waste report as plain text: the sentence, the table per cause, per attempt."""
-    from steptrace.summary import _table
+    from steptrace.analysis.summary import _table
 
     lines = header_lines(job) + [""]
     lines += _table(cause_rows(job))

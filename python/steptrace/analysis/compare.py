@@ -36,7 +36,7 @@ change within the threshold. A regressed rate fails the gate like a regressed ti
 time means each step does less model work per second of the device's peak than before:
 new shapes or a new model whose FLOPs per step changed, which the timings alone miss.
 
-``goodput`` compares the runs' wall clock by part (:func:`steptrace.summary.goodput`: the
+``goodput`` compares the runs' wall clock by part (:func:`steptrace.analysis.summary.goodput`: the
 training steps' share, data, eval, checkpoint, other, startup, after the last step), as
 shares of each run's wall clock and their difference in percentage points; it informs,
 it never fails the gate (evaluation and checkpoints are the run's choice, not a
@@ -52,7 +52,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from steptrace._table import StepTable
 from steptrace._terminal import printable
-from steptrace.summary import DEFAULT_PHASES, DEFAULT_WARMUP, GOODPUT_PARTS, _ms, goodput
+from steptrace.analysis.summary import DEFAULT_PHASES, DEFAULT_WARMUP, GOODPUT_PARTS, _ms, goodput
 
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.01
@@ -68,7 +68,7 @@ WORK_COMPARED = ("mfu_pct", "tokens_per_s")
 
 
 def _np() -> Any:
-    from steptrace.analysis import require
+    from steptrace.analysis.run import require
 
     return require("numpy", "analysis", "steptrace compare")
 
@@ -325,7 +325,7 @@ def compare(base: Any, new: Any, **kwargs: Any) -> dict[str, Any]:
     (medians, change %, CI, p-value, verdict), the lists ``regressed`` and ``improved``,
     and ``ok`` (no gated timing regressed).
     """
-    from steptrace.analysis import Run, load_table
+    from steptrace.analysis.run import Run, load_table
 
     skip_bad = kwargs.pop("skip_bad", False)
     progress = kwargs.pop("progress", False)
@@ -414,7 +414,7 @@ _WORK_LABELS = {"mfu_pct": "MFU", "tokens_per_s": "tokens/s"}
 def work_rows(result: dict[str, Any]) -> list[list[str]]:
     """The compared work rates as table rows (header first; empty when neither run
     recorded useful work)."""
-    from steptrace.summary import work_value_text
+    from steptrace.analysis.summary import work_value_text
 
     work = result.get("work") or {}
     if not work:
@@ -507,7 +507,7 @@ def goodput_line(result: dict[str, Any]) -> str:
 
 def format_compare(result: dict[str, Any]) -> str:
     """Render a :func:`compare` result as plain aligned text (no trailing newline)."""
-    from steptrace.summary import _table as align
+    from steptrace.analysis.summary import _table as align
 
     rows = compare_rows(result)
     lines = [compare_header(result)] + align(rows)

@@ -35,8 +35,8 @@ import warnings
 from typing import Any, Optional
 
 from steptrace._table import as_object
-from steptrace.analysis import Run, load, require
-from steptrace.summary import HwSeries
+from steptrace.analysis.run import Run, load, require
+from steptrace.analysis.summary import HwSeries
 
 MAX_POINTS = 3000
 DEFAULT_WINDOW = 100
@@ -91,14 +91,14 @@ def plot_run(run: Any, output: "Optional[str | os.PathLike[str]]" = None, *, ran
              steps: Any = None, width: float = 12.0, dpi: int = 110, title: Optional[str] = None) -> Any:
     """Draw the panels of ``run`` (a path or :class:`~steptrace.analysis.Run`); save to
     ``output`` (the format follows its extension: .png, .svg, .pdf) when given. Returns
-    the matplotlib Figure. ``steps`` is a :class:`steptrace.export.StepRange` (or
+    the matplotlib Figure. ``steps`` is a :class:`steptrace.analysis.export.StepRange` (or
     "START:STOP") limiting the steps drawn."""
     Figure = _figure_class()
     np = require("numpy", "plot", "steptrace plot")
     run = load(run) if not isinstance(run, Run) else run
     df = run.steps
     if isinstance(steps, str) or steps is None:
-        from steptrace.export import StepRange
+        from steptrace.analysis.export import StepRange
 
         steps = StepRange.parse(steps)
     if not steps.everything:
