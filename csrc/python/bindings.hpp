@@ -13,6 +13,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -43,9 +44,14 @@ void ready_type(PyTypeObject& t, const char* name, Py_ssize_t size, const char* 
 // Python callables run around every step when set (the CUDA path): `begin` returns the
 // stream to time as (stream handle, device index) (or None: host clock), `end` returns
 // (allocated, reserved, peak, device_used, device_total) bytes or None.
+// `capture` (steptrace.live.evidence_capture) is called with True after a step begins
+// and with False before it ends, only while `capture_armed`: one relaxed load per boundary
+// between captures; armed and disarmed from any thread.
 struct StepHooks {
   py::object begin;
   py::object end;
+  py::object capture;
+  std::atomic<bool> capture_armed{false};
 };
 
 /// The stream of the step about to begin, from the CUDA path's begin hook.

@@ -38,10 +38,13 @@ namespace steptrace::python {
 [[gnu::hot]] void begin_step_with_hooks(steptrace::Profiler& profiler, const StepHooks& hooks) {
   if (hooks.begin) set_step_stream(profiler, hooks);
   profiler.begin_step();
+  if (hooks.capture_armed.load(std::memory_order_relaxed)) hooks.capture(true);
 }
 
 [[gnu::hot]] void end_step_with_hooks(steptrace::Profiler& profiler, const StepHooks& hooks,
                                       bool failed) {
+  // before the step ends: a capture's stop is part of its last (captured) step
+  if (hooks.capture_armed.load(std::memory_order_relaxed)) hooks.capture(false);
   if (hooks.end) {
     const py::object m = hooks.end();
     if (!m.is_none()) {

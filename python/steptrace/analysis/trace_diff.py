@@ -84,6 +84,12 @@ def events_from_torch(events: Iterable[Any]) -> list[Event]:
     return out
 
 
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
 class _Ranges:
     """Non-overlapping ranges by start, for 'which range is this moment in'."""
 
@@ -116,21 +122,40 @@ def summarize_events(events: list[Event], steps: int, max_rows: int = MAX_ROWS) 
                 phase_ranges.append((e.start_us, e.end_us, e.name[len(PHASE_PREFIX):]))
         else:
             ops.append(e)
-    phases, in_steps = _Ranges(phase_ranges), _Ranges(step_ranges)
-    table: dict[tuple[str, str], list] = {}  # (phase, op) -> [kind, calls, self_us, device_us]
+    phases = _Ranges(phase_ranges)
+    # each step range by its index, so that an op's time per step is the median over the
+    # steps (a step preempted on a busy host does not make its ops look grown)
+    in_steps = _Ranges([(a, b, str(i)) for i, (a, b, _) in enumerate(sorted(step_ranges))])
+    n_steps = len(step_ranges)
+    # (phase, op) -> [kind, calls, self_us, device_us, self_us by step]
+    table: dict[tuple[str, str], list] = {}
     for e in ops:
-        phase = phases.find(e.start_us) or in_steps.find(e.start_us) or BETWEEN
-        row = table.setdefault((phase, e.name), [e.kind, 0, 0.0, 0.0])
+        step = in_steps.find(e.start_us)
+        phase = phases.find(e.start_us) or (IN_STEP if step is not None else BETWEEN)
+        row = table.setdefault((phase, e.name), [e.kind, 0, 0.0, 0.0, [0.0] * n_steps])
         row[1] += 1
         row[2] += e.self_us
         row[3] += e.device_us
+        if step is not None:
+            row[4][int(step)] += e.self_us
+    if n_steps >= 3:  # the median step's self time, where there are steps to take it from
+        for row in table.values():
+            if row[0] == "cpu" and row[4] and any(row[4]):
+                row[2] = _median(row[4]) * steps
+    by_step: dict[str, list[float]] = {}  # phase -> its wall time in each step
     phases_ms: dict[str, float] = {}
     for start, end, name in phase_ranges:
         phases_ms[name] = phases_ms.get(name, 0.0) + (end - start) / 1e3 / steps
-    step_ms = sum(end - start for start, end, _ in step_ranges) / 1e3 / steps
+        step = in_steps.find(start)
+        if step is not None:
+            by_step.setdefault(name, [0.0] * n_steps)[int(step)] += (end - start) / 1e3
+    if n_steps >= 3:
+        phases_ms.update({name: _median(v) for name, v in by_step.items()})
     ordered = sorted(step_ranges)
-    gaps = [b[0] - a[1] for a, b in zip(ordered, ordered[1:]) if b[0] >= a[1]]
-    between_ms = sum(gaps) / 1e3 / len(gaps) if gaps else 0.0
+    durations = [(end - start) / 1e3 for start, end, _ in ordered]
+    step_ms = (_median(durations) if n_steps >= 3 else sum(durations) / steps) if durations else 0.0
+    gaps = [(b[0] - a[1]) / 1e3 for a, b in zip(ordered, ordered[1:]) if b[0] >= a[1]]
+    between_ms = _median(gaps) if gaps else 0.0
 
     def row_of(key: tuple[str, str], v: list) -> dict:
         return {"phase": key[0], "op": key[1], "kind": v[0], "calls": round(v[1] / steps, 3),
@@ -219,8 +244,10 @@ def diff(base: dict, cap: dict, max_rows: int = MAX_ROWS) -> dict:
     phases_ms = {p: [base.get("phases_ms", {}).get(p, 0.0), cap.get("phases_ms", {}).get(p, 0.0)] for p in phases}
     ops_ms = sum(r["delta_ms"] for r in grew) + sum(r["ms"] for r in new) - sum(r["ms"] for r in vanished)
     new_syncs = [r for r in new if r["sync"]]
-    # The ops explain the change when they carry a good part of it (or a sync appeared).
-    ops_changed = bool(new_syncs) or (bool(grew or new) and (grown_ms <= 0 or ops_ms >= 0.25 * grown_ms))
+    more_calls = [r for r in grew if r["calls"][1] >= r["calls"][0] + 0.5]
+    # The ops changed when a sync appeared, an op is called more often, or the grown and
+    # new ops carry a good part of the change (else it is outside them).
+    ops_changed = bool(new_syncs or more_calls) or (bool(grew or new) and (grown_ms <= 0 or ops_ms >= 0.25 * grown_ms))
     result = {
         "step_ms": [base.get("step_ms", 0.0), cap.get("step_ms", 0.0)],
         "between_ms": [base.get("between_ms", 0.0), cap.get("between_ms", 0.0)],
@@ -230,7 +257,7 @@ def diff(base: dict, cap: dict, max_rows: int = MAX_ROWS) -> dict:
         "vanished": vanished[:max_rows],
         "ops_changed": ops_changed,
     }
-    result["verdict"] = _verdict(result, grown_ms, ops_ms)
+    result["verdict"] = _verdict(result, grown_ms, ops_ms, floor)
     return result
 
 
@@ -238,7 +265,7 @@ def _fmt_calls(calls: float) -> str:
     return f"{calls:g}" if calls == int(calls) else f"{calls:.1f}"
 
 
-def _verdict(d: dict, grown_ms: float, ops_ms: float) -> str:
+def _verdict(d: dict, grown_ms: float, ops_ms: float, floor: float) -> str:
     if not d["ops_changed"]:
         where = ""
         between = d["between_ms"][1] - d["between_ms"][0]
@@ -271,4 +298,6 @@ def _verdict(d: dict, grown_ms: float, ops_ms: float) -> str:
         b, c = d["phases_ms"].get(phase, [0.0, 0.0])
         head = f"{phase} {c - b:+.1f} ms/step" if phase in d["phases_ms"] else phase
         parts.append(f"{head}: " + "; ".join(by_phase[phase]))
+    if grown_ms >= floor and ops_ms < 0.5 * grown_ms:
+        parts.append(f"the rest of step {grown_ms:+.1f} ms/step is outside the ops (data/host/contention)")
     return "; ".join(parts)
