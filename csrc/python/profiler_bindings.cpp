@@ -196,6 +196,21 @@ ProfilerClass bind_profiler(py::module_& m) {
           },
           py::arg("begin"), py::arg("end"))
       .def(
+          "set_capture_hook",
+          [](PyProfiler& p, py::object hook) {
+            p.hooks().capture_armed.store(false);
+            p.hooks().capture = hook.is_none() ? py::object() : hook;
+          },
+          py::arg("hook"),
+          "hook(begun: bool), called after a step begins (True) and before it ends (False) "
+          "while armed (steptrace.live.evidence_capture); None removes it and disarms")
+      .def(
+          "arm_capture",
+          [](PyProfiler& p, bool on) {
+            p.hooks().capture_armed.store(on && p.hooks().capture, std::memory_order_relaxed);
+          },
+          py::arg("on"), "Calls the capture hook at step boundaries (True) or not (False)")
+      .def(
           "set_stream",
           [](PyProfiler& p, std::uintptr_t s, int device) { p.core().set_stream(s, device); },
           py::arg("stream"), py::arg("device") = -1)

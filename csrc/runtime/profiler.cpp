@@ -361,8 +361,11 @@ class ProfilerImpl final : public SignalClosable {
     const auto kind_it = j.find("kind");
     const std::string kind =
         kind_it != j.end() && kind_it->is_string() ? kind_it->get<std::string>() : "";
-    STEPTRACE_CHECK(kind == "cluster" || kind == "alert" || kind == "resolved", UsageError,
-                    "write_record: kind {:?} cannot be written; allowed: cluster, alert, resolved",
+    STEPTRACE_CHECK(kind == "cluster" || kind == "alert" || kind == "resolved" ||
+                        kind == "alert_update",  // an alert's evidence (issue 54)
+                    UsageError,
+                    "write_record: kind {:?} cannot be written; allowed: cluster, alert, "
+                    "resolved, alert_update",
                     kind);
     const auto type_it = j.find("type");
     STEPTRACE_CHECK(kind == "cluster" || (type_it != j.end() && type_it->is_string()), UsageError,
