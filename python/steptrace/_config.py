@@ -12,6 +12,7 @@ from steptrace import _core
 from steptrace._options import PYTHON_OPTIONS
 from steptrace.cluster import check_cluster_options
 from steptrace.errors import ConfigError, UnknownOptionError
+from steptrace.live.evidence_capture import check_evidence_options
 from steptrace.otlp import check_otlp_options
 
 # Options handled here rather than by the core (None: any callable or None), from the
@@ -62,5 +63,6 @@ def build_config(log_dir: "str | os.PathLike[str]", options: dict) -> tuple[Any,
         raise ConfigError(f"option sigterm_grace_s={grace!r} is out of range; allowed: 0..3600 (seconds)")
     check_cluster_options(python_options)
     check_otlp_options(python_options)
+    check_evidence_options(python_options)
     config.validate()
     return config, python_options

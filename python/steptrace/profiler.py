@@ -370,12 +370,21 @@ class Profiler:
                                                         self._core.device_memory_sampled,
                                                         self._capture.step_began))
         _live.add(self)
+        on_alert = python_options["on_alert"]
+        self.evidence: Any = None
+        """The :class:`steptrace.live.evidence_capture.EvidenceCapture` with ``evidence=True``
+        (``prof.evidence.request_capture()`` captures the next steps), else None."""
+        if python_options["evidence"]:
+            from steptrace.live.evidence_capture import EvidenceCapture, with_evidence  # noqa: PLC0415
+
+            self.evidence = EvidenceCapture(self._core, self, python_options)
+            on_alert = with_evidence(self.evidence, on_alert)  # alerts arm its captures
         self._alert_thread: Optional[threading.Thread] = None
         if config.detect:
             _arm_stack_dump()
             self._core.subscribe_events()
             self._alert_thread = threading.Thread(
-                target=_deliver_alerts, args=(self._core, python_options["on_alert"], self._write_warning,
+                target=_deliver_alerts, args=(self._core, on_alert, self._write_warning,
                                               self._compiles),
                 name="steptrace-alerts", daemon=True)
             self._alert_thread.start()
@@ -615,6 +624,9 @@ class Profiler:
         for handle in work_handles:
             handle.remove()
         self._compiles.remove()
+        evidence, self.evidence = self.evidence, None
+        if evidence is not None:
+            evidence.remove()  # its last record goes in before run_end
         capture, self._capture = self._capture, None
         if capture is not None:
             capture.remove()
@@ -642,6 +654,7 @@ class Profiler:
             gc.callbacks.remove(self._gc_callback)  # the child's collections are not the run's
         self._gc_callback = None
         self._cluster = None  # its thread stayed in the parent
+        self.evidence = None  # its captures were the parent's
         self._otlp = None
         if self._comm is not None:
             self._comm.forget()  # the parent's timing: the child's collectives go untimed

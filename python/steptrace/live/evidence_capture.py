@@ -126,7 +126,7 @@ class EvidenceCapture:
         if record.get("kind") != "alert" or record.get("type") not in CAPTURED_ALERTS:
             return
         step = int(record.get("step", -1))
-        if any(first <= step <= last + 1 for first, last in self._windows):
+        if any(first <= step <= last + self._steps for first, last in self._windows):
             self._skip("own_capture")  # a capture's own steps: never evidence of themselves
             return
         self._arm({"purpose": "alert", "alert": record})
