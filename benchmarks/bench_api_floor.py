@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_overhead as B  # noqa: E402
 from bench_host_clock import profiled_arm  # noqa: E402
 
-from steptrace.profiler import Profiler  # noqa: E402
+from steptrace.live.profiler import Profiler  # noqa: E402
 
 
 def main() -> int:

@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 import steptrace
-from steptrace.autophase import GlobalPhaseHooks
-from steptrace.intervals import IntervalWatch
+from steptrace.live.autophase import GlobalPhaseHooks
+from steptrace.live.intervals import IntervalWatch
 
 pc = time.perf_counter_ns
 
@@ -78,7 +78,7 @@ def micro(repeat: int) -> Dict[str, float]:
     the wrapper of ``torch.autograd.backward`` and the clip functions."""
     import timeit
 
-    from steptrace.autophase import PhaseHooks
+    from steptrace.live.autophase import PhaseHooks
 
     m, x = nn.Linear(4, 4), torch.randn(2, 4)
     params = list(m.parameters())
@@ -103,7 +103,7 @@ def micro(repeat: int) -> Dict[str, float]:
     import sys
     import types
 
-    from steptrace.autophase import PhaseGate, _GlobalWrap
+    from steptrace.live.autophase import PhaseGate, _GlobalWrap
 
     dummy = types.ModuleType("bench_autophase_dummy")
     dummy.f = lambda: None  # type: ignore[attr-defined]

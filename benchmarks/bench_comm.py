@@ -1,4 +1,4 @@
-"""What timing the collectives costs (steptrace.comm): a gloo ``all_reduce`` loop on 2 ranks
+"""What timing the collectives costs (steptrace.live.comm): a gloo ``all_reduce`` loop on 2 ranks
 (processes on this machine; ``--world 1``: one, whose all-reduce moves nothing) under a Profiler with ``comm_timing="auto"`` (the default: the
 call goes through comm.py's wrapper, its work to the completion poller or its future) and
 with ``comm_timing="off"`` (torch.distributed untouched), in interleaved blocks of the same

@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 import steptrace
-from steptrace.profiler import Profiler
+from steptrace.live.profiler import Profiler
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_NVML = REPO / "tests" / "cpp" / "fake_nvml" / "fake_nvml.cpp"

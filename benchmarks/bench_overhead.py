@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 import steptrace
-from steptrace.profiler import Profiler
+from steptrace.live.profiler import Profiler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from train_mlp import train_epoch  # noqa: E402 - the example's training loop, timed as written

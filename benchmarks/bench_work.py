@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "pytho
 
 import steptrace  # noqa: E402
 from support.gpt_loop import GPT, get_batch  # noqa: E402
-from steptrace.work import ModelWork, batch_counter  # noqa: E402
+from steptrace.live.work import ModelWork, batch_counter  # noqa: E402
 
 
 def per_call_ns(fn, reps: int, trials: int = 7) -> float:

@@ -1,6 +1,6 @@
 // The live waste account of a job (docs/goodput.md): every second of the wall clock from
 // the process's start to the last step, in one cause. The offline report
-// (python/steptrace/goodput.py) is the reference; live, the ideal step time is found over
+// (python/steptrace/analysis/goodput.py) is the reference; live, the ideal step time is found over
 // the trailing window instead of the whole job, and the causes only an earlier attempt
 // has (wasted progress, recovery) come in as seeds.
 #pragma once

@@ -30,7 +30,7 @@ struct RawDataIterator {
   bool started;                             // its first item was taken
   // torch.Tensor and torch's integer dtypes (null / none: every item goes to on_item):
   // the common batches (a tensor, or a tuple or list led by one) are counted here, as
-  // steptrace.work.batch_counter would, without its Python frames (issue 30: ~6 us per
+  // steptrace.live.work.batch_counter would, without its Python frames (issue 30: ~6 us per
   // item once a training step has flushed the caches).
   PyTypeObject* tensor_type;
   std::array<PyObject*, kMaxIntDtypes> int_dtypes;
@@ -90,7 +90,7 @@ int data_iterator_clear(PyObject* self) {
   return 0;
 }
 
-// steptrace.work.batch_work for the batches it reads from a tensor: (samples, tokens), -1
+// steptrace.live.work.batch_work for the batches it reads from a tensor: (samples, tokens), -1
 // where unknown. False where this item is not one of those (a mapping, a custom batch, a
 // tuple subclass) or reading it failed: then on_item decides (and raises what it raises).
 [[gnu::hot]] bool tensor_batch_work(const RawDataIterator& it, PyObject* item, double* samples,

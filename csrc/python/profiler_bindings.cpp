@@ -154,7 +154,7 @@ ProfilerClass bind_profiler(py::module_& m) {
           "Iterates `iterable`, timing each wait as the next step's data_ms; `on_item(item)` "
           "(when given) sees each item after its wait. With `tensor_type` (torch.Tensor) and "
           "`int_dtypes` (torch's integer dtypes) an item that is a tensor, or an exact tuple "
-          "or list led by one, has its work counted here as steptrace.work.batch_work "
+          "or list led by one, has its work counted here as steptrace.live.work.batch_work "
           "would (source batch), and on_item sees only the other items")
       .def(
           "step_function", [](PyProfiler& p) { return make_step_function(p.step()); },
@@ -227,7 +227,7 @@ ProfilerClass bind_profiler(py::module_& m) {
            })
       .def("begin_compile", [](PyProfiler& p) { p.core().begin_compile(); })
       .def("end_compile", [](PyProfiler& p) { p.core().end_compile(); })
-      // gc.callbacks' start and stop (steptrace.profiler installs them): one call each
+      // gc.callbacks' start and stop (steptrace.live.profiler installs them): one call each
       .def("begin_gc", [](PyProfiler& p, int generation) { p.core().begin_gc(generation); })
       .def("end_gc", [](PyProfiler& p) { p.core().end_gc(); })
       .def("begin_data", [](PyProfiler& p) { p.core().begin_data(); })

@@ -1,4 +1,4 @@
-// The record detectors over steps given by Python (steptrace.replay): each step is a
+// The record detectors over steps given by Python (steptrace.analysis.replay): each step is a
 // ReplayStep with named fields, and the detectors' records come back as Python values.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -1,7 +1,7 @@
 // The step and phase scopes as plain C-API types: their __enter__/__exit__ run here in C++
 // so the Python hot path is one call per boundary, and scope objects are cached per phase
 // so `prof.phase("forward")` allocates nothing after the first call. Also prof.step and
-// prof.phase as builtin functions, and the gates of automatic phases (steptrace.autophase).
+// prof.phase as builtin functions, and the gates of automatic phases (steptrace.live.autophase).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -275,7 +275,7 @@ py::object make_phase_scope(const ProfilerPtr& profiler, PhaseId id) {
 
 namespace {
 
-// ---- the gates of automatic phases (steptrace.autophase), as a plain C-API type ----
+// ---- the gates of automatic phases (steptrace.live.autophase), as a plain C-API type ----
 // A hook (module forward hook, optimizer step hook, the wrapped backward) opens its phase
 // only on the training thread, inside a step, while no phase is open; it closes only the
 // phase it opened. Each test is a call into the core, so the whole gate is one C call per

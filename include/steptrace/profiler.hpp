@@ -304,7 +304,7 @@ class STEPTRACE_API Profiler {
   /// Answers a stack request: the text goes into the hang alert's details.stacks.
   void answer_stacks(std::string stacks);
   /// Answers a collectives request: a JSON object (PyTorch's flight recorder state, see
-  /// python/steptrace/flight_recorder.py) for the hang alert's details.flight_recorder; its
+  /// python/steptrace/live/flight_recorder.py) for the hang alert's details.flight_recorder; its
   /// "summary" string, where the recorder is on, ends the alert's message. Empty: nothing.
   void answer_collectives(std::string json);
 

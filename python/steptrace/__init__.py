@@ -4,6 +4,7 @@
 time the profiler is used, so the reader and the CLI work without it.
 """
 
+from steptrace._lazy import lazy_attributes
 from steptrace.errors import (
     ConfigError,
     LogFormatError,
@@ -40,19 +41,11 @@ except Exception:  # running from a source tree without an install
     __version__ = _source_version()
 SCHEMA = "steptrace/1"
 
-_LAZY = {"Profiler": "steptrace.profiler", "load": "steptrace.analysis.run", "Run": "steptrace.analysis.run",
+_LAZY = {"Profiler": "steptrace.live.profiler", "load": "steptrace.analysis.run", "Run": "steptrace.analysis.run",
          "detect": "steptrace.analysis.replay"}
 
 
-def __getattr__(name: str):  # PEP 562: load the extension only when the profiler is used
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'steptrace' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes("steptrace", _LAZY, globals())  # load the extension only when the profiler is used
 
 
 __all__ = [

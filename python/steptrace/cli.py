@@ -10,7 +10,7 @@
     steptrace metrics --chip GH100 [--json]            the CUPTI counter set for a chip (no GPU needed)
     steptrace cluster RUN [--fail-on-straggler]        per-rank table, the straggler named (exit 1)
     steptrace goodput JOB_ROOT [--gpu-hour-cost X]     the job's goodput across attempts, GPU-hours per cause
-    steptrace run [--log-dir DIR] train.py [ARGS]      profile an unmodified script (steptrace.launcher)
+    steptrace run [--log-dir DIR] train.py [ARGS]      profile an unmodified script (steptrace.live.launcher)
 
 RUN is a ``rank<N>.jsonl`` file or a run folder (every rank). Every command takes
 ``--skip-bad`` (skip records that are not steptrace records with a warning; torn lines
@@ -592,7 +592,7 @@ def _check_output(path: str, suffixes: Optional[tuple[str, ...]]) -> None:
 
 
 def _add_run(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from steptrace.launcher import add_arguments
+    from steptrace.live.launcher import add_arguments
 
     p = sub.add_parser(
         "run", help="profile an unmodified training script",
@@ -604,7 +604,7 @@ def _add_run(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from steptrace.launcher import run
+    from steptrace.live.launcher import run
 
     return run(args)
 

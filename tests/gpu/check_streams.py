@@ -15,7 +15,7 @@ tests/gpu/run.sh); prints a table, exits 1 on a failed check. Runs with the GPU 
 3. Comm timing against nccl_ms: a one-rank NCCL group (init_method file://, backend nccl)
    and a DDP MLP made before the Profiler, no watch() (the program registers a
    pre-multiplied-sum comm hook inside it, so that NCCL launches a kernel for its one-rank
-   all-reduce; steptrace.comm puts it behind its dispatcher); per step the completion-timed
+   all-reduce; steptrace.live.comm puts it behind its dispatcher); per step the completion-timed
    comm.comm_ms against the kernel activity's kernels.nccl_ms, medians printed; PASS when
    the steps have `comm` (and `kernels` where kernel activity is active), when comm_ms is
    at least half of nccl_ms (timed to completion, not to the launch: NCCL's futures are

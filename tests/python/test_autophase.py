@@ -1,4 +1,4 @@
-"""Automatic phases (prof.watch / steptrace.autophase) on real CPU training loops: a plain
+"""Automatic phases (prof.watch / steptrace.live.autophase) on real CPU training loops: a plain
 loop, gradient accumulation, the user's own phases, steps that are not open, removal,
 DDP over gloo with two spawned ranks, and torch.compile'd modules."""
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import steptrace
-from steptrace.autophase import PHASES
+from steptrace.live.autophase import PHASES
 from steptrace.errors import ConfigError
 
 from support.training import batches
@@ -208,7 +208,7 @@ def test_a_watched_models_forward_in_eval_mode_between_steps_is_an_evaluation(tm
 def test_the_gate_opens_only_on_its_thread_inside_a_step_and_closes_only_its_own(tmp_path):
     import threading
 
-    from steptrace.autophase import PhaseGate
+    from steptrace.live.autophase import PhaseGate
 
     with steptrace.Profiler(tmp_path, detect=False) as prof:
         gate = PhaseGate(prof._core)

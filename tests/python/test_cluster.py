@@ -388,7 +388,7 @@ def test_without_torch_distributed_there_is_no_cluster_view(tmp_path):
 
 # ---- real runs: torchrun, gloo, 2 ranks on the CPU ----
 def torchrun(log_dir: Path, *args: str, steps: int = 120, env: Optional[dict] = None) -> subprocess.CompletedProcess:
-    from steptrace.flight_recorder import ENV_VARS
+    from steptrace.live.flight_recorder import ENV_VARS
 
     # PyTorch's flight recorder only where a test turns it on
     base = {k: v for k, v in os.environ.items() if k not in ENV_VARS}

@@ -157,7 +157,7 @@ def test_a_completion_query_that_holds_the_gil_does_not_slow_the_training_thread
         print(json.dumps({"quick_ms": statistics.median(times[0.0]) * 1e3,
                           "slow_ms": statistics.median(times[0.002]) * 1e3, "queries": fake_nccl.queries[0]}))
     """)
-    # The poller's rounds take at most 2% of the time (steptrace.comm.POLL_SHARE), and the
+    # The poller's rounds take at most 2% of the time (steptrace.live.comm.POLL_SHARE), and the
     # training thread asks no work: the step's median stays within 15% (asking every work
     # every 0.5 ms, and at each launch, made it 1.5-3x slower).
     assert out["slow_ms"] <= 1.15 * out["quick_ms"], out

@@ -140,7 +140,7 @@ def test_payload_and_bus_factor_follow_nccl_tests(monkeypatch):
     import torch
     import torch.distributed as dist
 
-    from steptrace.comm import payload
+    from steptrace.live.comm import payload
 
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
     t = torch.ones(1000)  # 4000 bytes

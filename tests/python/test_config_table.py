@@ -80,9 +80,10 @@ def test_core_config_has_the_table_fields_defaults_and_docs():
 
 
 def test_python_only_options_match_the_table():
-    from steptrace import _options, profiler
+    from steptrace import _options
+    from steptrace.live import profiler
     from steptrace.cluster import CLUSTER_OPTIONS
-    from steptrace.otlp import OTLP_OPTIONS
+    from steptrace.live.otlp import OTLP_OPTIONS
 
     assert list(_options.OPTION_GROUPS.items()) == [(o.name, o.group) for o in OPTIONS]
     for table in (_options.PYTHON_OPTIONS, profiler._PYTHON_OPTIONS):

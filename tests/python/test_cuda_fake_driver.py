@@ -211,7 +211,7 @@ def test_a_step_on_the_default_stream_around_a_capture_on_a_pool_stream_is_captu
 _CAPTURE_THROUGH_TORCH_CUDA_GRAPH = _CAPTURE_PRELUDE + textwrap.dedent(
     """
     import threading
-    from steptrace.graph_capture import CaptureWatch
+    from steptrace.live.graph_capture import CaptureWatch
 
     pool = ctypes.c_void_p()
     assert fake.cuStreamCreate(ctypes.byref(pool), 1) == 0  # CU_STREAM_NON_BLOCKING
@@ -274,7 +274,7 @@ _CAPTURE_THROUGH_TORCH_CUDA_GRAPH = _CAPTURE_PRELUDE + textwrap.dedent(
 
 def test_a_step_around_torch_cuda_graph_on_a_pool_stream_is_captured_without_set_stream(
         tmp_path, fake_cuda_dir, records_of):
-    """The Profiler's capture watch (steptrace.graph_capture) gives the step the capture
+    """The Profiler's capture watch (steptrace.live.graph_capture) gives the step the capture
     stream when CUDAGraph.capture_begin runs on its thread: no set_stream by the program."""
     records = _run_on_the_fake(_CAPTURE_THROUGH_TORCH_CUDA_GRAPH, tmp_path / "run", fake_cuda_dir, records_of)
     steps = [r for r in records if r["kind"] == "step"]

@@ -313,7 +313,7 @@ def test_on_the_cuda_path_the_phase_follows_the_allocator_not_the_heap(tmp_path)
     # (torch.cuda.memory_allocated there). The allocator leaks 1 MiB per step in backward;
     # the C heap does what it likes.
     from steptrace import _core
-    from steptrace.profiler import build_config
+    from steptrace.live.profiler import build_config
 
     allocated = {"bytes": 100 << 20}
     config, _ = build_config(tmp_path, {})

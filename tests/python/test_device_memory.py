@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 import steptrace
-from steptrace import _cuda_hooks as cuda_hooks
+from steptrace.live import _cuda_hooks as cuda_hooks
 
 
 class _FakeCuda:

@@ -1,4 +1,4 @@
-"""PyTorch's flight recorder read for hang alerts (steptrace.flight_recorder): the dump
+"""PyTorch's flight recorder read for hang alerts (steptrace.live.flight_recorder): the dump
 format PyTorch documents, the cross-rank comparison, and what is said when the recorder is
 off. Real gloo ranks with the recorder on run in test_cluster.py (torch 2.9.1 records gloo's
 collectives) and test_launcher.py (steptrace run turns it on)."""
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from steptrace import flight_recorder as fr
+from steptrace.live import flight_recorder as fr
 
 # The example of PyTorch's tutorial "Flight Recorder for Debugging Stuck Jobs", section
 # "Flight Recorder File Formats" (docs.pytorch.org/tutorials/unstable/flight_recorder_tutorial.html),
@@ -95,7 +95,7 @@ def test_enable_leaves_the_users_setting_alone():
 
 CASE = """
 import json, os, torch, torch.distributed as dist
-from steptrace import flight_recorder as fr
+from steptrace.live import flight_recorder as fr
 before = fr.snapshot()  # no process group: nothing to say
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str({port}))
 dist.init_process_group("gloo", rank=0, world_size=1)

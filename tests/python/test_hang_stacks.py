@@ -28,7 +28,7 @@ TIMEOUT_S = 60
 CHILD = """
 import ctypes, os, signal, sys, threading
 import steptrace
-import steptrace.profiler as sp
+import steptrace.live.profiler as sp
 
 LIBC_PYDLL = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL while it blocks
 LIBC_CDLL = ctypes.CDLL(None)    # CDLL: the call releases it

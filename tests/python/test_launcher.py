@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import steptrace
-from steptrace import flight_recorder
-from steptrace.autophase import PHASES
+from steptrace.live import flight_recorder
+from steptrace.live.autophase import PHASES
 from steptrace.cli import main as cli
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_plain.py"
@@ -110,7 +110,7 @@ DDP_SCRIPT = """
         opt.step()
         opt.zero_grad()
     import json, os
-    from steptrace import flight_recorder
+    from steptrace.live import flight_recorder
     snap = flight_recorder.snapshot()  # the recorder that steptrace run turned on
     # one write() per line: the two ranks share the pipe, and print()'s pieces interleave
     os.write(1, f"FR {os.environ.get('TORCH_FR_BUFFER_SIZE')} {json.dumps(flight_recorder.compact(snap))}\\n".encode())
@@ -186,7 +186,7 @@ def test_ddp_all_reduces_are_timed_under_global_hooks_and_the_programs_own_hook_
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from steptrace.autophase import GlobalPhaseHooks
+    from steptrace.live.autophase import GlobalPhaseHooks
 
     init = DDP.__init__
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -234,8 +234,8 @@ def test_evaluating_the_model_inside_the_ddp_wrapper_is_an_evaluation(tmp_path, 
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from steptrace.autophase import GlobalPhaseHooks
-    from steptrace.intervals import IntervalWatch
+    from steptrace.live.autophase import GlobalPhaseHooks
+    from steptrace.live.intervals import IntervalWatch
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -290,8 +290,8 @@ def test_a_frozen_teachers_forward_before_every_step_is_no_evaluation(tmp_path, 
 
     from torch import nn
 
-    from steptrace.autophase import FROZEN_AFTER_STEPS, GlobalPhaseHooks
-    from steptrace.intervals import IntervalWatch
+    from steptrace.live.autophase import FROZEN_AFTER_STEPS, GlobalPhaseHooks
+    from steptrace.live.intervals import IntervalWatch
 
     prof = steptrace.Profiler(tmp_path, detect=False)
     torch.manual_seed(0)

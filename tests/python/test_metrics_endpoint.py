@@ -287,7 +287,7 @@ def test_hardware_figures_and_the_cross_rank_view_on_the_endpoint(tmp_path, monk
 
 
 def test_collective_bandwidth_on_the_endpoint(tmp_path):
-    # Collectives timed through the core's own calls (what steptrace.comm makes for each
+    # Collectives timed through the core's own calls (what steptrace.live.comm makes for each
     # torch.distributed collective), with the sizes it gives: payload S and S x bus factor.
     host = socket.gethostname()
     base = f'job="bw",run_id="bw-scrape",rank="0",host="{host}"'

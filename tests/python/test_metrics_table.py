@@ -151,7 +151,7 @@ class _Meter:
 
 def test_otlp_instruments_are_the_tables_otlp_rows():
     pytest.importorskip("opentelemetry.sdk.metrics")
-    from steptrace import otlp  # noqa: PLC0415
+    from steptrace.live import otlp  # noqa: PLC0415
 
     meter = _Meter()
     exporter = object.__new__(otlp.OtlpExporter)  # only its instruments, no thread nor SDK

@@ -131,7 +131,7 @@ def test_a_training_loop_exports_its_metrics_with_its_identity(tmp_path, receive
     assert (unit, kind, hist.count) == ("s", "histogram", steps)
     step_s = sum(r["step_ms"] for r in records if r["kind"] == "step") / 1e3
     assert hist.sum == pytest.approx(step_s, rel=1e-6)
-    assert list(hist.explicit_bounds) == list(steptrace.otlp.DURATION_BUCKETS)
+    assert list(hist.explicit_bounds) == list(steptrace.live.otlp.DURATION_BUCKETS)
     phases = {_attrs(p)["phase"]: p for p in metrics["steptrace.phase.duration"][2]}
     assert set(phases) == {"forward", "backward", "optimizer"}
     assert all(p.count == steps for p in phases.values())

@@ -357,8 +357,8 @@ def _lightning_epochs(tmp_path, model, loader, epochs):
 def _loop_epochs(tmp_path, model, opt, loader, epochs, how):
     from torch import nn
 
-    from steptrace.autophase import GlobalPhaseHooks
-    from steptrace.intervals import IntervalWatch
+    from steptrace.live.autophase import GlobalPhaseHooks
+    from steptrace.live.intervals import IntervalWatch
 
     with steptrace.Profiler(tmp_path / "run", warmup_steps=5) as prof:
         if how == "prof.data":

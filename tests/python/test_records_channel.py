@@ -1,4 +1,4 @@
-"""The record channel (steptrace.records_channel, Profiler.records in C++): the records a
+"""The record channel (steptrace.live.records_channel, Profiler.records in C++): the records a
 profiler writes reach Python as dicts decoded in C++, only the kinds asked for, exactly as
 the log has them; Python's own records go in as dicts and are written as the JSON text path
 wrote them; a channel nobody takes from is bounded and never holds the writer back."""
@@ -10,7 +10,7 @@ import json
 import pytest
 
 import steptrace
-from steptrace.records_channel import LogTail, follow_records
+from steptrace.live.records_channel import LogTail, follow_records
 
 MAX_KEPT = 1 << 16  # RecordTap::kMaxLines: what a channel keeps for a taker that falls behind
 

@@ -1,4 +1,4 @@
-"""steptrace._torch_compat: the private torch API steptrace touches, each version-dependent
+"""steptrace.live._torch_compat: the private torch API steptrace touches, each version-dependent
 branch taken once: with this torch (the newest release in the test command) and with
 stand-ins shaped as older or newer releases have it."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from steptrace import _torch_compat as compat
+from steptrace.live import _torch_compat as compat
 
 
 def test_flight_recorder_dump_takes_the_newest_name_then_the_older():

@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import steptrace  # noqa: E402
-from steptrace.work import batch_work, count_flops  # noqa: E402
+from steptrace.live.work import batch_work, count_flops  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -148,7 +148,7 @@ def test_loader_counts_tensor_batches_in_c_as_batch_work_does(tmp_path, records_
     other batches reach on_item. Either way the step's work is batch_work's."""
     from collections import namedtuple
 
-    from steptrace.work import batch_counter, data_fast_path
+    from steptrace.live.work import batch_counter, data_fast_path
 
     ids = torch.randint(0, 50, (4, 16))
     mask = torch.ones(4, 16, dtype=torch.long)
@@ -223,7 +223,7 @@ def test_count_work_off_counts_nothing(tmp_path, records_of):
 def test_gpt_script_under_steptrace_run_reports_work(tmp_path, records_of, mode):
     # mode "eval": the model trains in eval mode throughout (a from_pretrained model that
     # never gets model.train()): each step begins after its first forward shows it was
-    # training (steptrace.autophase._EvalModeForwards), and its work is still counted
+    # training (steptrace.live.autophase._EvalModeForwards), and its work is still counted
     log_dir = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "steptrace.cli", "run", "--log-dir", str(log_dir),
                            "-o", f"peak_tflops={PEAK_TFLOPS}", str(HERE / "support" / "gpt_loop.py"), "--iters", "30",

@@ -9,18 +9,9 @@ here and must not pull in the summary with it.
 
 from __future__ import annotations
 
+from steptrace._lazy import lazy_attributes
+
 _LAZY = {"load": "steptrace.analysis.run", "Run": "steptrace.analysis.run"}
-
-
-def __getattr__(name: str):  # PEP 562
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'steptrace.analysis' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_attributes("steptrace.analysis", _LAZY, globals())
 
 __all__ = ["load", "Run"]

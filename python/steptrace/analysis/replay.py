@@ -108,7 +108,7 @@ def detect(source: Source, **options: Any) -> list[dict[str, Any]]:
     that is not a step record the detectors can read.
     """
     from steptrace import _core
-    from steptrace.profiler import _CORE_OPTIONS, build_config
+    from steptrace.live.profiler import _CORE_OPTIONS, build_config
     from steptrace.analysis.reader import read
 
     if isinstance(source, (str, os.PathLike)):

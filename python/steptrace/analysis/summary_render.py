@@ -295,6 +295,15 @@ def goodput_rows(summary: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _share_and_alerts(summary: dict[str, Any], part: dict[str, Any], of: str, alert: str) -> tuple[str, str]:
+    """A wall-clock line's tails: ", <share_pct>% of <of>" and "; <n> <alert> alerts"
+    (each empty where the summary has none)."""
+    share = f", {part['share_pct']:.1f}% of {of}" if part.get("share_pct") is not None else ""
+    n = (summary.get("alerts") or {}).get(alert, {}).get("count")
+    alerts = f"; {n} {alert} alert{'s' if n != 1 else ''}" if n else ""
+    return share, alerts
+
+
 def goodput_lines(summary: dict[str, Any]) -> list[str]:
     """The lines under the wall-clock table: the training share, the run-queue wait and
     Python's garbage collections."""
@@ -306,17 +315,13 @@ def goodput_lines(summary: dict[str, Any]) -> list[str]:
         out.append(f"training share (goodput): {_pct(g.get('training_pct'))} of the wall clock{src}")
     rq = summary.get("runq")
     if rq:
-        share = f", {rq['share_pct']:.1f}% of the time it was read over" if rq.get("share_pct") is not None else ""
-        n = (summary.get("alerts") or {}).get("host_contention", {}).get("count")
-        alerts = f"; {n} host_contention alert{'s' if n != 1 else ''}" if n else ""
+        share, alerts = _share_and_alerts(summary, rq, "the time it was read over", "host_contention")
         out.append(f"run-queue wait (runnable, waiting for a CPU): {_duration(rq['total_ms'])}{share}{alerts}")
         if rq.get("steal_ms"):
             out.append(f"CPU time the hypervisor took (steal): {_duration(rq['steal_ms'])}")
     gc = summary.get("gc")
     if gc:
-        share = f", {gc['share_pct']:.1f}% of the training iterations" if gc.get("share_pct") is not None else ""
-        n = (summary.get("alerts") or {}).get("gc_pause", {}).get("count")
-        alerts = f"; {n} gc_pause alert{'s' if n != 1 else ''}" if n else ""
+        share, alerts = _share_and_alerts(summary, gc, "the training iterations", "gc_pause")
         young = gc["total_ms"] - gc["gen2_total_ms"]
         out.append(f"garbage collection (Python): {_duration(gc['total_ms'])} in {gc['count']} collection"
                    f"{'s' if gc['count'] != 1 else ''}{share} (generation 2: {_duration(gc['gen2_total_ms'])}, "

@@ -12,11 +12,11 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from steptrace import flight_recorder
+from steptrace.live import flight_recorder
 from steptrace.cluster.rules import ClusterAnalyzer
 from steptrace.cluster.stats import _median, window_summary
 from steptrace.cluster.values import BadValue, parse_busy, parse_heartbeat, parse_summary
-from steptrace.records_channel import LogTail, follow_records  # noqa: F401 - LogTail: re-exported
+from steptrace.live.records_channel import LogTail, follow_records  # noqa: F401 - LogTail: re-exported
 
 logger = logging.getLogger("steptrace")
 

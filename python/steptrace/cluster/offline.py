@@ -7,7 +7,7 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Optional
 
-from steptrace import flight_recorder
+from steptrace.live import flight_recorder
 from steptrace.cluster.options import _RANGES, CLUSTER_OPTIONS
 from steptrace.cluster.rules import ClusterAnalyzer
 from steptrace.cluster.stats import window_summary

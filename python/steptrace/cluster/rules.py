@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from steptrace.cluster.episodes import EpisodeTracker
 from steptrace.cluster.options import CLUSTER_OPTIONS, HW_POWER_KEY, HW_TEMP_KEY
 from steptrace.cluster.stats import WORK_KEYS, _common, _median, _medians_without_each
-from steptrace.flight_recorder import cross_rank
+from steptrace.live.flight_recorder import cross_rank
 
 _PHASE_ADVICE = {
     "data": "its input pipeline is slower: give its DataLoader more workers or pinned memory, "

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 def check_options(log_dir: "str | os.PathLike[str]", options: dict) -> None:
     """Raises ConfigError / UnknownOptionError for a bad log_dir or option now, when the
     callback is made, rather than when training starts (nothing is written)."""
-    from steptrace.profiler import build_config
+    from steptrace.live.profiler import build_config
 
     build_config(log_dir, options)
 
@@ -19,7 +19,7 @@ def open_profiler(log_dir: "str | os.PathLike[str]", options: dict, rank: int, w
                   cls: Any = None) -> Any:
     """A profiler (``cls``, default :class:`steptrace.Profiler`) for this rank: the
     framework's rank and world size unless the options name them."""
-    from steptrace.profiler import Profiler
+    from steptrace.live.profiler import Profiler
 
     options = dict(options)
     options.setdefault("rank", int(rank))
@@ -66,12 +66,12 @@ def cpu_scalar(value: Any) -> Optional[float]:
 
 class FrameworkPhases:
     """Opens and closes the named phases a framework's hooks bracket, through the gate of
-    :mod:`steptrace.autophase`: one phase of ours at a time, on the training thread, only
+    :mod:`steptrace.live.autophase`: one phase of ours at a time, on the training thread, only
     inside a step and only while no other phase is open (so phases never nest, and the
     user's own ``prof.phase`` blocks and watch()'s hooks do not collide with ours)."""
 
     def __init__(self, prof: Any) -> None:
-        from steptrace.autophase import PhaseGate
+        from steptrace.live.autophase import PhaseGate
 
         self._gate = gate = PhaseGate(prof._core)
         self.end, self.end_open, self.close = gate.end, gate.end_open, gate.close

@@ -29,7 +29,7 @@ import os
 from typing import Any
 
 from steptrace.integrations._common import FrameworkPhases, first_lr, open_profiler, unwrap_optimizer, wrap_method
-from steptrace.profiler import Profiler
+from steptrace.live.profiler import Profiler
 
 
 class _AcceleratorProfiler(Profiler):
@@ -114,7 +114,7 @@ def _time_method(prof: _AcceleratorProfiler, accelerator: Any, attr: str, phase:
 def _time_state(prof: _AcceleratorProfiler, accelerator: Any) -> None:
     """``accelerator.save_state`` is a checkpoint interval and ``accelerator.load_state``
     (outside a step) a restore interval, until the profiler closes."""
-    from steptrace.intervals import IntervalWatch
+    from steptrace.live.intervals import IntervalWatch
 
     intervals = IntervalWatch(prof._core, checkpoints=False)
     for attr, kind in (("save_state", "checkpoint"), ("load_state", "restore")):

@@ -98,10 +98,10 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self._loss: Optional[float] = 0.0  # sum over the step's micro-batches; None: not on the CPU
         self._data_open = False  # a begin_data without its end_data: the wait for the next step
         self._manual = False  # the module uses manual optimization
-        self._intervals: Optional[Any] = None  # steptrace.intervals.IntervalWatch while fit runs
+        self._intervals: Optional[Any] = None  # steptrace.live.intervals.IntervalWatch while fit runs
         self._unwrap_save: Optional[Any] = None  # puts trainer.save_checkpoint back
         self._unwrap: list = []  # puts the checkpoint connector's restore methods back
-        self._work: Optional[Any] = None  # steptrace.work.BatchWork while fit runs
+        self._work: Optional[Any] = None  # steptrace.live.work.BatchWork while fit runs
 
     # ---- lifecycle ----
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -121,10 +121,10 @@ class SteptraceCallback(_callback_base()):  # type: ignore[misc]
         self._manual = not getattr(pl_module, "automatic_optimization", True)
         self._work = None
         if self.profiler._count_work:
-            from steptrace.work import BatchWork
+            from steptrace.live.work import BatchWork
 
             self._work = BatchWork(self.profiler._core)
-        from steptrace.intervals import IntervalWatch
+        from steptrace.live.intervals import IntervalWatch
 
         self._intervals = IntervalWatch(self.profiler._core, checkpoints=False)
         self._time_checkpoints(trainer)

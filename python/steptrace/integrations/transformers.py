@@ -15,10 +15,10 @@ Phases:
   hooks the model (forward, with the loss a model given labels computes inside it),
   ``torch.autograd.backward`` (``accelerator.backward``) and the clip functions
   (``clip_grad_norm_``, and the ``get_total_norm`` / ``clip_grads_with_norm_`` halves
-  accelerate calls), see :mod:`steptrace.autophase`.
+  accelerate calls), see :mod:`steptrace.live.autophase`.
 - optimizer: ``on_pre_optimizer_step`` to ``on_optimizer_step``.
 - data: the train DataLoader's fetches between steps (the Trainer fetches a step's
-  micro-batches before ``on_step_begin``), see :mod:`steptrace.intervals`.
+  micro-batches before ``on_step_begin``), see :mod:`steptrace.live.intervals`.
 - eval and checkpoint intervals (never data, never part of a step's iteration for the
   detectors): ``Trainer.evaluate`` and ``Trainer.predict`` are evaluation and
   ``Trainer._save_checkpoint`` is a checkpoint, timed by wrappers on the Trainer class
@@ -96,7 +96,7 @@ class SteptraceCallback(TrainerCallback):
         self.profiler = open_profiler(self.log_dir, self.profiler_options, args.process_index, args.world_size)
         self._phases = FrameworkPhases(self.profiler)
         self._watched = False
-        from steptrace.intervals import IntervalWatch
+        from steptrace.live.intervals import IntervalWatch
 
         self._intervals = IntervalWatch(self.profiler._core, checkpoints=False, data=True)
         _trainer_intervals.add(self)

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from steptrace._torch_compat import cuda_memory_stats
+from steptrace.live._torch_compat import cuda_memory_stats
 
 #: The most often a step hook calls torch.cuda.mem_get_info (seconds between calls).
 _MEM_GET_INFO_INTERVAL_S = 1.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from steptrace._torch_compat import dynamo_callback_handler
+from steptrace.live._torch_compat import dynamo_callback_handler
 
 
 class CompileWatch:

@@ -23,7 +23,7 @@ import logging
 import sys
 from typing import Any, Callable, Optional
 
-from steptrace._torch_compat import dispatch_mode_base, pytree
+from steptrace.live._torch_compat import dispatch_mode_base, pytree
 
 logger = logging.getLogger("steptrace")
 
@@ -180,7 +180,7 @@ def _backward_flops(outputs: list, params: list) -> None:
     import torch
 
     # torch.autograd.grad, not backward(): the same graph, and none of the wrappers that
-    # time a training backward (steptrace.autophase) run
+    # time a training backward (steptrace.live.autophase) run
     grads = [torch.ones_like(t) for t in outputs]
     torch.autograd.grad(outputs, params, grads, allow_unused=True)
 
@@ -313,7 +313,7 @@ class ModelWork:
     def __init__(self, core: Any, model: Any, flops: bool = True) -> None:
         import torch
 
-        from steptrace.autophase import _compiling
+        from steptrace.live.autophase import _compiling
 
         self._add = core.add_work
         self._core = core
@@ -338,7 +338,7 @@ class ModelWork:
     def pre(self, module: Any, args: Any, kwargs: Any, count: bool = True, add: bool = True) -> None:
         """A training forward begins: its work is added to the step. Under ``steptrace run``
         a forward in eval mode may be training or evaluation, which a backward tells
-        afterwards (:class:`steptrace.autophase.GlobalPhaseHooks`): it comes with
+        afterwards (:class:`steptrace.live.autophase.GlobalPhaseHooks`): it comes with
         ``add=False`` (a new input shape is counted as it runs and kept, nothing is added)
         and, once it shows it was training, again with ``count=False`` (its samples and
         tokens, and its FLOPs where its shape was counted)."""
@@ -399,7 +399,7 @@ class ModelWork:
 
 class TopLevelWork:
     """:class:`ModelWork` for the models ``steptrace run`` finds (the outermost module calls,
-    :class:`steptrace.autophase.GlobalPhaseHooks`): one per module, fed by its hooks."""
+    :class:`steptrace.live.autophase.GlobalPhaseHooks`): one per module, fed by its hooks."""
 
     def __init__(self, core: Any) -> None:
         self._core = core

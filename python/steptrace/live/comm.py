@@ -58,7 +58,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from steptrace._torch_compat import (DDP_BUILTIN_HOOK_REGISTRAR, DDP_CHECK_COMM_HOOK, DDP_COMM_HOOKS,
+from steptrace.live._torch_compat import (DDP_BUILTIN_HOOK_REGISTRAR, DDP_CHECK_COMM_HOOK, DDP_COMM_HOOKS,
                                      DDP_LOGGER_HOOK_NAME, DDP_REDUCER, future_base)
 
 #: The torch.distributed collectives timed (those that take ``async_op``).

@@ -86,7 +86,7 @@ def future_base() -> type:
     return torch._C.Future
 
 
-#: DistributedDataParallel's private members the comm timing (steptrace.comm) uses, all
+#: DistributedDataParallel's private members the comm timing (steptrace.live.comm) uses, all
 #: present from torch 2.0 to 2.15: where a built-in C++ comm hook is registered, the list of
 #: the Python hooks registered, the check DDP makes of a hook's signature, the reducer (None
 #: until DDP has built it) and the logger's record of the hook's name.

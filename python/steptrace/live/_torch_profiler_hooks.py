@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from steptrace._process_hooks import _live
+from steptrace.live._process_hooks import _live
 
 _torch_profilers_active = 0
 _torch_profiler_hooked = False

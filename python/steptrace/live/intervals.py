@@ -21,7 +21,7 @@ on the training thread (the thread that makes it):
 - data (``data=True``): each fetch of a ``torch.utils.data.DataLoader`` between steps is a
   data wait (the framework's own fetch); inside a step or an interval it is not data.
 - eval: :meth:`forward_without_grad` is called by the forward hooks (see
-  :mod:`steptrace.autophase`): a forward with gradients disabled between steps opens an
+  :mod:`steptrace.live.autophase`): a forward with gradients disabled between steps opens an
   evaluation interval, which the next step (or a checkpoint, or the end of the run) ends;
   under ``steptrace run`` a forward of a module in eval mode with gradients enabled
   (:meth:`evaluation_forward`) does too, until a backward shows it was training.

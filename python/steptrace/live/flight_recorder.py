@@ -30,7 +30,7 @@ import os
 import sys
 from typing import Any, Mapping, Optional
 
-from steptrace._torch_compat import FLIGHT_RECORDER_DUMPS, flight_recorder_dump
+from steptrace.live._torch_compat import FLIGHT_RECORDER_DUMPS, flight_recorder_dump
 
 #: The environment variables that turn the recorder on (torch 2.9 reads the second, the
 #: older name, with a deprecation warning).

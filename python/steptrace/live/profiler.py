@@ -4,9 +4,9 @@
 objects whose ``__enter__``/``__exit__`` run in C++, so the hot path has no contextlib
 and no Python frames of ours. Everything else here (the loader wrapper, the alert thread,
 close) runs once per run or once per batch. Its parts live beside it: the options in
-:mod:`steptrace._config`, the CUDA step hooks in :mod:`steptrace._cuda_hooks`, SIGTERM,
-fork and exit handling in :mod:`steptrace._process_hooks`, torch.profiler coexistence in
-:mod:`steptrace._torch_profiler_hooks`.
+:mod:`steptrace.live._config`, the CUDA step hooks in :mod:`steptrace.live._cuda_hooks`, SIGTERM,
+fork and exit handling in :mod:`steptrace.live._process_hooks`, torch.profiler coexistence in
+:mod:`steptrace.live._torch_profiler_hooks`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 from steptrace import _core
 # build_config and the option names are imported from here by replay, launcher and the
 # integrations; the process-wide hooks register SIGTERM, fork and atexit handling on import
-from steptrace._config import _CORE_OPTIONS, _PYTHON_OPTIONS, ALLOWED_OPTIONS, build_config  # noqa: F401
-from steptrace._cuda_hooks import _cuda_live_bytes, _cuda_step_hooks
-from steptrace._process_hooks import _exception_text, _install_sigterm_handler, _live
-from steptrace._torch_profiler_hooks import _torch_profiler_running
-from steptrace.graph_capture import CaptureWatch
+from steptrace.live._config import _CORE_OPTIONS, _PYTHON_OPTIONS, ALLOWED_OPTIONS, build_config  # noqa: F401
+from steptrace.live._cuda_hooks import _cuda_live_bytes, _cuda_step_hooks
+from steptrace.live._process_hooks import _exception_text, _install_sigterm_handler, _live
+from steptrace.live._torch_profiler_hooks import _torch_profiler_running
+from steptrace.live.graph_capture import CaptureWatch
 from steptrace.cluster import ClusterExchange, wants_exchange
 from steptrace.errors import ConfigError
 
@@ -163,7 +163,7 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_
     """The alert thread: logs alerts to the ``steptrace`` logger (rate-limited), calls
     ``on_alert`` with every record, answers the watchdog's requests for stacks, and warns
     once when the log cannot be written; registers ``compiles``' callbacks once dynamo is
-    loaded (:class:`steptrace.compiles.CompileWatch`). Ends once the core is closed and
+    loaded (:class:`steptrace.live.compiles.CompileWatch`). Ends once the core is closed and
     everything queued is delivered."""
     limiter = _LogLimiter()
     while True:
@@ -196,9 +196,9 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_
 
 def _flight_recorder_answer() -> str:
     """The hang alert's ``details.flight_recorder`` (JSON; empty without a process group):
-    see :mod:`steptrace.flight_recorder`."""
+    see :mod:`steptrace.live.flight_recorder`."""
     try:
-        from steptrace import flight_recorder  # noqa: PLC0415
+        from steptrace.live import flight_recorder  # noqa: PLC0415
 
         snap = flight_recorder.snapshot()
     except Exception as exc:  # noqa: BLE001 - the alert goes out without it
@@ -326,7 +326,7 @@ class Profiler:
             config.device_index = torch.cuda.current_device()
         # a torch profiler already running owns CUPTI's activity buffers: start yielded
         live = _cuda_live_bytes(torch) if cuda and python_options["cuda_memory"] else None
-        from steptrace.comm import timing_method  # noqa: PLC0415
+        from steptrace.live.comm import timing_method  # noqa: PLC0415
 
         # _backends (tests): a capsule of backends from the test build's steptrace._testing
         # (FakeDevice().backends(): fake kernel activity and counters)
@@ -334,12 +334,12 @@ class Profiler:
                                     live_bytes=live, comm=timing_method(config.comm_timing), backends=_backends)
         self._signalled = False
         self._abandoned = False  # a forked child's copy of the parent's profiler
-        self._phase_hooks: list = []  # steptrace.autophase hooks installed by watch()
+        self._phase_hooks: list = []  # steptrace.live.autophase hooks installed by watch()
         self._write_warning = [True]  # until the first write error is logged
         self._tensor_warned: set = set()  # set_step_values names warned about a device tensor
         self._count_work = bool(python_options["count_work"])
-        self._work_handles: list = []  # steptrace.work.ModelWork hooks that watch() installed
-        from steptrace.compiles import CompileWatch  # noqa: PLC0415
+        self._work_handles: list = []  # steptrace.live.work.ModelWork hooks that watch() installed
+        from steptrace.live.compiles import CompileWatch  # noqa: PLC0415
 
         self._compiles = CompileWatch(self._core)  # torch.compile's compiles in a step: compile_ms
         # Bound C++ methods: calling them runs no Python code of ours.
@@ -392,7 +392,7 @@ class Profiler:
             _install_sigterm_handler(python_options["sigterm_grace_s"])
         self._comm: Any = None
         if config.comm_timing == "auto" and "torch.distributed" in sys.modules:
-            from steptrace.comm import CollectiveTiming  # noqa: PLC0415
+            from steptrace.live.comm import CollectiveTiming  # noqa: PLC0415
 
             # collectives timed to their completion, every DDP model included: no watch()
             self._comm = CollectiveTiming(self._core).install()
@@ -404,7 +404,7 @@ class Profiler:
             self._cluster = ClusterExchange(self._core, python_options).start()
         self._otlp: Any = None
         if python_options["metrics_otlp"]:
-            from steptrace.otlp import OtlpExporter  # noqa: PLC0415 (the SDK loads only when asked)
+            from steptrace.live.otlp import OtlpExporter  # noqa: PLC0415 (the SDK loads only when asked)
 
             # a thread reading the log the writer wrote, exporting on the SDK's own thread
             try:
@@ -417,7 +417,7 @@ class Profiler:
               hook: Optional[Callable[[Any, Any], Any]] = None, state: Any = None) -> Any:
         """Hooks ``model`` (and ``optimizer``, ``loss_fn``) so that ``with prof.step():``
         alone records the forward / loss / backward / clip / optimizer phases (see
-        :class:`steptrace.autophase.PhaseHooks` and docs/auto-instrumentation.md; phases
+        :class:`steptrace.live.autophase.PhaseHooks` and docs/auto-instrumentation.md; phases
         you open yourself take precedence, ``phases=False`` installs none). For a
         DistributedDataParallel model, ``hook(state, bucket)`` is registered as its
         communication hook (``model.register_comm_hook(state, hook)``); its gradient
@@ -441,9 +441,9 @@ class Profiler:
                               f"count_work=False turned the work counting off)")
         installed = None
         if phases:
-            from steptrace.autophase import PhaseHooks
+            from steptrace.live.autophase import PhaseHooks
 
-            from steptrace.intervals import IntervalWatch
+            from steptrace.live.intervals import IntervalWatch
 
             # a forward without gradients between steps is evaluation (no function patched)
             installed = PhaseHooks(self._core, model, optimizer, loss_fn,  # checks its arguments first
@@ -453,7 +453,7 @@ class Profiler:
                 if hook is not None:  # behind the dispatcher when the model has it
                     register(state, hook)
                 elif self._comm is not None:
-                    from steptrace.comm import adopt_ddp  # noqa: PLC0415
+                    from steptrace.live.comm import adopt_ddp  # noqa: PLC0415
 
                     adopt_ddp(model)  # a model the Profiler has not seen (made in another way)
             except BaseException:
@@ -463,7 +463,7 @@ class Profiler:
         if installed is not None:
             self._phase_hooks.append(installed)
         if self._count_work:
-            from steptrace.work import ModelWork  # noqa: PLC0415
+            from steptrace.live.work import ModelWork  # noqa: PLC0415
 
             # samples, tokens and FLOPs of each training forward (FLOPs counted once per shape)
             self._work_handles += ModelWork(self._core, model).hooks(model)
@@ -471,7 +471,7 @@ class Profiler:
 
     @property
     def phase_hooks(self) -> tuple:
-        """The :class:`steptrace.autophase.PhaseHooks` that :meth:`watch` installed (their
+        """The :class:`steptrace.live.autophase.PhaseHooks` that :meth:`watch` installed (their
         ``loss_fn`` is the timed loss callable, ``micro_steps`` the forward calls of the
         step in progress); empty once closed."""
         return tuple(self._phase_hooks)
@@ -540,10 +540,10 @@ class Profiler:
         returned, but its wait is part of the step (one :class:`steptrace.UsageWarning` per
         run; run_end counts them in ``data_inside_step``). With ``count_work`` (the
         default) each item's samples and tokens go to the step it is for
-        (:func:`steptrace.work.batch_work`: its shape only). (The iterator is a C type: no
+        (:func:`steptrace.live.work.batch_work`: its shape only). (The iterator is a C type: no
         Python frame per item beyond that count.)"""
         if self._count_work:
-            from steptrace.work import batch_counter, data_fast_path  # noqa: PLC0415
+            from steptrace.live.work import batch_counter, data_fast_path  # noqa: PLC0415
 
             # A tensor batch (or a tuple / list led by one) is counted in C; on_item
             # counts the others (mappings, custom batches) as batch_work does.

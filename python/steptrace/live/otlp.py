@@ -6,7 +6,7 @@ scrapes.
         ...
 
 How records reach it: a daemon thread (``steptrace-otlp``) takes what the writer thread
-already wrote from the core's record channel, as dicts (steptrace.records_channel), and feeds the
+already wrote from the core's record channel, as dicts (steptrace.live.records_channel), and feeds the
 OpenTelemetry SDK's instruments; the SDK's periodic reader exports them on its own thread.
 The training thread does nothing for it, and neither does the C++ writer: calling into
 Python from the writer thread would need the GIL, which the training thread holds, so a
@@ -28,7 +28,7 @@ from typing import Any, Mapping, Optional
 
 from steptrace import _core
 from steptrace._options import PYTHON_OPTIONS
-from steptrace.records_channel import follow_records
+from steptrace.live.records_channel import follow_records
 from steptrace.errors import ConfigError
 
 logger = logging.getLogger("steptrace")

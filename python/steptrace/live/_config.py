@@ -13,7 +13,7 @@ from steptrace._options import PYTHON_OPTIONS
 from steptrace.cluster import check_cluster_options
 from steptrace.errors import ConfigError, UnknownOptionError
 from steptrace.live.evidence_capture import check_evidence_options
-from steptrace.otlp import check_otlp_options
+from steptrace.live.otlp import check_otlp_options
 
 # Options handled here rather than by the core (None: any callable or None), from the
 # option table (include/steptrace/config_options.def, via the generated steptrace._options).

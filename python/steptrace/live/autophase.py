@@ -30,7 +30,7 @@ Phases never nest: a hook opens its phase only inside a step, on the training th
 ``with prof.phase(...)`` blocks win and a loss computed inside ``forward`` (a Hugging
 Face model given labels) stays part of forward. Outside a step a forward with gradients
 disabled, or of a module in eval mode, opens an evaluation interval
-(:meth:`steptrace.intervals.IntervalWatch.evaluation_forward`), which the next step ends;
+(:meth:`steptrace.live.intervals.IntervalWatch.evaluation_forward`), which the next step ends;
 other calls outside a step do nothing. (Under ``steptrace run``, where the hooks draw the
 steps, a forward in eval mode with gradients is training after all when a backward
 follows it: :class:`GlobalPhaseHooks`.) A phase that runs several times in one step (gradient
@@ -559,7 +559,7 @@ class GlobalPhaseHooks(_Hooks):
     when none is open, and ends when an optimizer step returns. The time between one
     optimizer step and the next training forward (loading the batch, logging) is then the
     next step's ``other_ms`` (``data_ms`` for a DataLoader's fetch, with an
-    :class:`steptrace.intervals.IntervalWatch` that times them); forward calls without
+    :class:`steptrace.live.intervals.IntervalWatch` that times them); forward calls without
     gradients between steps begin no step but, given ``intervals``, an evaluation
     interval, except a frozen module's that runs before every step (a distillation teacher:
     :class:`_FrozenForwards`). A forward of a module in eval mode with gradients enabled
@@ -568,7 +568,7 @@ class GlobalPhaseHooks(_Hooks):
     ends a step left open at the end of the program.
 
     (The gradient all-reduces of DistributedDataParallel models are timed by the
-    Profiler itself: steptrace.comm.)
+    Profiler itself: steptrace.live.comm.)
     """
 
     # The hooks are methods sharing the state below as attributes; each is bound once, when

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from steptrace import _core
 
 if TYPE_CHECKING:
-    from steptrace.profiler import Profiler
+    from steptrace.live.profiler import Profiler
 
 logger = logging.getLogger("steptrace")
 

@@ -6,23 +6,23 @@
 
 The script runs in this process as ``__main__`` (runpy, ``sys.argv`` = the script and its
 arguments) with a :class:`steptrace.Profiler` created before it starts and
-:class:`steptrace.autophase.GlobalPhaseHooks` installed: a step ends when an optimizer
+:class:`steptrace.live.autophase.GlobalPhaseHooks` installed: a step ends when an optimizer
 step returns, the next one begins at the next training forward (or backward, or
 optimizer step), and its phases come from the outermost module calls, autograd, grad
 clipping and the optimizer. Between steps, a DataLoader's fetch is data, forwards with
 gradients disabled are evaluation, checkpoint saves (torch.save, DCP, safetensors)
 are checkpoints and their loads (torch.load, DCP, safetensors, and the load_state_dict
 that applies one) are restores, before the first step too: the watch is in place before
-the script's first line (:mod:`steptrace.intervals`); the rest is other host work. The script's exit status and exceptions are its own; the log
+the script's first line (:mod:`steptrace.live.intervals`); the rest is other host work. The script's exit status and exceptions are its own; the log
 is closed (``run_end``) on every way out.
 
 With ``--nproc-per-node N`` or ``--torchrun ARGS`` the launcher re-executes itself under
-``python -m torch.distributed.run ARGS -m steptrace.launcher ...``, so that every rank
+``python -m torch.distributed.run ARGS -m steptrace.live.launcher ...``, so that every rank
 runs the launcher and writes its own ``rank<N>.jsonl`` into the same folder.
 
 The launcher turns PyTorch's flight recorder on (``TORCH_FR_BUFFER_SIZE=2000``) unless
 ``TORCH_FR_BUFFER_SIZE`` or ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is set already (0 turns it
-off): hang alerts then carry each rank's last collectives (:mod:`steptrace.flight_recorder`).
+off): hang alerts then carry each rank's last collectives (:mod:`steptrace.live.flight_recorder`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class LaunchError(SteptraceError):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The launcher's options (shared by ``steptrace run`` and ``python -m steptrace.launcher``)."""
+    """The launcher's options (shared by ``steptrace run`` and ``python -m steptrace.live.launcher``)."""
     p.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
                    help=f"folder for rank<N>.jsonl (default {DEFAULT_LOG_DIR}; an existing log is replaced)")
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
@@ -97,7 +97,7 @@ def check(args: argparse.Namespace) -> dict:
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise LaunchError(f"--nproc-per-node {args.nproc_per_node}: must be at least 1")
     options = {"overwrite": True, **_options(args.option)}
-    from steptrace.profiler import build_config
+    from steptrace.live.profiler import build_config
 
     build_config(log_dir, options)  # bad options fail here (ConfigError), before any file
     return options
@@ -110,7 +110,7 @@ def _torchrun_command(args: argparse.Namespace) -> list[str]:
     inner = ["--log-dir", args.log_dir, "--discover-steps", str(args.discover_steps)]
     for pair in args.option:
         inner += ["--option", pair]
-    return [sys.executable, "-m", "torch.distributed.run", *extra, "-m", "steptrace.launcher", *inner,
+    return [sys.executable, "-m", "torch.distributed.run", *extra, "-m", "steptrace.live.launcher", *inner,
             args.script, *args.args]
 
 
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     and returns its exit status: 1 after printing the traceback of an exception it raised,
     as ``python train.py`` would."""
     options = check(args)
-    from steptrace.flight_recorder import enable as enable_flight_recorder
+    from steptrace.live.flight_recorder import enable as enable_flight_recorder
 
     # PyTorch's flight recorder (TORCH_FR_BUFFER_SIZE) for the hang alerts' collectives,
     # unless the user set it: read when the first process group is made, in this process
@@ -154,9 +154,9 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
 
     import torch  # noqa: F401  (the hooks live in torch; the script imports it anyway)
 
-    from steptrace.autophase import GlobalPhaseHooks
-    from steptrace.intervals import IntervalWatch
-    from steptrace.profiler import Profiler
+    from steptrace.live.autophase import GlobalPhaseHooks
+    from steptrace.live.intervals import IntervalWatch
+    from steptrace.live.profiler import Profiler
 
     try:
         prof = Profiler(log_dir, **options)
@@ -166,7 +166,7 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
     intervals = IntervalWatch(prof._core, data=True)
     work = None
     if prof._count_work:
-        from steptrace.work import TopLevelWork
+        from steptrace.live.work import TopLevelWork
 
         work = TopLevelWork(prof._core)  # samples, tokens and FLOPs of the models' training forwards
     hooks = GlobalPhaseHooks(prof._core, steps=True, discover_steps=discover_steps,
@@ -203,7 +203,7 @@ def run_script(script: str, argv: list[str], log_dir: str, options: dict, *, dis
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m steptrace.launcher`` (what each torchrun rank runs)."""
+    """``python -m steptrace.live.launcher`` (what each torchrun rank runs)."""
     parser = argparse.ArgumentParser(prog="steptrace run", description="Profile an unmodified training script.")
     add_arguments(parser)
     args = parser.parse_args(argv)
