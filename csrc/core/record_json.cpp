@@ -385,6 +385,7 @@ void append_step_json(fmt::memory_buffer& out, const StepRecord& r, int rank,
   }
   if (r.waited) out.append(std::string_view(",\"waited\":true"));
   if (r.captured) out.append(std::string_view(",\"captured\":true"));
+  if (r.profiled) out.append(std::string_view(",\"profiled\":true"));
   if (r.device_clock) {
     fmt::format_to(it, ",\"stream\":{{\"id\":{},\"device\":{}}}", r.stream.handle, r.stream.device);
     if (r.clamped_intervals > 0)

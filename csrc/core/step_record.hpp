@@ -195,6 +195,7 @@ struct StepRecord {
   bool device_clock = false;            // true: phase_ns are CUDA-event times, host_phase_ns host
   bool waited = false;                  // the profiler waited for the device before this record
   bool captured = false;                // a CUDA graph capture was live in the step: host-timed
+  bool profiled = false;                // an evidence capture ran in the step: not judged
   std::uint16_t clamped_intervals = 0;  // device intervals that came out negative, written 0
   DeviceStream stream;                  // the stream a device-clocked step was timed on
   // Device activity: the step's host start and end on the activity backend's and the

@@ -211,6 +211,9 @@ ProfilerClass bind_profiler(py::module_& m) {
           },
           py::arg("on"), "Calls the capture hook at step boundaries (True) or not (False)")
       .def(
+          "mark_step_profiled", [](PyProfiler& p) { p.core().mark_step_profiled(); },
+          "The step in progress runs under an evidence capture: the detectors skip it")
+      .def(
           "set_stream",
           [](PyProfiler& p, std::uintptr_t s, int device) { p.core().set_stream(s, device); },
           py::arg("stream"), py::arg("device") = -1)

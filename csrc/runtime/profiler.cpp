@@ -329,6 +329,7 @@ class ProfilerImpl final : public SignalClosable {
   AlertLog& alerts() noexcept { return alerts_; }
   bool in_step() const noexcept { return recorder_.in_step(); }
   bool in_phase() const noexcept { return recorder_.in_phase(); }
+  void mark_step_profiled() noexcept { recorder_.mark_profiled(); }
   std::int64_t step_index() const noexcept { return recorder_.step_index(); }
   bool closed() const noexcept { return lifecycle_.closed(); }
   bool device_memory_sampled() const noexcept { return devices_.device_memory_sampled(); }
@@ -544,6 +545,7 @@ void Profiler::set_stream(std::uintptr_t stream, int device) noexcept {
 void Profiler::clear_stream() noexcept { impl_->clear_stream(); }
 std::size_t Profiler::steps_in_flight() const noexcept { return impl_->steps_in_flight(); }
 void Profiler::set_external_profiler(bool active) noexcept { impl_->set_external_profiler(active); }
+void Profiler::mark_step_profiled() noexcept { impl_->mark_step_profiled(); }
 bool Profiler::in_step() const noexcept { return impl_->in_step(); }
 bool Profiler::in_phase() const noexcept { return impl_->in_phase(); }
 std::int64_t Profiler::step_index() const noexcept { return impl_->step_index(); }

@@ -84,6 +84,7 @@ void StepRecorder::bind(const Parts& parts) {
       std::max<std::int64_t>(0, gap - current_.data_ns - current_.between.own_kinds_ns());
   book_.phase_count = 0;
   current_.failed = false;
+  current_.profiled = false;
   current_.phase_memory = parts_.detection && parts_.detection->wants_phase_memory();
   book_.phase_memory = current_.phase_memory;
   if (STEPTRACE_UNLIKELY(current_.phase_memory)) current_.memory_at_start = attribution_level();

@@ -246,6 +246,10 @@ class StepRecorder {
     STEPTRACE_CHECK(id < parts_.names->size(), UsageError, "phase id {} was never interned", id);
   }
   bool in_step() const noexcept { return book_.in_step; }
+  /// The step in progress runs under an evidence capture (Profiler::mark_step_profiled).
+  void mark_profiled() noexcept {
+    if (book_.in_step) current_.profiled = true;
+  }
   bool in_phase() const noexcept { return book_.active_depth > 0; }
   std::int64_t step_index() const noexcept { return step_index_; }
   // Intervals ended since the last step (run_end's trailing ones).

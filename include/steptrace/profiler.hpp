@@ -224,6 +224,11 @@ class STEPTRACE_API Profiler {
   /// device activity: steptrace's kernel activity yields to it meanwhile (CUPTI's
   /// activity buffers are process-wide). Any thread.
   void set_external_profiler(bool active) noexcept;
+  /// The step in progress runs under an evidence capture (torch.profiler started and stopped
+  /// in it by steptrace.live.evidence_capture): its record says "profiled": true, and the
+  /// slow-step, shift and device rules do not judge it. Training thread; outside a step it
+  /// does nothing.
+  void mark_step_profiled() noexcept;
   /// Steps ended whose device times are not known yet.
   std::size_t steps_in_flight() const noexcept;
 

@@ -26,7 +26,7 @@ from steptrace.analysis.reader import validate_record  # noqa: E402
 BASELINE_AT = 6
 CHANGE_AT = 14
 REQUEST_AT = 18
-STEPS = 26
+STEPS = 34
 
 
 @pytest.fixture(autouse=True)
@@ -50,9 +50,11 @@ def evidence_of(recs):
     return out
 
 
-def median_phase(recs, phase, lo, hi, skip=()):
+def median_phase(recs, phase, lo, hi):
+    """The phase's median over steps [lo, hi) that no capture (nor its worker) touched."""
     vals = [r["phases_ms"].get(phase, 0.0) for r in recs
-            if r["kind"] == "step" and lo <= r["step"] < hi and r["step"] not in skip]
+            if r["kind"] == "step" and lo <= r["step"] < hi and not r.get("profiled")]
+    assert len(vals) >= 3
     return statistics.median(vals)
 
 
@@ -126,12 +128,14 @@ def test_extra_matmul_is_named_in_forward_with_the_time_it_added(tmp_path):
     grown = [r for r in e["diff"]["grew"] + e["diff"]["new"] if r["phase"] == "forward" and r["op"] in ("aten::mm", "aten::addmm")]
     assert grown, e["diff"]
     added = sum(r.get("delta_ms", r.get("ms", 0.0)) for r in grown)
-    # the forward's growth as the step records measured it (outside the captures)
-    captured = set(range(BASELINE_AT, BASELINE_AT + 3)) | set(range(REQUEST_AT, REQUEST_AT + 3))
-    measured = (median_phase(recs, "forward", CHANGE_AT + 1, STEPS, captured)
-                - median_phase(recs, "forward", 2, CHANGE_AT, captured))
-    assert measured > 0
+    # the forward's growth as the captures measured it (its wall time, median step against
+    # the baseline's): the named ops account for it
+    base_ms, cap_ms = e["diff"]["phases_ms"]["forward"]
+    measured = cap_ms - base_ms
     assert abs(added - measured) <= 0.3 * measured, (added, measured, e["diff"])
+    # and the step records (outside the captures) saw the forward grow too; on a busy
+    # 2-core box their wall time also carries the contention, so only its sign is compared
+    assert median_phase(recs, "forward", CHANGE_AT + 1, STEPS) > median_phase(recs, "forward", 2, CHANGE_AT)
     # the trace opens as a chrome trace (Perfetto, TensorBoard)
     path = os.path.join(tmp_path, e["trace"])
     with gzip.open(path, "rt") as f:
@@ -253,3 +257,46 @@ def test_summary_and_diff_on_synthetic_events():
     s = trace_diff.summarize_events(many, 1)
     assert len(s["ops"]) == 20 and len(s["names"]["step"]) == 200
     assert len(json.dumps(s)) < 12000
+
+
+def test_a_real_step_regression_brings_its_evidence(tmp_path):
+    """End to end: the slow-step rule fires on its own (no request), the alert thread arms
+    the capture, and the evidence names the matmul the forward gained."""
+    torch.manual_seed(0)
+    model = Mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(128, 256), torch.randn(128, 256)
+    change_at, limit = 60, 3000
+    with steptrace.Profiler(tmp_path, evidence=True, evidence_steps=3, evidence_baseline_step=40,
+                            capture_min_interval_s=0.0, warmup_steps=5, window=30, min_history=10,
+                            regression_min_ms=20.0) as prof:
+        for i in range(limit):
+            if i == change_at:
+                model.more = True
+            with prof.step():
+                with prof.phase("forward"):
+                    out = model(x)
+                with prof.phase("loss"):
+                    loss = torch.nn.functional.mse_loss(out, y)
+                with prof.phase("backward"):
+                    loss.backward()
+                with prof.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+            if prof.evidence.records:  # written by the worker once the capture ended
+                break
+        assert prof.evidence.wait_idle(60)
+    recs = records(prof)
+    steps = {r["step"]: r for r in recs if r["kind"] == "step"}
+    assert all(steps[s].get("profiled") for s in (40, 41, 42))  # the baseline's steps
+    # the baseline's own steps (its first stop took 265 ms on 1.3 ms steps) raise nothing
+    # (before they were marked profiled: a stall at step 42)
+    assert not [r for r in recs if r["kind"] == "alert" and r["type"] in ("step_regression", "stall")
+                and r["step"] < change_at], recs
+    alerts = [r for r in recs if r["kind"] == "alert" and r["type"] in ("step_regression", "stall")]
+    assert alerts, recs
+    (rec,) = [r for r in evidence_of(recs) if r["type"] == alerts[0]["type"]]
+    e = rec["details"]["evidence"]
+    assert rec["alert_step"] == alerts[0]["step"] and e["steps"][0] > alerts[0]["step"]
+    assert e["baseline"]["steps"] == [40, 42]
+    assert "forward" in e["verdict"] and "aten::mm" in e["verdict"], e["verdict"]

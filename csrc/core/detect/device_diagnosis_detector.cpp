@@ -36,7 +36,7 @@ void DeviceDiagnosisDetector::update(Episode& e, const char* type, bool conditio
 }
 
 void DeviceDiagnosisDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out) {
-  if (r.failed || r.step < config_.warmup_steps) return;
+  if (r.failed || r.profiled || r.step < config_.warmup_steps) return;
   const KernelStats& k = r.kernels;
   const double tensor = r.counters.present ? r.counters.values[0] : NAN;
   const double dram = r.counters.present ? r.counters.values[1] : NAN;

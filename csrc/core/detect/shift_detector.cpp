@@ -89,8 +89,8 @@ ShiftDetector::Summary ShiftDetector::summarize(const Window& w) {
 
 void ShiftDetector::observe(const StepRecord& r, bool reported_elsewhere,
                             std::vector<AlertEvent>& out) {
-  // Warmup steps and failed (partial) steps say nothing about steady-state speed.
-  if (r.step < config_.warmup_steps || r.failed) return;
+  // Warmup steps, failed (partial) steps and profiled ones say nothing about steady-state speed.
+  if (r.step < config_.warmup_steps || r.failed || r.profiled) return;
   const double work = r.work.tokens > 0 ? r.work.tokens : std::max(r.work.samples, 0.0);
   // Python's collections are gc_pause's: a full one's second of wall and CPU time in a
   // window of 1 ms steps read as "the work grew" (test_gc_pause beside a busy host).

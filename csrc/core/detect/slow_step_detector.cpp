@@ -220,8 +220,9 @@ AlertEvent SlowStepDetector::episode_end(std::int64_t step, const char* why) con
 }
 
 void SlowStepDetector::observe(const StepRecord& r, std::vector<AlertEvent>& out) {
-  // Warmup steps and failed (partial) steps say nothing about steady-state speed.
-  if (r.step < config_.warmup_steps || r.failed) return;
+  // Warmup steps, failed (partial) steps and steps under an evidence capture (the profiler's
+  // own start and stop are in them) say nothing about steady-state speed.
+  if (r.step < config_.warmup_steps || r.failed || r.profiled) return;
   last_step_ = r.step;
   if (held_spike_ && r.step >= held_spike_until_) {
     release_held_spike(out, fmt::format("not in the {} steps after it", config_.window).c_str());

@@ -14,7 +14,9 @@ the last captured step. Exporting the trace, summarizing and diffing
 (:mod:`steptrace.analysis.trace_diff`) and writing the record happen on a worker thread.
 
 Before the baseline is taken (at ``evidence_baseline_step``) the hook is armed and called
-once per step begin; it disarms itself once the baseline is captured.
+once per step begin; it disarms itself once the baseline is captured. Captured steps, and
+the steps while the worker runs (it shares the GIL with them), are marked profiled
+(``mark_step_profiled``): their records say so and the detectors do not judge them.
 
 Bounds: ``capture_max`` captures on alerts or requests per run, at most one per
 ``capture_min_interval_s``; traces gzipped under ``<log_dir>/evidence/``, dropped (the
@@ -181,6 +183,11 @@ class EvidenceCapture:
 
     def _step_began(self) -> None:
         if self._profile is None:
+            worker = self._worker
+            if worker is not None and worker.is_alive():
+                # the worker (export, summary) shares the GIL with this step: not judged either
+                self._core.mark_step_profiled()
+                return
             with self._lock:
                 pending = self._pending
                 if pending is None and self._baseline_wanted:
@@ -192,6 +199,7 @@ class EvidenceCapture:
                     return
             if not self._start():
                 return
+        self._core.mark_step_profiled()  # the detectors skip it (the profiler's start and stop)
         from torch.autograd.profiler import record_function  # noqa: PLC0415
 
         self._step_range = record_function(trace_diff.STEP_RANGE)
@@ -256,7 +264,7 @@ class EvidenceCapture:
             pending, self._pending = self._pending, None
             if pending["purpose"] == "baseline":
                 self._baseline_wanted = False
-            self._core.arm_capture(False)
+        # still armed: the steps while the worker runs are marked, then _step_began disarms
         worker = threading.Thread(target=self._finish, args=(prof, pending, self._first_step, last),
                                   name="steptrace-evidence", daemon=True)
         self._worker = worker
