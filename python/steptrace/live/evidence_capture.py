@@ -209,7 +209,8 @@ class EvidenceCapture:
         torch = sys.modules.get("torch")
         if torch is None:
             return self._give_up("no_torch")
-        if torch.autograd.profiler._is_profiler_enabled:  # the program's own profiler is running
+        # the program's own profiler is running (torch.autograd.profiler's flag, set by both APIs)
+        if getattr(torch.autograd.profiler, "_is_profiler_enabled", False) is True:
             return self._give_up("torch_profiler_active")
         from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
