@@ -43,10 +43,11 @@ DeviceActivityBackends choose_device_activity(const Config& config, Backends& b,
 std::unique_ptr<TelemetrySource> choose_telemetry(const Config& config, Backends& b,
                                                   std::string* why_not);
 
-// The run's device side: CUDA event timing, kernel activity, counters and NVML telemetry,
-// each with why it is missing, and the writer stages that join their figures to the step
-// records (declared after the sources they read).
+// The run's device side: the current stream's source, CUDA event timing, kernel activity,
+// counters and NVML telemetry, each with why it is missing, and the writer stages that join
+// their figures to the step records (declared after the sources they read).
 struct DeviceParts {
+  std::unique_ptr<StreamSource> stream_source;  // as given in Backends (null: none)
   std::unique_ptr<DeviceTiming> timing;
   std::string timing_unavailable;  // why timing is null
   std::unique_ptr<KernelActivitySource> activity;

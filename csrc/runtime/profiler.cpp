@@ -31,6 +31,7 @@
 #include "../sinks/prometheus_sink.hpp"
 #include "../sinks/record_tap.hpp"
 #include "backend_setup.hpp"
+#include "profiler_parts.hpp"
 #include "run_end_builder.hpp"
 #include "run_environment.hpp"
 #include "run_lifecycle.hpp"
@@ -46,54 +47,49 @@ class ProfilerImpl final : public SignalClosable {
  public:
   ProfilerImpl(Config config, const RunInfo& info, Backends backends) : config_(std::move(config)) {
     config_.validate();
-    job_ = resolve(config_);
-    host_clock_ = !backends.clock;
-    counter_clock_ = host_clock_ && tsc_clock_chosen();  // once: run_start says what is read
-    clock_ = backends.clock ? std::move(backends.clock) : make_host_clock();
-    stream_source_ = std::move(backends.stream_source);
+    identity_.job = resolve(config_);
+    time_.host = !backends.clock;
+    time_.counter = time_.host && tsc_clock_chosen();  // once: run_start says what is read
+    time_.clock = backends.clock ? std::move(backends.clock) : make_host_clock();
+    devices_.stream_source = std::move(backends.stream_source);
     devices_.timing = make_device_timing(config_, backends, &devices_.timing_unavailable);
     add_default_rss_source(backends.memory_sources, config_.sample_rss);
-    if (config_.sample_heap && HeapSampler::available()) heap_.emplace(config_);
-    memory_sources_ = std::move(backends.memory_sources);
-    for (const auto& source : memory_sources_) {
-      if (host_readings() != nullptr && source->any_thread() && source->min_interval_ns() > 0) {
-        host_readings_.add_source(source.get());
-      } else {
-        recorder_sources_.push_back(source.get());
-      }
-    }
+    if (config_.sample_heap && HeapSampler::available()) host_.heap.emplace(config_);
+    host_.sources = std::move(backends.memory_sources);
+    host_.split(/*polled=*/host_readings() != nullptr);
     choose_device_stages(devices_, config_, backends, info.external_profiler_active);
     if (info.external_profiler_active && devices_.activity) recorder_.set_activity_yielding(true);
-    peak_ = choose_peak(config_.peak_tflops, config_.mfu_dtype, devices_.device_name());
+    peak_.choice = choose_peak(config_.peak_tflops, config_.mfu_dtype, devices_.device_name());
     for (const auto& name : config_.phases) names_.intern(name);
 
-    log_ = open_log_file(config_, job_);
-    log_path_ = log_.path;
-    const int fd = log_.fd;
-    start_.start_ns = clock_->now_ns();
-    start_.start_unix_ns = unix_now_ns();
-    process_start_unix_ns_ = process_start_unix_ns();
-    if (config_.detect)
-      detection_ = std::make_unique<DetectionStage>(config_, names_, alerts_, host_memory_bytes());
-    std::vector<RecordSink*> sinks = {&tap_};
+    identity_.log = open_log_file(config_, identity_.job);
+    const int fd = identity_.log.fd;
+    time_.start.start_ns = time_.clock->now_ns();
+    time_.start.start_unix_ns = unix_now_ns();
+    identity_.process_start_unix_ns = process_start_unix_ns();
+    if (config_.detect) {
+      watch_.detection =
+          std::make_unique<DetectionStage>(config_, names_, alerts_, host_memory_bytes());
+    }
+    std::vector<RecordSink*> sinks = {&sinks_.tap};
     if (config_.metrics_port >= 0 || !config_.metrics_textfile.empty() ||
         !config_.metrics_pushgateway.empty()) {
-      metrics_ = make_metrics_sink(config_, names_, detection_.get(), clock_.get(),
-                                   &recorder_.inflight(), &peers_);
-      metrics_->registry().start_badput(process_start_unix_ns_);
-      sinks.push_back(metrics_.get());
+      sinks_.metrics = make_metrics_sink(config_, names_, watch_.detection.get(), time_.clock.get(),
+                                         &recorder_.inflight(), &watch_.peers);
+      sinks_.metrics->registry().start_badput(identity_.process_start_unix_ns);
+      sinks.push_back(sinks_.metrics.get());
     }
     writer_ = std::make_unique<RecordPipeline>(
         std::make_unique<JsonlFileSink>(fd), run_start_json(manifest(info)), config_.rank, names_,
         static_cast<std::size_t>(config_.queue_capacity),
-        std::chrono::milliseconds(config_.flush_interval_ms), detection_.get(),
+        std::chrono::milliseconds(config_.flush_interval_ms), watch_.detection.get(),
         devices_.completer(), std::move(sinks));
-    recorder_.bind({&config_, &names_, clock_.get(), stream_source_.get(), devices_.timing.get(),
-                    devices_.activity.get(), devices_.sampler.get(), devices_.telemetry.get(),
-                    detection_.get(), &recorder_sources_, host_readings(),
-                    heap_ ? &*heap_ : nullptr, writer_.get(), &alerts_, &watchdog_, start_,
-                    host_clock_, counter_clock_});
-    recorder_.set_peak_flops(peak_.flops_per_s);
+    recorder_.bind({&config_, &names_, time_.clock.get(), devices_.stream_source.get(),
+                    devices_.timing.get(), devices_.activity.get(), devices_.sampler.get(),
+                    devices_.telemetry.get(), watch_.detection.get(), &host_.at_step_end,
+                    host_readings(), host_.heap ? &*host_.heap : nullptr, writer_.get(), &alerts_,
+                    &watch_.watchdog, time_.start, time_.host, time_.counter});
+    recorder_.set_peak_flops(peak_.choice.flops_per_s);
     if (devices_.telemetry) {
       // Sampler thread (after bind: the recorder raises its alerts): a hardware error is
       // written at once, not with the next step.
@@ -102,9 +98,10 @@ class ProfilerImpl final : public SignalClosable {
       devices_.telemetry->start();
     }
     if (config_.detect) {
-      watchdog_.start({&config_, &names_, &recorder_.inflight(), detection_.get(), &alerts_,
-                       writer_.get(), clock_.get(), start_, &recorder_.collectives(),
-                       host_readings(), &peers_, log_.previous_path});
+      watch_.watchdog.start({&config_, &names_, &recorder_.inflight(), watch_.detection.get(),
+                             &alerts_, writer_.get(), time_.clock.get(), time_.start,
+                             &recorder_.collectives(), host_readings(), &watch_.peers,
+                             identity_.log.previous_path});
     }
     lifecycle_.claim();
     register_for_signal(this);
@@ -184,7 +181,7 @@ class ProfilerImpl final : public SignalClosable {
     STEPTRACE_CHECK(std::isfinite(seconds) && seconds >= 0, UsageError,
                     "add_earlier_attempts: seconds={} for {:?}; allowed: a finite number >= 0",
                     seconds, cause);
-    if (metrics_) metrics_->registry().seed_badput(*c, seconds);
+    if (sinks_.metrics) sinks_.metrics->registry().seed_badput(*c, seconds);
   }
   void add_work(double samples, double tokens, double flops, WorkSource source) noexcept {
     if (!lifecycle_.detached()) recorder_.add_work(samples, tokens, flops, source);
@@ -195,8 +192,8 @@ class ProfilerImpl final : public SignalClosable {
     if (config_.peak_tflops > 0 || config_.mfu_dtype != "auto") return false;
     PeakChoice peak = choose_peak(0, dtype, devices_.device_name());
     recorder_.set_peak_flops(peak.flops_per_s);
-    const std::lock_guard<std::mutex> lock(peak_mutex_);
-    peak_ = std::move(peak);
+    const std::lock_guard<std::mutex> lock(peak_.mutex);
+    peak_.choice = std::move(peak);
     return true;
   }
 
@@ -258,14 +255,14 @@ class ProfilerImpl final : public SignalClosable {
     facts.step_left_running = step_left_running;
     facts.running_step = running_step;
     facts.close_wait_s = config_.close_wait_s;
-    facts.start = start_;
-    facts.now_ns = clock_->now_ns();
+    facts.start = time_.start;
+    facts.now_ns = time_.clock->now_ns();
     facts.data_inside_step = data_inside_step();
-    facts.process_start_unix_ns = process_start_unix_ns_;
+    facts.process_start_unix_ns = identity_.process_start_unix_ns;
     {
-      const std::lock_guard<std::mutex> lock(peak_mutex_);
-      facts.mfu_dtype = peak_.dtype;
-      facts.mfu_dtype_assumed = peak_.dtype_assumed;
+      const std::lock_guard<std::mutex> lock(peak_.mutex);
+      facts.mfu_dtype = peak_.choice.dtype;
+      facts.mfu_dtype_assumed = peak_.choice.dtype_assumed;
     }
     // The intervals after the last step are the training thread's.
     if (!foreign) facts.trailing = &recorder_.pending();
@@ -301,7 +298,7 @@ class ProfilerImpl final : public SignalClosable {
   // and run_end, with no device call and without touching the training thread's state.
   void close_for_signal() noexcept override {
     try {
-      const RunEnd end = signal_run_end(start_, data_inside_step());
+      const RunEnd end = signal_run_end(time_.start, data_inside_step());
       writer_->close(end, /*finish_device=*/false, std::chrono::milliseconds(2000));
       lifecycle_.mark_closed();
     } catch (...) {
@@ -314,10 +311,10 @@ class ProfilerImpl final : public SignalClosable {
   void abandon() noexcept {
     if (!lifecycle_.abandon()) return;
     writer_->abandon();
-    watchdog_.abandon();
+    watch_.watchdog.abandon();
     // its sampler thread is the parent's: joining it here would never return
     if (devices_.telemetry) devices_.telemetry.release();  // NOLINT: leaked
-    if (metrics_) metrics_.release();  // NOLINT: its server thread is the parent's
+    if (sinks_.metrics) sinks_.metrics.release();  // NOLINT: its server thread is the parent's
   }
 
   PhaseId phase_id(std::string_view name) { return names_.intern(name); }
@@ -335,16 +332,16 @@ class ProfilerImpl final : public SignalClosable {
   bool device_memory_sampled() const noexcept { return devices_.device_memory_sampled(); }
   std::int64_t write_errors() const noexcept { return writer_->write_errors(); }
   std::function<std::vector<std::string>()> record_reader() {
-    std::shared_ptr<RecordTap::Reader> reader = tap_.open();
+    std::shared_ptr<RecordTap::Reader> reader = sinks_.tap.open();
     return [reader] { return reader->new_lines(); };
   }
   std::int64_t data_inside_step() const noexcept { return recorder_.data_inside_step(); }
   int write_errno() const noexcept { return writer_->first_errno(); }
-  const std::string& log_path() const noexcept { return log_path_; }
-  int attempt() const noexcept { return log_.attempt; }
-  std::int64_t process_start() const noexcept { return process_start_unix_ns_; }
+  const std::string& log_path() const noexcept { return identity_.log.path; }
+  int attempt() const noexcept { return identity_.log.attempt; }
+  std::int64_t process_start() const noexcept { return identity_.process_start_unix_ns; }
   const Config& config() const noexcept { return config_; }
-  int metrics_port() const noexcept { return metrics_ ? metrics_->port() : -1; }
+  int metrics_port() const noexcept { return sinks_.metrics ? sinks_.metrics->port() : -1; }
 
   std::int64_t collective_begin() noexcept { return recorder_.collective_begin(); }
   void collective_end(std::int64_t begin_ns, bool host_blocked, std::int64_t bytes,
@@ -354,7 +351,9 @@ class ProfilerImpl final : public SignalClosable {
   int collectives_in_flight() const noexcept { return recorder_.collectives().in_flight(); }
   std::string current_phase() const { return recorder_.current_phase(); }
   std::string current_interval() const { return recorder_.current_interval(); }
-  void set_peers_in_interval(int peers, double notice_s) noexcept { peers_.set(peers, notice_s); }
+  void set_peers_in_interval(int peers, double notice_s) noexcept {
+    watch_.peers.set(peers, notice_s);
+  }
 
   void write_record(std::string_view text) {
     auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -396,71 +395,58 @@ class ProfilerImpl final : public SignalClosable {
   // The watchdog's 10 ms readings, where it runs (detect) on the host clock; null: the steps
   // read for themselves (a test's fake clock keeps every reading on the steps' own clock).
   HostReadings* host_readings() noexcept {
-    return config_.detect && host_clock_ ? &host_readings_ : nullptr;
+    return config_.detect && time_.host ? &host_.readings : nullptr;
   }
 
   RunManifest manifest(const RunInfo& info) const {
     RunManifest m;
     m.config = &config_;
     m.info = &info;
-    m.start_unix_ns = start_.start_unix_ns;
-    m.process_start_unix_ns = process_start_unix_ns_;
-    m.job = &job_;
-    m.log = &log_;
-    m.memory_sources = &memory_sources_;
-    m.heap = heap_.has_value();
+    m.start_unix_ns = time_.start.start_unix_ns;
+    m.process_start_unix_ns = identity_.process_start_unix_ns;
+    m.job = &identity_.job;
+    m.log = &identity_.log;
+    m.memory_sources = &host_.sources;
+    m.heap = host_.heap.has_value();
     m.devices = &devices_;
-    m.metrics = metrics_.get();
-    m.peak = &peak_;  // before any step: the training thread has not changed it yet
-    if (host_clock_) m.host_clock = host_clock_method(counter_clock_);
+    m.metrics = sinks_.metrics.get();
+    m.peak = &peak_.choice;  // before any step: the training thread has not changed it yet
+    if (time_.host) m.host_clock = host_clock_method(time_.counter);
     return m;
   }
 
   void stop_watchdog() {
-    watchdog_.request_stop();
+    watch_.watchdog.request_stop();
     alerts_.close();  // wakes the watchdog if it waits on Python for stacks
-    watchdog_.join();
+    watch_.watchdog.join();
   }
 
+  // The parts (profiler_parts.hpp), in the order they must outlive each other: each is
+  // destroyed after everything declared below it.
   Config config_;
-  std::unique_ptr<Clock> clock_;
-  bool host_clock_ = false;     // clock_ is make_host_clock()'s
-  bool counter_clock_ = false;  // the training thread reads it from the CPU's counter
-  std::vector<std::unique_ptr<MemorySource>> memory_sources_;  // all (run_start lists them)
-  std::vector<MemorySource*> recorder_sources_;                // read at a step's end
-  HostReadings host_readings_;       // the watchdog's: the others, and the steps' run queue
-  std::optional<HeapSampler> heap_;  // the C heap, when sample_heap
-  PhaseNames names_;
-  std::string log_path_;
-  JobIdentity job_;
-  LogFile log_;                             // which attempt of the job this run is
-  ClockMapping start_;                      // unix time of a reading of clock_
-  std::int64_t process_start_unix_ns_ = 0;  // 0: unknown
+  RunClock time_;         // the run's clock and its mapping to unix time
+  HostSampling host_;     // memory sources, the watchdog's host readings, the C heap
+  PhaseNames names_;      // phase and step-value names (read by the writer and the scrape)
+  RunIdentity identity_;  // job, attempt and log file, the process's start
 
   // The training thread's steps; it publishes the in-flight state the watchdog and the
   // Prometheus scrape read.
   StepRecorder recorder_;
 
-  std::unique_ptr<StreamSource> stream_source_;
   // The device side and its writer stages (before writer_, so they outlive it); the
   // telemetry's sampler thread is stopped in close() and the destructor, before the writer.
   DeviceParts devices_;
-  PeakChoice peak_;                // MFU's divisor (set_mfu_dtype may change it)
-  mutable std::mutex peak_mutex_;  // peak_'s strings: set_mfu_dtype against close
+  MfuPeak peak_;  // MFU's divisor (set_mfu_dtype may change it)
 
   AlertLog alerts_;
-  std::unique_ptr<DetectionStage> detection_;
-  PeerState peers_;  // read by watchdog_ and metrics_, declared before them
-  Watchdog watchdog_;
+  RunWatch watch_;  // detectors, peers, watchdog (peers before the watchdog and the metrics)
 
   RunLifecycle lifecycle_;  // closes from other threads, forks (see close())
 
-  // The Prometheus sink: fed by the writer, so it outlives it; its server thread reads
-  // names_, detection_ and the in-flight atomics, all declared before it.
-  std::unique_ptr<PrometheusSink> metrics_;
+  // Fed by the writer, so they outlive it.
+  ExtraSinks sinks_;
 
   // Last: destroyed first, so the writer thread stops before the names it reads go.
-  RecordTap tap_;  // before the pipeline, which feeds it until it is destroyed
   std::unique_ptr<RecordPipeline> writer_;
 };
 
