@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -16,6 +15,7 @@
 #include <system_error>
 
 #include "../core/check.hpp"
+#include "../core/host/process_stat.hpp"
 #include "steptrace/error.hpp"
 
 namespace steptrace::detail {
@@ -26,31 +26,10 @@ std::int64_t unix_now_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-// When this process started (unix ns), from /proc/self/stat's starttime (field 22, clock
-// ticks after boot; proc(5)) against CLOCK_BOOTTIME; 0 where unknown.
+// When this process started (unix ns): its age (core/host/process_stat.hpp) before now;
+// 0 where unknown.
 std::int64_t process_start_unix_ns() {
-  std::FILE* f = std::fopen("/proc/self/stat", "re");
-  if (f == nullptr) return 0;
-  char buf[1024];
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
-  if (p == nullptr) return 0;
-  unsigned long long start_ticks = 0;
-  // fields 3..22 after ") ": state, then 18 numbers, then starttime
-  if (std::sscanf(
-          p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-          &start_ticks) != 1) {
-    return 0;
-  }
-  const long hz = sysconf(_SC_CLK_TCK);
-  timespec boot{};
-  if (hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0) return 0;
-  const std::int64_t boot_ns =
-      static_cast<std::int64_t>(boot.tv_sec) * 1'000'000'000 + boot.tv_nsec;
-  const auto start_ns = static_cast<std::int64_t>(start_ticks) * (1'000'000'000 / hz);
-  const std::int64_t age = boot_ns - start_ns;
+  const std::int64_t age = process_age_ns();
   return age >= 0 ? unix_now_ns() - age : 0;
 }
 
@@ -126,7 +105,8 @@ std::optional<std::string> log_job_id(const std::string& path) {
   struct stat st {};
   std::string head;
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    head.resize(std::size_t{64} * 1024);  // a run_start is a few KiB; its line ends well before this
+    // a run_start is a few KiB; its line ends well before this
+    head.resize(std::size_t{64} * 1024);
     const ssize_t n = ::read(fd, head.data(), head.size());
     head.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
   }

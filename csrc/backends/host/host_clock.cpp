@@ -1,10 +1,9 @@
-// Host backends: the monotonic clock and the process resident set size.
+// The host clock (monotonic, read through the vDSO). The process RSS source is a host
+// reader: core/host/process_stat.cpp.
 #include <dlfcn.h>
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <ctime>
+#include <memory>
 
 #include "monotonic_clock.hpp"
 #include "steptrace/backend.hpp"
@@ -18,37 +17,6 @@ class HostClock final : public Clock {
 
  private:
   ClockGettime read_ = vdso_clock_gettime();
-};
-
-// Keeps /proc/self/statm open and re-reads it with pread: one cheap system call per step
-// instead of open/read/close.
-class RssSource final : public MemorySource {
- public:
-  explicit RssSource(int fd) : fd_(fd), page_bytes_(sysconf(_SC_PAGESIZE)) {}
-  ~RssSource() override { ::close(fd_); }
-  RssSource(const RssSource&) = delete;
-  RssSource& operator=(const RssSource&) = delete;
-
-  const char* name() const noexcept override { return "rss"; }
-  // A cold read costs several microseconds; RSS moves slowly.
-  std::int64_t min_interval_ns() const noexcept override { return 10'000'000; }
-  bool any_thread() const noexcept override { return true; }  // process-wide, pread only
-
-  void sample(MemorySample& out) noexcept override {
-    char buf[128];
-    const ssize_t n = pread(fd_, buf, sizeof(buf) - 1, 0);
-    if (n <= 0) return;
-    buf[n] = '\0';
-    // statm: "size resident shared text lib data dt", in pages.
-    char* end = nullptr;
-    std::strtoll(buf, &end, 10);
-    const long long resident_pages = std::strtoll(end, nullptr, 10);
-    out.rss_bytes = resident_pages * page_bytes_;
-  }
-
- private:
-  int fd_;
-  long page_bytes_;
 };
 
 ClockGettime find_vdso_clock_gettime() noexcept {
@@ -77,11 +45,5 @@ ClockGettime vdso_clock_gettime() noexcept {
 }
 
 std::unique_ptr<Clock> make_host_clock() { return std::make_unique<HostClock>(); }
-
-std::unique_ptr<MemorySource> make_rss_source() {
-  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return nullptr;
-  return std::make_unique<RssSource>(fd);
-}
 
 }  // namespace steptrace

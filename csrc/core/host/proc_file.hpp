@@ -1,6 +1,7 @@
 // A /proc file held open and read again from its start with pread: the kernel writes its
 // text afresh at each read, so one open serves every reading (no open or close per
-// reading, no allocation). Shared by the host readers (run_queue.hpp, host_steal.hpp).
+// reading, no allocation). Every /proc read goes through it: the host readers
+// (run_queue.hpp, host_steal.hpp, process_stat.cpp).
 #pragma once
 
 #include <fcntl.h>
