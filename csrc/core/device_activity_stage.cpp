@@ -78,8 +78,7 @@ DeviceActivityStage::DeviceActivityStage(const Config& config, KernelActivitySou
                                          CounterSampler* sampler)
     : config_(config), activity_(activity), sampler_(sampler) {}
 
-void DeviceActivityStage::arrived(StepRecord& r) {
-  r.held_since = std::chrono::steady_clock::now();
+void DeviceActivityStage::note_arrival(StepRecord& r) {
   r.activity_deliveries_at_arrival = activity_ != nullptr ? activity_->deliveries() : 0;
   r.activity_mark_at_arrival = activity_ != nullptr ? activity_->delivery_mark() : 0;
   r.sampler_deliveries_at_arrival = sampler_ != nullptr ? sampler_->deliveries() : 0;
@@ -97,9 +96,7 @@ bool DeviceActivityStage::complete(StepRecord& r, bool force) {
                            activity_->delivered(r.activity_mark_at_arrival));
   const bool counters_in =
       !wants_counters || sampler_->deliveries() >= r.sampler_deliveries_at_arrival + 2;
-  const bool ready = force || std::chrono::steady_clock::now() - r.held_since >= kMaxHold ||
-                     (kernels_in && counters_in);
-  if (!ready) return false;
+  if (!hold_over(r, kernels_in && counters_in, force)) return false;
 
   if (activity_ != nullptr) take_kernels();
   if (wants_kernels) {

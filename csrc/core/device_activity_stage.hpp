@@ -29,14 +29,12 @@ KernelStats kernel_stats(std::vector<KernelRecord>& kernels, std::int64_t not_be
 
 /// Completes step records with what the activity backend and the counter sampler
 /// delivered. Writer thread only (the backends are driven by the training thread).
-class DeviceActivityStage final : public StepCompleter {
+class DeviceActivityStage final : public HoldingCompleter {
  public:
   /// Either backend may be null. They outlive the stage.
   DeviceActivityStage(const Config& config, KernelActivitySource* activity,
                       CounterSampler* sampler);
 
-  /// Notes when r reached the writer and the deliveries so far (every record, on arrival).
-  void arrived(StepRecord& r) override;
   /// Fills r.kernels / r.counters; false while their data may still come (the record
   /// waits). `force`: fill with what is known now (close, flush, a full queue).
   bool complete(StepRecord& r, bool force) override;
@@ -45,10 +43,9 @@ class DeviceActivityStage final : public StepCompleter {
   /// run_end's "device_activity": top kernels, record and sample counts, losses.
   std::string run_end_fields() override;
 
-  /// Longest a step record waits for its device data.
-  static constexpr std::chrono::milliseconds kMaxHold{2000};
-
  private:
+  /// The deliveries so far (every record, on arrival).
+  void note_arrival(StepRecord& r) override;
   /// r's device work is unknown when no kernel of it arrived: false (and counted) when it
   /// may have run kernels that never reached us, so that r goes out without `kernels`
   /// rather than with zeros.

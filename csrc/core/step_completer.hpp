@@ -2,6 +2,7 @@
 // them (device activity and counters), before the detectors and the file see them.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,30 @@ class StepCompleter {
   virtual void finish() noexcept = 0;
   /// Members for the run_end object (`"key":value`, no braces); "" for none.
   virtual std::string run_end_fields() = 0;
+};
+
+/// A completer whose data reaches the writer after the step record (kernel activity,
+/// counters, telemetry): a record waits until its data is in, or at most kMaxHold after it
+/// arrived, so that a backend that stops delivering never holds the file back for long.
+class HoldingCompleter : public StepCompleter {
+ public:
+  /// Longest a step record waits for its data.
+  static constexpr std::chrono::milliseconds kMaxHold{2000};
+
+  /// Stamps when r arrived (its hold counts from there), then note_arrival(r).
+  void arrived(StepRecord& r) final {
+    r.held_since = std::chrono::steady_clock::now();
+    note_arrival(r);
+  }
+
+ protected:
+  /// What the stage notes of r as it arrives (e.g. the deliveries so far); nothing here.
+  virtual void note_arrival(StepRecord& /*r*/) {}
+  /// Whether r is completed now: its data is in, `force` (close, flush, a full queue), or
+  /// it has waited kMaxHold.
+  static bool hold_over(const StepRecord& r, bool data_in, bool force) {
+    return force || data_in || std::chrono::steady_clock::now() - r.held_since >= kMaxHold;
+  }
 };
 
 /// Several completers as one, in order: a record is complete once each has completed it.

@@ -149,8 +149,6 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
   return h;
 }
 
-void TelemetryStage::arrived(StepRecord& r) { r.held_since = std::chrono::steady_clock::now(); }
-
 void TelemetryStage::take() {
   incoming_.clear();
   source_->take(incoming_);
@@ -171,7 +169,7 @@ bool TelemetryStage::complete(StepRecord& r, bool force) {
   take();
   // A reading taken after the step's end closes its window (the sampler's next tick).
   const bool in = !samples_.empty() && samples_.back().t_ns >= r.telemetry_end_ns;
-  if (!in && !force && std::chrono::steady_clock::now() - r.held_since < kMaxHold) return false;
+  if (!hold_over(r, in, force)) return false;
   // drops in the wait since the previous step count too: steps continue around them
   r.hw = hw_stats(samples_, r.telemetry_begin_ns, r.telemetry_end_ns,
                   last_end_ns_ == INT64_MIN ? r.telemetry_begin_ns : last_end_ns_,

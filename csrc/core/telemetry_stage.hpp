@@ -45,18 +45,15 @@ HwStats hw_stats(const std::vector<TelemetrySample>& samples, std::int64_t begin
                  std::int64_t end_ns, std::int64_t drop_after_ns, double power_limit_w);
 
 /// Completes step records with the telemetry source's samples. Writer thread only.
-class TelemetryStage final : public StepCompleter {
+class TelemetryStage final : public HoldingCompleter {
  public:
   /// `source` outlives the stage.
   explicit TelemetryStage(TelemetrySource* source) : source_(source) {}
-  void arrived(StepRecord& r) override;
   bool complete(StepRecord& r, bool force) override;
   void finish() noexcept override;
   /// run_end's "hw": total energy, energy per 1,000 steps, sample count, and the NVLink
   /// and row-remap counters at the last reading.
   std::string run_end_fields() override;
-
-  static constexpr std::chrono::milliseconds kMaxHold{2000};
 
  private:
   void take();
