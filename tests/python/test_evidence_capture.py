@@ -132,7 +132,16 @@ def test_extra_matmul_is_named_in_forward_with_the_time_it_added(tmp_path):
     # the baseline's): the named ops account for it
     base_ms, cap_ms = e["diff"]["phases_ms"]["forward"]
     measured = cap_ms - base_ms
-    assert abs(added - measured) <= 0.3 * measured, (added, measured, e["diff"])
+    # Within 30%, beyond what the thread waited for a CPU in those steps (host.runq_ms, the
+    # host_contention rule's figure): beside a full test run on 2 cores the forward once
+    # kept 9 ms per step outside every op in all three captured steps.
+    # (the least wait of a captured step: a wait in every step is what moves the typical one)
+    b0, b1 = ev.baseline["steps"]
+    captured = set(range(b0, b1 + 1)) | set(range(e["steps"][0], e["steps"][1] + 1))
+    waits = [r["host"]["runq_ms"] for r in recs
+             if r["kind"] == "step" and r["step"] in captured and "runq_ms" in r.get("host", {})]
+    waited = min(waits) if waits else 0.0
+    assert abs(added - measured) <= 0.3 * measured + waited, (added, measured, waited, e["diff"])
     # and the step records (outside the captures) saw the forward grow too; on a busy
     # 2-core box their wall time also carries the contention, so only its sign is compared
     assert median_phase(recs, "forward", CHANGE_AT + 1, STEPS) > median_phase(recs, "forward", 2, CHANGE_AT)
