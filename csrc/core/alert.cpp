@@ -135,42 +135,42 @@ std::optional<SubscriberEvent> AlertLog::wait_event(int timeout_ms) {
   return e;
 }
 
-std::string AlertLog::request(SubscriberEvent::Kind kind, int timeout_ms) {
+template <typename T>
+T AlertLog::request(Exchange<T>& x, SubscriberEvent::Kind kind, int timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!subscribed_ || closed_) return {};
-  Exchange& x = kind == SubscriberEvent::kStackRequest ? stacks_ : collectives_;
+  if (!subscribed_ || closed_) return T{};
   const std::uint64_t ticket = ++x.requests;
   queue_.push_back({kind, {}});
   event_cv_.notify_all();
   const bool answered = answer_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
                                             [&] { return closed_ || x.answers >= ticket; });
-  return answered && x.answers >= ticket ? x.answer : std::string();
+  return answered && x.answers >= ticket ? x.answer : T{};
 }
 
-void AlertLog::answer(SubscriberEvent::Kind kind, std::string text) {
+template <typename T>
+void AlertLog::answer(Exchange<T>& x, T value) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Exchange& x = kind == SubscriberEvent::kStackRequest ? stacks_ : collectives_;
-    x.answer = std::move(text);
+    x.answer = std::move(value);
     x.answers = x.requests;
   }
   answer_cv_.notify_all();
 }
 
 std::string AlertLog::request_stacks(int timeout_ms) {
-  return request(SubscriberEvent::kStackRequest, timeout_ms);
+  return request(stacks_, SubscriberEvent::kStackRequest, timeout_ms);
 }
 
-void AlertLog::answer_stacks(std::string stacks) {
-  answer(SubscriberEvent::kStackRequest, std::move(stacks));
+void AlertLog::answer_stacks(std::string stacks) { answer(stacks_, std::move(stacks)); }
+
+nlohmann::ordered_json AlertLog::request_collectives(int timeout_ms) {
+  return request(collectives_, SubscriberEvent::kCollectivesRequest, timeout_ms);
 }
 
-std::string AlertLog::request_collectives(int timeout_ms) {
-  return request(SubscriberEvent::kCollectivesRequest, timeout_ms);
-}
-
-void AlertLog::answer_collectives(std::string json) {
-  answer(SubscriberEvent::kCollectivesRequest, std::move(json));
+void AlertLog::answer_collectives(nlohmann::ordered_json answer_value) {
+  // Only an object says something: anything else is no answer's worth (as an empty text).
+  if (!answer_value.is_object()) answer_value = nullptr;
+  answer(collectives_, std::move(answer_value));
 }
 
 void AlertLog::finish() {

@@ -71,9 +71,11 @@ class AlertLog {
   std::string request_stacks(int timeout_ms);
   void answer_stacks(std::string stacks);
   /// Watchdog: asks the subscriber for the flight recorder's state (a JSON object) and
-  /// waits up to timeout_ms; empty if none (no answer, or nothing to say).
-  std::string request_collectives(int timeout_ms);
-  void answer_collectives(std::string json);
+  /// waits up to timeout_ms; null if none (no answer, or nothing to say).
+  nlohmann::ordered_json request_collectives(int timeout_ms);
+  /// The answer as a value (the Python bindings convert a dict; JSON text is parsed by
+  /// Profiler::answer_collectives): an object, else nothing to say.
+  void answer_collectives(nlohmann::ordered_json value);
   /// No more stack requests: wakes the watchdog if it waits for an answer.
   void close();
   /// No more events at all: wait_event returns at once when the queue is empty.
@@ -82,9 +84,20 @@ class AlertLog {
  private:
   // Queues the line for subscribers and calls the callback.
   void deliver(const std::string& json_line);
-  // One request of a kind to the subscriber, answered (or not) within timeout_ms.
-  std::string request(SubscriberEvent::Kind kind, int timeout_ms);
-  void answer(SubscriberEvent::Kind kind, std::string text);
+  // The requests of one kind and their latest answer. (nlohmann's noexcept null constructor
+  // delegates to one that allocates for other types, never for null: clang-tidy cannot tell.)
+  template <typename T>
+  struct Exchange {  // NOLINT(bugprone-exception-escape)
+    std::uint64_t requests = 0;
+    std::uint64_t answers = 0;
+    T answer;
+  };
+  // One request of a kind to the subscriber, answered (or not) within timeout_ms; the
+  // answer, or T{} without one.
+  template <typename T>
+  T request(Exchange<T>& x, SubscriberEvent::Kind kind, int timeout_ms);
+  template <typename T>
+  void answer(Exchange<T>& x, T value);
   static constexpr std::size_t kMaxQueued = 1024;
   mutable std::mutex mu_;
   std::condition_variable event_cv_;
@@ -96,13 +109,8 @@ class AlertLog {
   bool subscribed_ = false;
   bool closed_ = false;
   bool finished_ = false;
-  struct Exchange {  // the requests of one kind and their latest answer
-    std::uint64_t requests = 0;
-    std::uint64_t answers = 0;
-    std::string answer;
-  };
-  Exchange stacks_;
-  Exchange collectives_;
+  Exchange<std::string> stacks_;                  // the text of the threads' stacks
+  Exchange<nlohmann::ordered_json> collectives_;  // the flight recorder's state, an object
 };
 
 }  // namespace steptrace::detail

@@ -319,8 +319,6 @@ ProfilerClass bind_profiler(py::module_& m) {
           py::arg("reason") = "normal", py::arg("error") = "")
       .def("answer_stacks",
            [](PyProfiler& p, std::string stacks) { p.core().answer_stacks(std::move(stacks)); })
-      .def("answer_collectives",
-           [](PyProfiler& p, std::string json) { p.core().answer_collectives(std::move(json)); })
       .def("collective_begin", [](PyProfiler& p) { return p.core().collective_begin(); })
       .def(
           "collective_end",
@@ -381,29 +379,17 @@ ProfilerClass bind_profiler(py::module_& m) {
       [](const std::string& chip, const std::string& mode,
          const std::vector<std::string>& library_dirs) {
         const steptrace::MetricSetReport r = steptrace::check_metric_set(chip, mode, library_dirs);
+        using namespace pybind11::literals;  // "key"_a = value: a dict's items in their order
         py::list metrics;
         for (const auto& c : r.metrics) {
-          py::dict d;
-          d["counter"] = c.counter;
-          d["name"] = c.name;
-          d["required"] = c.required;
-          d["exists"] = c.exists;
-          d["selected"] = c.selected;
-          d["note"] = c.note;
-          metrics.append(d);
+          metrics.append(py::dict("counter"_a = c.counter, "name"_a = c.name,
+                                  "required"_a = c.required, "exists"_a = c.exists,
+                                  "selected"_a = c.selected, "note"_a = c.note));
         }
-        py::dict out;
-        out["chip"] = r.chip;
-        out["family"] = r.family;
-        out["mode"] = r.mode;
-        out["trigger"] = r.trigger;
-        out["passes"] = r.passes;
-        out["metrics"] = metrics;
-        out["cupti_library"] = r.cupti_library;
-        out["cupti_version"] = r.cupti_version;
-        out["error"] = r.error;
-        out["supported_chips"] = steptrace::supported_chips();
-        return out;
+        return py::dict("chip"_a = r.chip, "family"_a = r.family, "mode"_a = r.mode,
+                        "trigger"_a = r.trigger, "passes"_a = r.passes, "metrics"_a = metrics,
+                        "cupti_library"_a = r.cupti_library, "cupti_version"_a = r.cupti_version,
+                        "error"_a = r.error, "supported_chips"_a = steptrace::supported_chips());
       },
       py::arg("chip"), py::arg("mode") = "auto",
       py::arg("library_dirs") = std::vector<std::string>{},

@@ -4,18 +4,20 @@
 //    decoded here into a dict, optionally only some kinds (the cross-rank exchange takes
 //    steps only);
 //  - alert events (Profiler.wait_event): the alert or resolved record as a dict;
-//  - Profiler.write_record: Python's own records (cluster, alert, resolved) as dicts.
+//  - Profiler.write_record: Python's own records (cluster, alert, resolved) as dicts, and
+//    Profiler.answer_collectives: the flight recorder's state as a dict. Each is converted
+//    here into a JSON value that the core takes as it is (ProfilerAccess), never printed
+//    to text and parsed again.
 //
 // The tap bounds what a channel may hold (RecordTap::kMaxLines, the oldest lost first),
-// so a channel nobody takes from never holds the writer back or grows the process. The
-// decoding runs on the taking thread with the GIL released; the conversion to Python
-// objects holds it.
+// so a channel nobody takes from never holds the writer back or grows the process; it
+// queues for a channel only the kinds the channel asked for. The decoding runs on the
+// taking thread with the GIL released; the conversion to Python objects holds it.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -24,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "../runtime/profiler_access.hpp"
 #include "steptrace/profiler.hpp"
 
 #include "bindings.hpp"
@@ -63,22 +66,22 @@ py::object to_python(const Json& j) {
 }
 
 // A dict key as json.dumps writes it: a str as it is; None, a bool, an int or a float as
-// its JSON text. Anything else is a TypeError.
-std::string key_name(py::handle key, const std::string& where) {
+// its JSON text. Anything else is a TypeError. `api`: the entry named in errors.
+std::string key_name(py::handle key, std::string_view api, const std::string& where) {
   if (PyUnicode_Check(key.ptr())) return key.cast<std::string>();
   if (key.is_none()) return "null";
   if (PyBool_Check(key.ptr())) return key.cast<bool>() ? "true" : "false";
   if (PyLong_Check(key.ptr()) || PyFloat_Check(key.ptr())) {
     return py::repr(key).cast<std::string>();
   }
-  throw py::type_error("write_record: " + where + " has a key of type " +
+  throw py::type_error(std::string(api) + ": " + where + " has a key of type " +
                        std::string(Py_TYPE(key.ptr())->tp_name) + ", not str");
 }
 
 // A Python record as JSON, as json.dumps would write it: dicts, lists and tuples, str, bool, int,
 // float, None. Anything else is a TypeError; a NaN or infinity a ValueError (JSON has neither: the
 // text path rejected them too).
-Json from_python(py::handle v, const std::string& where) {
+Json from_python(py::handle v, std::string_view api, const std::string& where) {
   if (v.is_none()) return nullptr;
   if (PyBool_Check(v.ptr())) return v.cast<bool>();
   if (PyLong_Check(v.ptr())) {
@@ -90,19 +93,21 @@ Json from_python(py::handle v, const std::string& where) {
       if (!PyErr_Occurred()) return static_cast<std::uint64_t>(u);
       PyErr_Clear();
     }
-    throw py::value_error("write_record: " + where + " is an integer out of JSON's range");
+    throw py::value_error(std::string(api) + ": " + where + " is an integer out of JSON's range");
   }
   if (PyFloat_Check(v.ptr())) {
     const double d = v.cast<double>();
-    if (!std::isfinite(d)) throw py::value_error("write_record: " + where + " is not finite");
+    if (!std::isfinite(d)) {
+      throw py::value_error(std::string(api) + ": " + where + " is not finite");
+    }
     return d;
   }
   if (PyUnicode_Check(v.ptr())) return v.cast<std::string>();
   if (PyDict_Check(v.ptr())) {
     Json out = Json::object();
     for (const auto& [key, value] : v.cast<py::dict>()) {
-      std::string name = key_name(key, where);
-      out[name] = from_python(value, where + "." + name);
+      std::string name = key_name(key, api, where);
+      out[name] = from_python(value, api, where + "." + name);
     }
     return out;
   }
@@ -112,32 +117,16 @@ Json from_python(py::handle v, const std::string& where) {
     for (const py::handle item : v) {
       std::string at = where;
       at.append("[").append(std::to_string(i++)).append("]");
-      out.push_back(from_python(item, at));
+      out.push_back(from_python(item, api, at));
     }
     return out;
   }
-  throw py::type_error("write_record: " + where + " is a " +
+  throw py::type_error(std::string(api) + ": " + where + " is a " +
                        std::string(Py_TYPE(v.ptr())->tp_name) + ", not a JSON value");
 }
 
-// The kind of a record line: read from its start where it begins {"kind":"..." (every
-// record the core writes does), else from the parsed object.
-std::string kind_of(std::string_view line, const std::optional<Json>& parsed) {
-  constexpr std::string_view kPrefix = R"({"kind":")";
-  if (line.substr(0, kPrefix.size()) == kPrefix) {
-    const std::size_t end = line.find('"', kPrefix.size());
-    if (end != std::string_view::npos) {
-      return std::string(line.substr(kPrefix.size(), end - kPrefix.size()));
-    }
-  }
-  if (parsed && parsed->is_object()) {
-    const auto it = parsed->find("kind");
-    if (it != parsed->end() && it->is_string()) return it->get<std::string>();
-  }
-  return {};
-}
-
-// One subscriber: a reader of the core's record tap and the kinds it takes.
+// One subscriber: a reader of the core's record tap, opened for the kinds it takes (the
+// tap queues no other kind for it).
 class RecordChannel {
  public:
   RecordChannel(std::function<std::vector<std::string>()> next, std::vector<std::string> kinds)
@@ -150,16 +139,11 @@ class RecordChannel {
     {
       py::gil_scoped_release nogil;
       for (const std::string& line : next_()) {
-        if (!kinds_.empty()) {
-          const std::string kind = kind_of(line, std::nullopt);
-          if (!kind.empty() && !wanted(kind)) continue;  // not parsed at all
-        }
         Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
         if (!j.is_object()) {
           ++undecodable_;
           continue;
         }
-        if (!kinds_.empty() && !wanted(kind_of(line, j))) continue;
         records.push_back(std::move(j));
       }
     }
@@ -172,10 +156,6 @@ class RecordChannel {
   const std::vector<std::string>& kinds() const { return kinds_; }
 
  private:
-  bool wanted(const std::string& kind) const {
-    return std::find(kinds_.begin(), kinds_.end(), kind) != kinds_.end();
-  }
-
   std::function<std::vector<std::string>()> next_;
   std::vector<std::string> kinds_;  // empty: every kind
   std::int64_t undecodable_ = 0;    // lines that were not a JSON object (none expected)
@@ -205,12 +185,12 @@ void bind_records(py::module_& m, ProfilerClass& profiler) {
       .def(
           "records",
           [](PyProfiler& p, std::optional<std::vector<std::string>> kinds) {
-            return RecordChannel(p.core().record_reader(),
-                                 kinds.value_or(std::vector<std::string>{}));
+            std::vector<std::string> wanted = kinds.value_or(std::vector<std::string>{});
+            return RecordChannel(p.core().record_reader(wanted), wanted);
           },
           py::arg("kinds") = py::none(),
           "A channel of the records this profiler writes from now on (and its run_start), "
-          "decoded into dicts; `kinds` (e.g. [\"step\"]): only those, filtered before decoding. "
+          "decoded into dicts; `kinds` (e.g. [\"step\"]): only those (no other kind is queued). "
           "A channel more than 65536 records behind loses the oldest; the writer never waits "
           "for it")
       .def("subscribe_events", [](PyProfiler& p) { p.core().subscribe_events(); })
@@ -233,19 +213,39 @@ void bind_records(py::module_& m, ProfilerClass& profiler) {
       .def(
           "write_record",
           [](PyProfiler& p, py::handle record) {
-            std::string text;
             if (PyUnicode_Check(record.ptr())) {
-              text = record.cast<std::string>();  // one JSON object, as before
-            } else if (PyDict_Check(record.ptr())) {
-              text = from_python(record, "record").dump(-1, ' ', false);
-            } else {
+              const std::string text = record.cast<std::string>();  // one JSON object
+              py::gil_scoped_release release;
+              p.core().write_record(text);
+              return;
+            }
+            if (!PyDict_Check(record.ptr())) {
               throw py::type_error(
                   "write_record: a record is a dict (or one JSON object as a str)");
             }
+            Json value = from_python(record, "write_record", "record");
             py::gil_scoped_release release;
-            p.core().write_record(text);
+            detail::ProfilerAccess::write_record(p.core(), std::move(value));
           },
-          py::arg("record"), "Writes a cluster/alert/resolved record (a dict) now");
+          py::arg("record"), "Writes a cluster/alert/resolved record (a dict) now")
+      .def(
+          "answer_collectives",
+          [](PyProfiler& p, py::handle answer) {
+            if (PyUnicode_Check(answer.ptr())) {
+              p.core().answer_collectives(answer.cast<std::string>());  // JSON text
+              return;
+            }
+            Json value;  // None: nothing to say
+            if (PyDict_Check(answer.ptr())) {
+              value = from_python(answer, "answer_collectives", "answer");
+            } else if (!answer.is_none()) {
+              throw py::type_error("answer_collectives: the answer is a dict or None");
+            }
+            detail::ProfilerAccess::answer_collectives(p.core(), std::move(value));
+          },
+          py::arg("answer"),
+          "Answers a (\"collectives\", None) event: the flight recorder's state (a dict; "
+          "None: nothing) for the hang alert's details.flight_recorder");
 }
 
 }  // namespace steptrace::python

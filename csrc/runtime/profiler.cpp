@@ -31,6 +31,7 @@
 #include "../sinks/prometheus_sink.hpp"
 #include "../sinks/record_tap.hpp"
 #include "backend_setup.hpp"
+#include "profiler_access.hpp"
 #include "profiler_parts.hpp"
 #include "run_end_builder.hpp"
 #include "run_environment.hpp"
@@ -331,8 +332,8 @@ class ProfilerImpl final : public SignalClosable {
   bool closed() const noexcept { return lifecycle_.closed(); }
   bool device_memory_sampled() const noexcept { return devices_.device_memory_sampled(); }
   std::int64_t write_errors() const noexcept { return writer_->write_errors(); }
-  std::function<std::vector<std::string>()> record_reader() {
-    std::shared_ptr<RecordTap::Reader> reader = sinks_.tap.open();
+  std::function<std::vector<std::string>()> record_reader(std::vector<std::string> kinds) {
+    std::shared_ptr<RecordTap::Reader> reader = sinks_.tap.open(std::move(kinds));
     return [reader] { return reader->new_lines(); };
   }
   std::int64_t data_inside_step() const noexcept { return recorder_.data_inside_step(); }
@@ -355,9 +356,11 @@ class ProfilerImpl final : public SignalClosable {
     watch_.peers.set(peers, notice_s);
   }
 
-  void write_record(std::string_view text) {
-    auto j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-    STEPTRACE_CHECK(j.is_object(), UsageError, "write_record: not a JSON object: {:.80}", text);
+  // A record from outside the core, as a value (the text overload parses it first; the
+  // Python bindings convert a dict): one validation for both.
+  void write_record(nlohmann::ordered_json j) {
+    STEPTRACE_CHECK(j.is_object(), UsageError, "write_record: not a JSON object: {:.80}",
+                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     const auto kind_it = j.find("kind");
     const std::string kind =
         kind_it != j.end() && kind_it->is_string() ? kind_it->get<std::string>() : "";
@@ -540,8 +543,8 @@ void Profiler::close(EndReason reason, std::string_view error) { impl_->close(re
 bool Profiler::closed() const noexcept { return impl_->closed(); }
 bool Profiler::device_memory_sampled() const noexcept { return impl_->device_memory_sampled(); }
 std::int64_t Profiler::write_errors() const noexcept { return impl_->write_errors(); }
-std::function<std::vector<std::string>()> Profiler::record_reader() {
-  return impl_->record_reader();
+std::function<std::vector<std::string>()> Profiler::record_reader(std::vector<std::string> kinds) {
+  return impl_->record_reader(std::move(kinds));
 }
 [[gnu::hot]] std::int64_t Profiler::data_inside_step() const noexcept {
   return impl_->data_inside_step();
@@ -566,7 +569,15 @@ std::string Profiler::current_interval() const { return impl_->current_interval(
 void Profiler::set_peers_in_interval(int peers, double notice_s) noexcept {
   impl_->set_peers_in_interval(peers, notice_s);
 }
-void Profiler::write_record(std::string_view json_object) { impl_->write_record(json_object); }
+void Profiler::write_record(std::string_view json_object) {
+  auto j = nlohmann::ordered_json::parse(json_object, nullptr, /*allow_exceptions=*/false);
+  STEPTRACE_CHECK(j.is_object(), UsageError, "write_record: not a JSON object: {:.80}",
+                  json_object);
+  impl_->write_record(std::move(j));
+}
+void detail::ProfilerAccess::write_record(Profiler& profiler, nlohmann::ordered_json record) {
+  profiler.impl_->write_record(std::move(record));
+}
 
 void Profiler::set_alert_callback(std::function<void(const std::string&)> callback) {
   impl_->alerts().set_callback(std::move(callback));
@@ -582,7 +593,12 @@ void Profiler::answer_stacks(std::string stacks) {
   impl_->alerts().answer_stacks(std::move(stacks));
 }
 void Profiler::answer_collectives(std::string json) {
-  impl_->alerts().answer_collectives(std::move(json));
+  // Not JSON (or empty): discarded, which answers nothing, as any value but an object.
+  impl_->alerts().answer_collectives(
+      nlohmann::ordered_json::parse(json, nullptr, /*allow_exceptions=*/false));
+}
+void detail::ProfilerAccess::answer_collectives(Profiler& profiler, nlohmann::ordered_json answer) {
+  profiler.impl_->alerts().answer_collectives(std::move(answer));
 }
 
 }  // namespace steptrace

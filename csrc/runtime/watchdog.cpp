@@ -19,12 +19,10 @@
 namespace steptrace::detail {
 namespace {
 
-// The flight recorder's state that Python answered (empty without a process group, or no
+// The flight recorder's state that Python answered (null without a process group, or no
 // answer): details.flight_recorder, and its summary at the end of the message.
-void add_flight_recorder(AlertEvent& event, const std::string& answer) {
-  if (answer.empty()) return;
-  auto fr = nlohmann::ordered_json::parse(answer, nullptr, /*allow_exceptions=*/false);
-  if (!fr.is_object()) return;
+void add_flight_recorder(AlertEvent& event, nlohmann::ordered_json fr) {
+  if (!fr.is_object()) return;  // no answer, or nothing to say
   const auto summary = fr.find("summary");
   if (summary != fr.end() && summary->is_string() && !summary->get<std::string>().empty() &&
       fr.value("recorder", "") == "on") {

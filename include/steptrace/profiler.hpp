@@ -30,7 +30,8 @@ namespace steptrace {
 
 namespace detail {
 class ProfilerImpl;
-}
+struct ProfilerAccess;  // the bindings' structured entries (csrc/runtime/profiler_access.hpp)
+}  // namespace detail
 
 class Profiler;
 
@@ -296,9 +297,11 @@ class STEPTRACE_API Profiler {
   std::string write_error() const;
   /// A reader of the records this profiler writes, in this process (nothing reads the log
   /// file back): each call returns the whole lines (without newlines) written since the
-  /// previous call, run_start first. A reader more than 65536 lines behind loses the
-  /// oldest. Any thread; the reader may outlive the profiler.
-  std::function<std::vector<std::string>()> record_reader();
+  /// previous call, run_start first. `kinds` (e.g. {"step"}): only records of those kinds
+  /// (run_start too only where asked for); the others are never queued for this reader.
+  /// A reader more than 65536 lines behind loses the oldest. Any thread; the reader may
+  /// outlive the profiler.
+  std::function<std::vector<std::string>()> record_reader(std::vector<std::string> kinds = {});
   /// Calls `callback` with every alert and resolved record (one JSON line) as it is
   /// written, on the writer or watchdog thread: keep it short and thread-safe.
   void set_alert_callback(std::function<void(const std::string& json_line)> callback);
@@ -310,7 +313,8 @@ class STEPTRACE_API Profiler {
   void answer_stacks(std::string stacks);
   /// Answers a collectives request: a JSON object (PyTorch's flight recorder state, see
   /// python/steptrace/live/flight_recorder.py) for the hang alert's details.flight_recorder; its
-  /// "summary" string, where the recorder is on, ends the alert's message. Empty: nothing.
+  /// "summary" string, where the recorder is on, ends the alert's message. Empty (or not a
+  /// JSON object): nothing. The Python bindings hand the object over as a value instead.
   void answer_collectives(std::string json);
 
   /// Times one collective from the host (e.g. a DDP bucket's all-reduce, from a
@@ -342,7 +346,8 @@ class STEPTRACE_API Profiler {
   /// Writes a record from outside the core into the log now: a JSON object whose kind is
   /// cluster, alert or resolved (the cross-rank view and its alerts). Its "rank" is set
   /// to this rank; alerts are counted in run_end and delivered like the core's own.
-  /// UsageError for anything else; nothing happens once closed. Any thread.
+  /// UsageError for anything else; nothing happens once closed. Any thread. (The Python
+  /// bindings hand a dict over as a value, validated and written the same way.)
   void write_record(std::string_view json_object);
 
   /// Path of this rank's log file.
@@ -358,6 +363,7 @@ class STEPTRACE_API Profiler {
   const Config& config() const noexcept;
 
  private:
+  friend struct detail::ProfilerAccess;  // write_record, answer_collectives as values
   std::unique_ptr<detail::ProfilerImpl> impl_;
 };
 

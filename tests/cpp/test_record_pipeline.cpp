@@ -501,6 +501,65 @@ TEST(RecordTap, AReaderFarBehindLosesTheOldestLinesAndCountsThem) {
   EXPECT_EQ(reader->dropped(), 11);
 }
 
+TEST(RecordTap, AReaderOpenedForStepsIsGivenNoOtherKind) {
+  RecordTap tap;
+  tap.write("{\"kind\":\"run_start\"}\n");
+  auto steps = tap.open({"step"});
+  auto all = tap.open();
+  tap.write(
+      "{\"kind\":\"step\",\"step\":0}\n{\"kind\":\"alert\",\"type\":\"stall\"}\n"
+      "{\"kind\":\"stepping\"}\n{\"rank\":0,\"kind\":\"step\",\"step\":1}\n"
+      "{\"rank\":0,\"kind\":\"cluster\"}\nnot json\n{\"kind\":\"run_end\"}\n");
+  // run_start is not a step either; a kind that is not the record's first member is read
+  // from the object
+  EXPECT_EQ(steps->new_lines(),
+            (std::vector<std::string>{"{\"kind\":\"step\",\"step\":0}",
+                                      "{\"rank\":0,\"kind\":\"step\",\"step\":1}"}));
+  EXPECT_EQ(all->new_lines().size(), 8u);
+  auto alerts = tap.open({"alert", "run_start"});
+  tap.write("{\"kind\":\"alert\"}\n{\"kind\":\"step\"}\n");
+  EXPECT_EQ(alerts->new_lines(),
+            (std::vector<std::string>{"{\"kind\":\"run_start\"}", "{\"kind\":\"alert\"}"}));
+}
+
+TEST(RecordTap, OtherKindsTakeNoPlaceInAFilteredReadersBoundedQueue) {
+  RecordTap tap;
+  tap.write("{\"kind\":\"run_start\"}\n");
+  auto steps = tap.open({"step"});
+  auto all = tap.open();
+  // As many alerts as the queue holds, between as many steps: a reader of steps keeps
+  // every step and loses none; the reader of every kind keeps the newest kMaxLines.
+  std::string batch;
+  for (std::size_t i = 0; i < RecordTap::kMaxLines; ++i) {
+    batch.clear();
+    batch.append("{\"kind\":\"step\",\"step\":").append(std::to_string(i)).append("}\n");
+    batch.append("{\"kind\":\"alert\",\"type\":\"stall\"}\n");
+    tap.write(batch);
+  }
+  const std::vector<std::string> got = steps->new_lines();
+  ASSERT_EQ(got.size(), RecordTap::kMaxLines);
+  EXPECT_EQ(got.front(), "{\"kind\":\"step\",\"step\":0}");
+  EXPECT_EQ(steps->dropped(), 0);
+  EXPECT_EQ(all->new_lines().size(), RecordTap::kMaxLines);
+  EXPECT_EQ(all->dropped(), static_cast<std::int64_t>(RecordTap::kMaxLines) + 1);
+}
+
+TEST(RecordTap, AProfilersReaderOfStepsGetsStepsOnly) {
+  testing::TempDir tmp;
+  Config config;
+  config.log_dir = tmp.str("run");
+  Profiler prof(config);
+  auto next = prof.record_reader({"step"});
+  for (int i = 0; i < 3; ++i) {
+    auto s = prof.step();
+  }
+  prof.write_record(R"({"kind":"alert","type":"external","message":"m"})");
+  prof.close();
+  std::vector<std::string> lines = next();
+  ASSERT_EQ(lines.size(), 3u);
+  for (const std::string& line : lines) EXPECT_EQ(nlohmann::json::parse(line)["kind"], "step");
+}
+
 TEST(RecordTap, AProfilersReaderFollowsItsRecordsWithoutTheFile) {
   testing::TempDir tmp;
   Config config;

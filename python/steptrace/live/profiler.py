@@ -12,7 +12,6 @@ fork and exit handling in :mod:`steptrace.live._process_hooks`, torch.profiler c
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import operator
 import os
@@ -183,7 +182,10 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_
             core.answer_stacks(_thread_stacks())
             continue
         if kind == "collectives":  # a hang: the flight recorder's last collectives, if any
-            core.answer_collectives(_flight_recorder_answer())
+            try:
+                core.answer_collectives(_flight_recorder_answer())  # a dict, as a value
+            except (TypeError, ValueError):  # not a JSON value (a NaN): the alert goes out without it
+                core.answer_collectives(None)
             continue
         record = payload  # the alert or resolved record, a dict decoded by the core
         _log_record(record, limiter)
@@ -194,16 +196,16 @@ def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_
                 logger.exception("steptrace on_alert callback raised")
 
 
-def _flight_recorder_answer() -> str:
-    """The hang alert's ``details.flight_recorder`` (JSON; empty without a process group):
-    see :mod:`steptrace.live.flight_recorder`."""
+def _flight_recorder_answer() -> Optional[dict]:
+    """The hang alert's ``details.flight_recorder`` (None without a process group): see
+    :mod:`steptrace.live.flight_recorder`."""
     try:
         from steptrace.live import flight_recorder  # noqa: PLC0415
 
         snap = flight_recorder.snapshot()
     except Exception as exc:  # noqa: BLE001 - the alert goes out without it
         snap = {"recorder": "unavailable", "why": f"{type(exc).__name__}: {exc}", "summary": ""}
-    return json.dumps(snap, separators=(",", ":")) if snap is not None else ""
+    return snap
 
 
 def _step_value(name: str, value: Any, warned: set) -> Optional[float]:
