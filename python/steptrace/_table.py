@@ -3,7 +3,7 @@ summary, the DataFrames, the CSV export and the plots.
 
 A :class:`StepTable` keeps one ``array`` per step field (8 bytes a value: a million
 steps with a dozen fields take ~100 MB, where Python lists of floats would take ~1 GB)
-and the few other records (run_start, alert, resolved, cluster, run_end) as dicts;
+and the few other records (run_start, alert, resolved, cluster, run_end, evidence) as dicts;
 ``interval`` records are folded into per-rank, per-kind totals (:class:`IntervalStats`).
 Steps are buffered in chunks of :data:`CHUNK` and turned into columns a field at a time
 with ``map(itemgetter(...))``, about a microsecond a step. Missing or non-numeric values
@@ -277,6 +277,7 @@ class StepTable:
         self.alerts: list[dict[str, Any]] = []
         self.alert_src: list[int] = []  # the run_start each alert follows, like src for steps
         self.resolved: list[dict[str, Any]] = []
+        self.evidence: list[dict[str, Any]] = []  # alert_update records with details.evidence (issue 54)
         self.clusters: list[dict[str, Any]] = []
         self.intervals = IntervalStats()
         self.hw = HwSeries()  # the steps' NVML readings (hw objects hold a list: not a group)
@@ -318,6 +319,8 @@ class StepTable:
                 other(rec.get("rank", 0))
             elif kind == "resolved":
                 self.resolved.append(rec)
+            elif kind == "alert_update" and isinstance(rec.get("details"), dict) and "evidence" in rec["details"]:
+                self.evidence.append(rec)
             elif kind == "cluster":
                 self.clusters.append(rec)
             elif kind == "interval":

@@ -177,6 +177,22 @@ def _alert_list(run: Run) -> str:
     return "<h3>Every alert</h3>" + _table(rows, left=(2, 3), msg_col=7, cls={2: "alert-type"}) + more
 
 
+def _evidence_list(summary: dict[str, Any]) -> str:
+    """Each capture's evidence (issue 54): the alert it follows, the verdict, the trace's
+    path (relative to the run folder) and the diff's top rows; empty without evidence."""
+    from steptrace.analysis.evidence_view import evidence_blocks
+
+    parts = []
+    for lines, rows in evidence_blocks(summary):
+        parts.append(f"<h3>{_e(lines[0])}</h3>" + "".join(f"<p>{_e(line.strip())}</p>" for line in lines[1:])
+                     + (_table(rows, left=(0, 1, 2)) if len(rows) > 1 else ""))
+    if not parts:
+        return ""
+    return ("".join(parts) + "<p class='sub'>Evidence: torch.profiler captures of the steps after an alert, "
+            "diffed against a baseline capture; ms/step is the time per step an op added (or lost); open "
+            "the trace in Perfetto (docs/alerts.md, Evidence).</p>")
+
+
 def _ranks_section(run: Run) -> str:
     """Per-rank table (the cross-rank view over the run) and the step-time heat map."""
     from steptrace.analysis.plot import rank_heatmap_png
@@ -336,9 +352,9 @@ def render_report(run: Any, *, title: Optional[str] = None, rank: Optional[int] 
         sections.append("<h2>Counters</h2>" + _table(counters))
     if summary.get("alerts"):
         sections.append("<h2>Alerts</h2>" + _table(alert_rows(summary), left=(0,), msg_col=3, cls={0: "alert-type"})
-                        + _alert_list(run))
-    else:
-        sections.append('<h2>Alerts</h2><p class="none">No alerts.</p>')
+                        + _alert_list(run) + _evidence_list(summary))
+    else:  # a requested capture has evidence without an alert
+        sections.append('<h2>Alerts</h2><p class="none">No alerts.</p>' + _evidence_list(summary))
     sections.append("<h2>Run</h2>" + _run_details(run))
 
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -18,6 +18,7 @@ import math
 from typing import Any, Iterable, Optional, Sequence
 
 from steptrace.analysis._column_ops import _is_num, _ops, _stats, percentile
+from steptrace.analysis.evidence_view import evidence_summary
 from steptrace._table import GROUPS, HwSeries, StepTable, as_object, collect
 
 #: The phases the summary knows, listed first and in this order when present.
@@ -319,6 +320,9 @@ def summarize_table(table: StepTable, *, source: Optional[str] = None,
     work_part = work_summary(table, ops=ops, rows_by_rank=rows_by_rank, warmup=warmup)
     if work_part is not None:  # only for a log with useful work: nothing changes otherwise
         out["work"] = work_part
+    evidence = evidence_summary(table)
+    if evidence:  # only for a log with evidence records (issue 54): nothing changes otherwise
+        out["evidence"] = evidence
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 from steptrace.analysis._column_ops import _is_num
 from steptrace._table import INTERVAL_KINDS
 from steptrace._terminal import printable
+from steptrace.analysis.evidence_view import evidence_blocks
 from steptrace.analysis.summary import GOODPUT_PARTS, WORK_RATES
 
 
@@ -434,6 +435,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += [f"{b}   {r[3]}".rstrip() for b, r in zip(body, rows)]
     else:
         lines.append("alerts: none")
+    for ev_lines, rows in evidence_blocks(summary):
+        lines += [""] + ev_lines
+        if len(rows) > 1:
+            lines += ["  " + line for line in _table(rows, left=(0, 1, 2))]
     # every line may hold log text (an alert's message, a device name): one line each
     return "\n".join(printable(line, one_line=True) for line in lines)
 
@@ -497,3 +502,9 @@ def render_rich(summary: dict[str, Any], console: Any) -> None:
         console.print(table(alert_rows(summary), left=(0, 3), first_style="red"))
     else:
         console.print("alerts: none", style="green")
+    for ev_lines, rows in evidence_blocks(summary):
+        console.print(text(ev_lines[0], style="bold"))
+        for line in ev_lines[1:]:
+            console.print(text(line))
+        if len(rows) > 1:
+            console.print(table(rows, left=(0, 1, 2)))
