@@ -56,6 +56,7 @@ std::vector<std::string> replay_detectors(const Config& config,
     r.gc_between_ns[0] = std::max<std::int64_t>(0, ns(s.gc_between_ms) - r.gc_between_ns[2]);
     r.gc_count = s.gc_count;
     r.failed = s.failed;
+    r.profiled = s.profiled;
     r.memory = s.memory;
     r.rss_fresh = s.rss_fresh;
     for (const auto& [name, ms] : s.phases_ms) {

@@ -49,6 +49,7 @@ void bind_replay(py::module_& m) {
       .def_readwrite("gc_between_gen2_ms", &ReplayStep::gc_between_gen2_ms)
       .def_readwrite("gc_count", &ReplayStep::gc_count)
       .def_readwrite("failed", &ReplayStep::failed)
+      .def_readwrite("profiled", &ReplayStep::profiled)
       .def_readwrite("phases_ms", &ReplayStep::phases_ms)
       .def_readwrite("rss_fresh", &ReplayStep::rss_fresh);
   memory_field<&MemorySample::allocated_bytes>(step, "allocated_bytes");

@@ -36,6 +36,8 @@ struct ReplayStep {
   double gc_between_gen2_ms = 0;
   int gc_count = 0;
   bool failed = false;
+  /// An evidence capture ran in the step ("profiled": true): the detectors skip it, as live.
+  bool profiled = false;
   std::vector<std::pair<std::string, double>> phases_ms;
   MemorySample memory;
   /// rss_bytes was measured at this step (a live run re-reads RSS at most every 10 ms).

@@ -199,6 +199,7 @@ class ReplayStep:
     gc_between_gen2_ms: float
     gc_count: int
     failed: bool
+    profiled: bool
     phases_ms: list[Tuple[str, float]]
     rss_fresh: bool
     allocated_bytes: int

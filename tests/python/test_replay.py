@@ -52,6 +52,18 @@ def test_a_one_second_step_in_a_180_ms_loop_is_a_stall_with_its_thresholds():
     assert [(r["type"], r["step"], r["first_step"], r["repeats"]) for r in resolved] == [("stall", 151, 150, 0)]
 
 
+def test_steps_an_evidence_capture_slowed_are_not_judged_on_replay():
+    # the profiler's start and stop slow the captured steps (docs/alerts.md, Evidence); live
+    # they carry "profiled": true and no detector judges them, and the replay must agree
+    rng = random.Random(2)
+    times = [180 * rng.uniform(0.97, 1.03) for _ in range(150)] + [1000, 900, 1000] + [180] * 10
+    recs = steps(times)
+    assert [(a["type"], a["step"]) for a in alerts(steptrace.detect(recs))] == [("stall", 150)]
+    for r in recs[150:153]:
+        r["profiled"] = True
+    assert steptrace.detect(recs) == []
+
+
 def test_a_slow_loader_is_one_regression_naming_data_with_its_repeats():
     data = lambda i: 10.0 if 200 <= i < 280 else 0.0  # +10 ms on a 5 ms loop: 3x for 80 steps
     out = steptrace.detect(steps([5.0] * 400, data=data))

@@ -52,6 +52,8 @@ def _replay_step(rec: dict, where: str, previous_rss: Any) -> Any:
     s.data_ms = float(_number(rec, "data_ms", where, 0.0))
     s.step_ms = float(_number(rec, "step_ms", where))
     s.failed = rec.get("status") == "error"
+    # an evidence capture ran in the step: the detectors skip it, as they did live
+    s.profiled = rec.get("profiled") is True
     s.phases_ms = [(str(k), float(_number(phases, k, f"{where}: phases_ms"))) for k in phases]
     # a live run re-reads RSS at most every 10 ms and repeats it in between
     s.rss_fresh = memory.get("rss_bytes") != previous_rss
@@ -101,8 +103,9 @@ def detect(source: Source, **options: Any) -> list[dict[str, Any]]:
 
     ``source`` is a log file, a run folder (each rank on its own), or an iterable of step
     records (dicts with ``step``, ``step_ms`` and optionally ``data_ms``, ``phases_ms``,
-    ``memory``, ``status``, ``rank``; other kinds are skipped). Options are the
-    Profiler's detection options (``window``, ``regression_threshold``, ``min_excess_ms``,
+    ``memory``, ``status``, ``profiled``, ``rank``; other kinds are skipped; a step marked
+    ``"profiled": true``, slowed by an evidence capture, is not judged, as in a live run).
+    Options are the Profiler's detection options (``window``, ``regression_threshold``, ``min_excess_ms``,
     ...); for a log they default to the run's own configuration from its run_start.
     Raises ConfigError / UnknownOptionError for bad options, LogFormatError for a record
     that is not a step record the detectors can read.
