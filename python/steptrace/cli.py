@@ -11,6 +11,7 @@
     steptrace cluster RUN [--fail-on-straggler]        per-rank table, the straggler named (exit 1)
     steptrace goodput JOB_ROOT [--gpu-hour-cost X]     the job's goodput across attempts, GPU-hours per cause
     steptrace run [--log-dir DIR] train.py [ARGS]      profile an unmodified script (steptrace.live.launcher)
+    steptrace capture RUN_OR_PID [--steps N]           evidence of the next N steps now (steptrace.live.capture_request)
 
 RUN is a ``rank<N>.jsonl`` file or a run folder (every rank). Every command takes
 ``--skip-bad`` (skip records that are not steptrace records with a warning; torn lines
@@ -19,7 +20,8 @@ is an ``_add_<name>(subparsers)`` function that registers its parser and sets ``
 to a ``_cmd_<name>(args) -> int``; add new ones to ``_COMMANDS``.
 
 Exit status: 0 on success; 1 from ``compare`` when a phase or work rate regressed (and from
-``cluster --fail-on-straggler`` when a straggler was found); 2 for a usage
+``cluster --fail-on-straggler`` when a straggler was found, from ``capture`` when refused or
+timed out); 2 for a usage
 error or a log that cannot be read (one line ``steptrace: error: ...`` on stderr, never a
 traceback). Reader warnings (a truncated last line, skipped lines) are printed as
 ``steptrace: warning: ...``. On a terminal, a long read shows a progress bar on stderr
@@ -609,8 +611,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _add_capture(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser(
+        "capture", help="evidence of a running run's next steps, now",
+        description="Ask a running profiler (evidence=True) for a torch.profiler capture of its next steps, "
+                    "through a request file in its log folder, and wait for the evidence record "
+                    "(docs/alerts.md#evidence). Exit 0 when it came, 1 when refused or timed out.")
+    p.add_argument("target", metavar="RUN_OR_PID", help="the run's log folder, or the PID of the training process")
+    p.add_argument("--steps", type=int, default=3, help="steps to capture, 1..100 (default 3)")
+    p.add_argument("--rank", type=int, default=None, help="only this rank (default: every rank in the folder)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the evidence (default 60)")
+    p.set_defaults(func=_cmd_capture)
+
+
+def _cmd_capture(args: argparse.Namespace) -> int:
+    from steptrace.live.capture_request import capture
+
+    return capture(args.target, args.steps, args.rank, args.timeout, sys.stdout)
+
+
 _COMMANDS: list[Callable[[Any], None]] = [_add_summary, _add_compare, _add_plot, _add_export, _add_report,
-                                          _add_cluster, _add_goodput, _add_metrics, _add_run]
+                                          _add_cluster, _add_goodput, _add_metrics, _add_run, _add_capture]
 
 
 def build_parser() -> argparse.ArgumentParser:

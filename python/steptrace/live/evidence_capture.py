@@ -107,6 +107,7 @@ class EvidenceCapture:
         self._profile: Any = None  # the torch.profiler.profile of the capture in progress
         self._step_range: Any = None
         self._done = 0  # steps captured so far in the capture in progress
+        self._capture_steps = self._steps  # steps of the capture in progress (a request may ask for others)
         self._first_step = -1
         self._phase_fn: Any = None  # the owner's prof.phase while wrapped
         self._baseline: Optional[dict] = None  # {"summary", "steps", "trace"}
@@ -118,6 +119,7 @@ class EvidenceCapture:
         self._failed = False
         self._removed = False
         self.skipped: dict[str, int] = {}  # why captures were not taken, counted
+        self.last_skipped = ""  # the latest reason (a request's refusal is answered with it)
         self.records: list[dict] = []  # evidence records written (newest last)
         core.set_capture_hook(self._hook)
         core.arm_capture(True)  # until the baseline: the hook waits for its step
@@ -133,13 +135,18 @@ class EvidenceCapture:
             return
         self._arm({"purpose": "alert", "alert": record})
 
-    def request_capture(self, reason: str = "request") -> bool:
-        """Captures the next ``evidence_steps`` steps (within the bounds); False when
-        refused (see ``skipped``)."""
-        return self._arm({"purpose": reason, "alert": None})
+    def request_capture(self, reason: str = "request", steps: Optional[int] = None,
+                        request_id: Optional[str] = None) -> bool:
+        """Captures the next ``steps`` (default ``evidence_steps``, 1..100) steps within the
+        bounds; False when refused (see ``skipped``, ``last_skipped``). ``request_id`` goes
+        into the record (``details.evidence.request``: ``steptrace capture`` waits for it)."""
+        if steps is not None and not 1 <= int(steps) <= 100:
+            raise ValueError(f"steps={steps!r} is out of range; allowed: 1..100")
+        return self._arm({"purpose": reason, "alert": None, "steps": steps, "request": request_id})
 
     def _skip(self, why: str) -> bool:
         self.skipped[why] = self.skipped.get(why, 0) + 1
+        self.last_skipped = why
         return False
 
     def _arm(self, pending: dict) -> bool:
@@ -221,6 +228,8 @@ class EvidenceCapture:
         prof.start()
         self._profile = prof
         self._done = 0
+        pending = self._pending or {}
+        self._capture_steps = int(pending.get("steps") or self._steps)
         self._first_step = self._core.step_index - 1
         owner = self._owner
         phase = getattr(owner, "phase", None)
@@ -252,7 +261,7 @@ class EvidenceCapture:
         if rng is not None:
             rng.__exit__(None, None, None)
         self._done += 1
-        if self._done < self._steps:
+        if self._done < self._capture_steps:
             return
         # the last captured step: stop here, so the stop is part of a captured step
         self._restore_phase()
@@ -328,6 +337,8 @@ class EvidenceCapture:
                           "baseline": None, "syncs": summary["syncs"][:10]}
         if why:
             evidence["trace_dropped"] = why
+        if pending.get("request"):
+            evidence["request"] = pending["request"]
         if base is not None:
             d = trace_diff.diff(base["summary"], summary)
             evidence["verdict"] = d.pop("verdict")

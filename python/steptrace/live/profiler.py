@@ -158,15 +158,18 @@ def _log_record(record: dict, limiter: _LogLimiter) -> None:
 
 
 def _deliver_alerts(core: Any, on_alert: Optional[Callable[[dict], Any]], write_warning: list,
-                    compiles: Any = None) -> None:
+                    compiles: Any = None, poll: Optional[Callable[[], None]] = None) -> None:
     """The alert thread: logs alerts to the ``steptrace`` logger (rate-limited), calls
     ``on_alert`` with every record, answers the watchdog's requests for stacks, and warns
     once when the log cannot be written; registers ``compiles``' callbacks once dynamo is
     loaded (:class:`steptrace.live.compiles.CompileWatch`). Ends once the core is closed and
-    everything queued is delivered."""
+    everything queued is delivered. ``poll`` (``steptrace capture``'s request file,
+    :class:`steptrace.live.capture_request.RequestWatch`) runs on each wake-up."""
     limiter = _LogLimiter()
     while True:
         _warn_write_errors(core, write_warning)
+        if poll is not None:
+            poll()
         if compiles is not None and compiles.install_if_loaded():
             compiles = None  # dynamo was loaded after the profiler began: its compiles are timed from now
         event = core.wait_event(200)
@@ -381,13 +384,18 @@ class Profiler:
 
             self.evidence = EvidenceCapture(self._core, self, python_options)
             on_alert = with_evidence(self.evidence, on_alert)  # alerts arm its captures
+        poll = None
+        if self.evidence is not None:
+            from steptrace.live.capture_request import RequestWatch  # noqa: PLC0415
+
+            poll = RequestWatch(self.evidence, self._core).poll  # `steptrace capture` (alert thread)
         self._alert_thread: Optional[threading.Thread] = None
         if config.detect:
             _arm_stack_dump()
             self._core.subscribe_events()
             self._alert_thread = threading.Thread(
                 target=_deliver_alerts, args=(self._core, on_alert, self._write_warning,
-                                              self._compiles),
+                                              self._compiles, poll),
                 name="steptrace-alerts", daemon=True)
             self._alert_thread.start()
         if python_options["handle_signals"]:
