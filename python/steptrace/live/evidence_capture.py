@@ -179,13 +179,17 @@ class EvidenceCapture:
         logger.warning("steptrace: evidence capture failed and is off for this run: %s: %s",
                        type(exc).__name__, exc)
         self._failed = True
+        self._disarm_and_drop()
+
+    def _disarm_and_drop(self) -> None:
+        """No more captures armed; a capture in progress is stopped and its trace dropped."""
         self._core.arm_capture(False)
         self._restore_phase()
         prof, self._profile = self._profile, None
         if prof is not None:
             try:
                 prof.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the capture is dropped either way
                 pass
 
     def _step_began(self) -> None:
@@ -381,15 +385,8 @@ class EvidenceCapture:
         with self._lock:
             self._removed = True
             self._pending = None
-        self._core.arm_capture(False)
+        self._disarm_and_drop()  # disarmed before the hook goes
         self._core.set_capture_hook(None)
-        self._restore_phase()
-        prof, self._profile = self._profile, None
-        if prof is not None:
-            try:
-                prof.stop()
-            except Exception:  # noqa: BLE001
-                pass
         self.wait_idle(timeout)
 
 
