@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, TextIO
 
 from steptrace._files import write_atomically
 from steptrace.errors import SteptraceError
+from steptrace.live.records_channel import LogTail
 
 logger = logging.getLogger("steptrace")
 
@@ -259,21 +260,6 @@ def check_live(log_dir: str, rank: int) -> str:
     return path
 
 
-class _Tail:
-    """The new complete lines of a log, from where it ended when the request was written."""
-
-    def __init__(self, path: str) -> None:
-        self._path, self._offset, self._rest = path, os.path.getsize(path), b""
-
-    def lines(self) -> list[bytes]:
-        with open(self._path, "rb") as f:
-            f.seek(self._offset)
-            data = f.read(16 << 20)
-        self._offset += len(data)
-        *done, self._rest = (self._rest + data).split(b"\n")
-        return done
-
-
 def _find_evidence(lines: list[bytes], rid: str) -> Optional[dict]:
     for line in lines:
         if rid.encode() not in line:
@@ -313,7 +299,8 @@ def capture(target: str, steps: int, rank: Optional[int], timeout_s: float, out:
         ranks = [rank]
     logs = {r: check_live(log_dir, r) for r in ranks}
     rid = secrets.token_hex(8)
-    tails = {r: _Tail(logs[r]) for r in ranks}
+    # the lines written from now on, at most 16 MiB a poll
+    tails = {r: LogTail(logs[r], offset=os.path.getsize(logs[r]), max_read=16 << 20) for r in ranks}
     for r in ranks:
         _write_atomic(request_path(log_dir, r), {"id": rid, "steps": steps})
     print(f"requested {steps} step{'s' if steps != 1 else ''} of evidence from rank{'s' if len(ranks) > 1 else ''} "
@@ -333,7 +320,7 @@ def capture(target: str, steps: int, rank: Optional[int], timeout_s: float, out:
                         failed = True
                         continue
                     print(f"rank {r}: capture armed before step {ans.get('step')}", file=out, flush=True)
-            rec = _find_evidence(tails[r].lines(), rid)
+            rec = _find_evidence(tails[r].new_lines(), rid)
             if rec is not None:
                 ev = rec["details"]["evidence"]
                 trace = os.path.join(log_dir, ev["trace"]) if ev.get("trace") else \

@@ -35,10 +35,14 @@ class LogTail:
     a stand-in core's): the whole lines only, an incomplete last line waits for the next
     read; lines that are not a JSON object are skipped."""
 
-    def __init__(self, path: str, kinds: Optional[Iterable[str]] = None) -> None:
+    def __init__(self, path: str, kinds: Optional[Iterable[str]] = None, *, offset: int = 0,
+                 max_read: int = -1) -> None:
+        # offset: where the first read starts (the file's size: only lines written from now);
+        # max_read: at most this many bytes per call (-1: all the file gained)
         self.path = path
         self.kinds = frozenset(kinds) if kinds is not None else None
-        self._offset = 0
+        self._offset = offset
+        self._max_read = max_read
         self._partial = b""
 
     def new_lines(self) -> list[bytes]:
@@ -46,7 +50,7 @@ class LogTail:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
-                chunk = f.read()
+                chunk = f.read(self._max_read)
         except OSError:
             return []
         self._offset += len(chunk)
