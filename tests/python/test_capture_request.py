@@ -141,8 +141,15 @@ def test_garbage_huge_and_fifo_requests_are_ignored_without_harm(tmp_path, caplo
             with open(ans) as f:
                 taken.append(json.load(f))
             assert not os.path.exists(req)
+            os.unlink(ans)
+            os.symlink("/dev/zero", req)  # read through the link, it would never end: never opened
+            assert loop.run_until(prof, lambda: os.path.exists(ans))
+            with open(ans) as f:
+                taken.append(json.load(f))
+            assert not os.path.lexists(req) and os.path.exists("/dev/zero")
             assert all(a["accepted"] is False and a["reason"].startswith("unreadable request") for a in taken)
             assert "over 4096 bytes" in taken[3]["reason"] and "not a regular file" in taken[4]["reason"]
+            assert "not a regular file" in taken[5]["reason"]
             assert "steps=0 is out of range" in taken[2]["reason"]
             assert prof.evidence.skipped == {}  # nothing reached the capture
             # and a good request afterwards is served as usual
